@@ -1,0 +1,73 @@
+//! The `Backend` trait both backends implement, and the outputs they return. A backend
+//! executes plans built by the core; it never re-derives a scheduling decision.
+
+use crate::cudagraph::GraphShape;
+use crate::drafter::{DFlashPass, DrafterPass};
+use crate::plan::StepPlan;
+
+/// What one target forward returns.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetOutput {
+    /// `[plan.logits_indices.len(), vocab]`.
+    pub logits: Vec<f32>,
+    /// Final hidden state (before the final norm) of every real token, `[tokens, hidden]`.
+    pub hidden: Vec<f32>,
+    /// Attention output of every real token per layer, `[layers][tokens, heads * v]`.
+    pub attn_outputs: Vec<Vec<f32>>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+}
+
+impl TargetOutput {
+    /// Logits of entry `i` of `logits_indices`.
+    pub fn logits_row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab_size..(i + 1) * self.vocab_size]
+    }
+    /// Hidden state of real token `t`.
+    pub fn hidden_row(&self, t: usize) -> &[f32] {
+        &self.hidden[t * self.hidden_size..(t + 1) * self.hidden_size]
+    }
+}
+
+/// What one drafter pass returns: per sampled token (one per row for a multi-step pass,
+/// K per row for DFlash), logits and hidden state.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DrafterOutput {
+    pub logits: Vec<f32>,
+    pub hidden: Vec<f32>,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+}
+
+impl DrafterOutput {
+    pub fn logits_row(&self, i: usize) -> &[f32] {
+        &self.logits[i * self.vocab_size..(i + 1) * self.vocab_size]
+    }
+    pub fn hidden_row(&self, i: usize) -> &[f32] {
+        &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
+    }
+}
+
+/// A device that runs target and drafter forwards from core-built plans.
+pub trait Backend {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Captures (or emulates capturing) uniform-decode graphs of these shapes.
+    fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error>;
+
+    /// Writes latent KV for every token at its slot, runs decode rows through the decode
+    /// path and prefill rows through the prefill path, returns logits and hidden states.
+    fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput, Self::Error>;
+
+    /// Runs one multi-step drafter pass over the drafter cache. `prev` is the previous
+    /// pass's output (hidden sources `DrafterRow`).
+    fn forward_drafter(
+        &mut self,
+        pass: &DrafterPass,
+        target: &TargetOutput,
+        prev: Option<&DrafterOutput>,
+    ) -> Result<DrafterOutput, Self::Error>;
+
+    /// Runs the DFlash block pass; returns K sampled positions per row (offsets 1..=K).
+    fn forward_dflash(&mut self, pass: &DFlashPass, target: &TargetOutput) -> Result<DrafterOutput, Self::Error>;
+}

@@ -1,0 +1,403 @@
+//! Configuration: model dimensions, speculation, scheduler limits and the backend
+//! capability matrix (SPEC sections 1 and 4). Everything the rest of the core derives
+//! its decisions from lives here, validated once at start-up.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::ConfigError;
+
+/// Attention/model dimensions of an MLA model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelDims {
+    /// Residual stream width.
+    pub hidden_size: usize,
+    /// Transformer layers of the target model.
+    pub num_layers: usize,
+    /// Query heads (per tensor-parallel rank).
+    pub num_heads: usize,
+    /// Width of the compressed latent KV (V is its first `kv_lora_rank` columns).
+    pub kv_lora_rank: usize,
+    /// Width of the decoupled RoPE key part, shared by all heads.
+    pub qk_rope_head_dim: usize,
+    /// Per-head width of the non-RoPE query/key part.
+    pub qk_nope_head_dim: usize,
+    /// Per-head value width after up-projection.
+    pub v_head_dim: usize,
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// MLP inner width.
+    pub intermediate_size: usize,
+    /// RoPE base.
+    pub rope_theta: f64,
+}
+
+impl ModelDims {
+    /// The tiny reference model the CPU backend runs (SPEC section 10).
+    pub fn tiny() -> Self {
+        Self {
+            hidden_size: 64,
+            num_layers: 2,
+            num_heads: 4,
+            kv_lora_rank: 32,
+            qk_rope_head_dim: 8,
+            qk_nope_head_dim: 16,
+            v_head_dim: 16,
+            vocab_size: 512,
+            intermediate_size: 128,
+            rope_theta: 10_000.0,
+        }
+    }
+
+    /// DeepSeek-V3 attention dimensions (128 heads, latent 512 + rope 64).
+    pub fn deepseek_v3() -> Self {
+        Self {
+            hidden_size: 7168,
+            num_layers: 61,
+            num_heads: 128,
+            kv_lora_rank: 512,
+            qk_rope_head_dim: 64,
+            qk_nope_head_dim: 128,
+            v_head_dim: 128,
+            vocab_size: 129_280,
+            intermediate_size: 18_432,
+            rope_theta: 10_000.0,
+        }
+    }
+
+    /// Values cached per token per layer: `kv_lora_rank + qk_rope_head_dim` (576 for DSv3).
+    pub fn latent_dim(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
+
+    /// Per-head query/key width used for the softmax scale.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        let dims = [
+            ("hidden_size", self.hidden_size),
+            ("num_layers", self.num_layers),
+            ("num_heads", self.num_heads),
+            ("kv_lora_rank", self.kv_lora_rank),
+            ("qk_nope_head_dim", self.qk_nope_head_dim),
+            ("v_head_dim", self.v_head_dim),
+            ("vocab_size", self.vocab_size),
+            ("intermediate_size", self.intermediate_size),
+        ];
+        for (name, v) in dims {
+            if v == 0 {
+                return Err(ConfigError::Invalid(format!("model dimension {name} must be > 0")));
+            }
+        }
+        if self.qk_rope_head_dim == 0 || self.qk_rope_head_dim % 2 != 0 {
+            return Err(ConfigError::Invalid(
+                "qk_rope_head_dim must be a positive even number (RoPE rotates pairs)".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How the drafter's batch is shaped after verification (SPEC section 6).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum DrafterBatch {
+    /// Rejected tokens stay in the batch; shapes stay uniform.
+    Padded,
+    /// Rejected tokens are dropped; q and seq_len shrink.
+    Compacted,
+}
+
+/// Which speculative method runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SpecMethod {
+    /// Plain decoding, one token per step.
+    Off,
+    /// Multi-step drafter (MTP / EAGLE): K sequential drafter passes.
+    MultiStep,
+    /// DFlash block drafter: one non-causal pass proposes K tokens.
+    DFlash,
+}
+
+/// Speculative decoding settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SpecConfig {
+    pub method: SpecMethod,
+    /// K = `num_speculative_tokens`.
+    pub num_speculative_tokens: usize,
+    pub drafter_batch: DrafterBatch,
+    /// Parallel drafting widens verify rows to 1 + 2K for the threshold rule.
+    pub parallel_drafting: bool,
+    /// Sampling temperature; 0 means greedy verification.
+    pub temperature: f32,
+}
+
+impl SpecConfig {
+    pub fn off() -> Self {
+        Self {
+            method: SpecMethod::Off,
+            num_speculative_tokens: 0,
+            drafter_batch: DrafterBatch::Padded,
+            parallel_drafting: false,
+            temperature: 0.0,
+        }
+    }
+
+    pub fn multi_step(k: usize, drafter_batch: DrafterBatch) -> Self {
+        Self {
+            method: SpecMethod::MultiStep,
+            num_speculative_tokens: k,
+            drafter_batch,
+            parallel_drafting: false,
+            temperature: 0.0,
+        }
+    }
+
+    pub fn dflash(k: usize) -> Self {
+        Self {
+            method: SpecMethod::DFlash,
+            num_speculative_tokens: k,
+            drafter_batch: DrafterBatch::Compacted,
+            parallel_drafting: false,
+            temperature: 0.0,
+        }
+    }
+
+    /// Whether speculation is on.
+    pub fn enabled(&self) -> bool {
+        self.method != SpecMethod::Off
+    }
+
+    /// K, or 0 when speculation is off.
+    pub fn k(&self) -> usize {
+        if self.enabled() {
+            self.num_speculative_tokens
+        } else {
+            0
+        }
+    }
+
+    /// `uniform_decode_query_len = 1 + K`.
+    pub fn uniform_decode_query_len(&self) -> usize {
+        1 + self.k()
+    }
+}
+
+/// Where decode rows sit in the batch (SPEC section 3 step 2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowLayout {
+    /// vLLM: decode rows first, then extends, then fresh prefills.
+    DecodeFirst,
+    /// TokenSpeed: extend/prefill rows `[0, num_extends)`, decode rows after.
+    ExtendFirst,
+}
+
+/// Scheduler limits and policies.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub max_model_len: usize,
+    /// Tokens per KV page (block).
+    pub page_size: usize,
+    /// KV blocks in the pool (shared by the target and drafter caches).
+    pub num_gpu_blocks: usize,
+    pub chunked_prefill: bool,
+    /// Largest prompt chunk scheduled for one request in one step.
+    pub prefill_chunk_tokens: usize,
+    /// Whether one step may hold prefills and decodes together.
+    pub mixed_batches: bool,
+    pub row_layout: RowLayout,
+    /// Workspace for gathering cached context of prefill rows (SPEC section 5).
+    pub workspace_tokens: usize,
+}
+
+impl SchedulerConfig {
+    /// Blocks a request of `max_model_len` tokens can hold: the block table width.
+    pub fn max_blocks_per_seq(&self) -> usize {
+        self.max_model_len.div_ceil(self.page_size)
+    }
+}
+
+/// The kinds of query length an attention backend's decode kernel supports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QueryLenSupport {
+    SingleOnly,
+    Uniform,
+    Varlen,
+}
+
+/// Which batches a backend can run as a full CUDA graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CudaGraphSupport {
+    Never,
+    UniformSingleTokenDecode,
+    UniformBatch,
+    Always,
+}
+
+/// The five MLA backend profiles as the real ones ship (SPEC section 4).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum BackendProfile {
+    FlashMla,
+    FlashInferMla,
+    CutlassMla,
+    FlashAttnMla,
+    TritonMla,
+}
+
+/// Capability matrix row of one backend profile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    pub query_len_support: QueryLenSupport,
+    pub base_threshold: usize,
+    pub cuda_graph: CudaGraphSupport,
+    pub non_causal: bool,
+}
+
+impl BackendProfile {
+    pub const ALL: [BackendProfile; 5] = [
+        BackendProfile::FlashMla,
+        BackendProfile::FlashInferMla,
+        BackendProfile::CutlassMla,
+        BackendProfile::FlashAttnMla,
+        BackendProfile::TritonMla,
+    ];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendProfile::FlashMla => "flashmla",
+            BackendProfile::FlashInferMla => "flashinfer-mla",
+            BackendProfile::CutlassMla => "cutlass-mla",
+            BackendProfile::FlashAttnMla => "flashattn-mla",
+            BackendProfile::TritonMla => "triton-mla",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// The profile's row of the capability matrix.
+    pub fn capabilities(self) -> Capabilities {
+        use CudaGraphSupport::*;
+        use QueryLenSupport::*;
+        let (query_len_support, base_threshold, cuda_graph, non_causal) = match self {
+            BackendProfile::FlashMla => (Uniform, 128, UniformBatch, false),
+            BackendProfile::FlashInferMla => (Uniform, 1, UniformBatch, true),
+            BackendProfile::CutlassMla => (SingleOnly, 1, UniformSingleTokenDecode, false),
+            BackendProfile::FlashAttnMla => (Varlen, 512, UniformBatch, true),
+            BackendProfile::TritonMla => (SingleOnly, 1, UniformSingleTokenDecode, true),
+        };
+        Capabilities { query_len_support, base_threshold, cuda_graph, non_causal }
+    }
+}
+
+/// The whole engine configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct EngineConfig {
+    pub model: ModelDims,
+    pub spec: SpecConfig,
+    pub scheduler: SchedulerConfig,
+    /// Attention groups' backend profiles; the runner uses the minimum threshold over them.
+    pub backends: Vec<BackendProfile>,
+    /// Whether decode batches run through captured (emulated) CUDA graphs.
+    pub cuda_graphs: bool,
+    /// Largest token count captured as a graph.
+    pub max_capture_size_tokens: usize,
+    /// Fixed split-KV size of the decode kernel (a multiple of the page size).
+    pub decode_split_tokens: usize,
+}
+
+impl EngineConfig {
+    /// Checks every cross-field rule; the message is one line fit for a CLI.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.model.validate()?;
+        let s = &self.scheduler;
+        let bad = |m: String| Err(ConfigError::Invalid(m));
+        if self.backends.is_empty() {
+            return bad("at least one backend profile is required".into());
+        }
+        if s.page_size == 0 {
+            return bad("page size must be > 0".into());
+        }
+        if s.max_num_seqs == 0 || s.max_num_batched_tokens == 0 {
+            return bad("max_num_seqs and max_num_batched_tokens must be > 0".into());
+        }
+        if s.max_model_len < 2 {
+            return bad("max_model_len must be at least 2".into());
+        }
+        if s.workspace_tokens < s.page_size {
+            return bad(format!(
+                "workspace of {} tokens is smaller than one page ({} tokens)",
+                s.workspace_tokens, s.page_size
+            ));
+        }
+        if s.workspace_tokens < s.max_num_seqs * s.page_size {
+            return bad(format!(
+                "workspace of {} tokens cannot give each of max_num_seqs={} rows one page of {} \
+                 tokens (needs >= {})",
+                s.workspace_tokens,
+                s.max_num_seqs,
+                s.page_size,
+                s.max_num_seqs * s.page_size
+            ));
+        }
+        if self.decode_split_tokens == 0 || self.decode_split_tokens % s.page_size != 0 {
+            return bad(format!(
+                "decode split size {} must be a positive multiple of the page size {}",
+                self.decode_split_tokens, s.page_size
+            ));
+        }
+        if !s.chunked_prefill && s.max_num_batched_tokens < s.max_model_len {
+            return bad(format!(
+                "without chunked prefill, max_num_batched_tokens ({}) must be >= max_model_len \
+                 ({}) or long prompts never fit",
+                s.max_num_batched_tokens, s.max_model_len
+            ));
+        }
+        if s.chunked_prefill && s.prefill_chunk_tokens == 0 {
+            return bad("prefill chunk size must be > 0 with chunked prefill".into());
+        }
+        let k = self.spec.num_speculative_tokens;
+        if self.spec.enabled() && k == 0 {
+            return bad("speculation is on but num_speculative_tokens (K) is 0".into());
+        }
+        if self.spec.enabled() && k > 16 {
+            return bad(format!("num_speculative_tokens {k} is above the supported maximum of 16"));
+        }
+        if self.spec.enabled() && s.max_num_batched_tokens < s.max_num_seqs.min(1) * (1 + k) {
+            return bad("max_num_batched_tokens cannot hold one verify row of 1 + K tokens".into());
+        }
+        if !(self.spec.temperature >= 0.0 && self.spec.temperature.is_finite()) {
+            return bad("temperature must be a finite number >= 0".into());
+        }
+        if self.spec.method == SpecMethod::DFlash {
+            if let Some(p) = self.backends.iter().find(|p| !p.capabilities().non_causal) {
+                return bad(format!(
+                    "the DFlash drafter needs non-causal attention, which backend {} does not \
+                     support (use flashinfer-mla, flashattn-mla or triton-mla)",
+                    p.name()
+                ));
+            }
+            if self.spec.drafter_batch == DrafterBatch::Padded {
+                return bad(
+                    "the DFlash drafter attends non-causally, so rejected tokens cannot stay in \
+                     its batch: use the compacted drafter batch"
+                        .into(),
+                );
+            }
+        }
+        if s.num_gpu_blocks < s.max_blocks_per_seq() {
+            return bad(format!(
+                "{} KV blocks cannot hold one request of max_model_len={} tokens ({} blocks)",
+                s.num_gpu_blocks,
+                s.max_model_len,
+                s.max_blocks_per_seq()
+            ));
+        }
+        Ok(())
+    }
+}

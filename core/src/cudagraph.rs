@@ -1,0 +1,95 @@
+//! CUDA-graph capture sizes and dispatch (SPEC section 7): which decode batches replay a
+//! captured uniform-decode graph, and with how many q = 0 padding rows.
+
+use serde::{Deserialize, Serialize};
+
+use crate::config::{CudaGraphSupport, EngineConfig};
+
+/// The shape frozen when a graph is captured; a replay must run exactly this shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct GraphShape {
+    pub num_tokens: usize,
+    pub num_rows: usize,
+    /// Uniform q_len of every row.
+    pub query_len: usize,
+    pub max_query_len: usize,
+}
+
+/// A step dispatched onto a captured graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GraphDispatch {
+    pub shape: GraphShape,
+    /// Rows added with q = 0 to reach the captured row count.
+    pub num_padding_rows: usize,
+    /// Tokens added (never written to the cache) to reach the captured token count.
+    pub num_padding_tokens: usize,
+}
+
+/// The weakest graph support over the attention groups.
+pub fn graph_support(cfg: &EngineConfig) -> CudaGraphSupport {
+    use CudaGraphSupport::*;
+    let rank = |s: CudaGraphSupport| match s {
+        Never => 0,
+        UniformSingleTokenDecode => 1,
+        UniformBatch => 2,
+        Always => 3,
+    };
+    cfg.backends
+        .iter()
+        .map(|p| p.capabilities().cuda_graph)
+        .min_by_key(|&s| rank(s))
+        .unwrap_or(Never)
+}
+
+/// Capture sizes in tokens: vLLM's default ladder (1, 2, 4, then steps of 8, then 16),
+/// each rounded up to a multiple of `1 + K`, deduplicated, and dropped above the
+/// maximum (never more rows than `max_num_seqs`). Empty when graphs cannot run here.
+pub fn capture_sizes(cfg: &EngineConfig) -> Vec<usize> {
+    let q = cfg.spec.uniform_decode_query_len();
+    let support = graph_support(cfg);
+    let usable = match support {
+        CudaGraphSupport::Never => false,
+        CudaGraphSupport::UniformSingleTokenDecode => q == 1,
+        _ => true,
+    };
+    if !cfg.cuda_graphs || !usable {
+        return Vec::new();
+    }
+    let max = cfg.max_capture_size_tokens.min(cfg.scheduler.max_num_seqs * q);
+    let ladder = [1usize, 2, 4]
+        .into_iter()
+        .chain((8..256).step_by(8))
+        .chain((256..=max.max(256)).step_by(16));
+    let mut sizes: Vec<usize> = ladder.map(|s| s.div_ceil(q) * q).filter(|&s| s <= max).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    sizes
+}
+
+/// The graph shapes a backend captures at start-up.
+pub fn graph_shapes(cfg: &EngineConfig) -> Vec<GraphShape> {
+    let q = cfg.spec.uniform_decode_query_len();
+    capture_sizes(cfg)
+        .into_iter()
+        .map(|t| GraphShape { num_tokens: t, num_rows: t / q, query_len: q, max_query_len: q })
+        .collect()
+}
+
+/// Picks a graph for a batch whose rows (in execution order) are
+/// `(num_computed_tokens, q_len)`. A batch qualifies only if every row is a verify/decode
+/// row of exactly `1 + K` tokens with computed context (a fresh prompt of `1 + K` tokens
+/// must not alias onto the graph) and the smallest captured size holds it.
+pub fn dispatch(cfg: &EngineConfig, rows: &[(usize, usize)], sizes: &[usize]) -> Option<GraphDispatch> {
+    let q = cfg.spec.uniform_decode_query_len();
+    if rows.is_empty() || !rows.iter().all(|&(c, len)| len == q && c > 0) {
+        return None;
+    }
+    let num_tokens = rows.len() * q;
+    let size = *sizes.iter().find(|&&s| s >= num_tokens)?;
+    let shape = GraphShape { num_tokens: size, num_rows: size / q, query_len: q, max_query_len: q };
+    Some(GraphDispatch {
+        shape,
+        num_padding_rows: shape.num_rows - rows.len(),
+        num_padding_tokens: size - num_tokens,
+    })
+}

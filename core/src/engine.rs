@@ -1,0 +1,476 @@
+//! The engine step loop (SPEC section 3), generic over a [`Backend`]: schedule, plan,
+//! check invariants, target forward, verify, drafter, commit. Optional shadow runs check
+//! that the other row layout and the other drafter batch mode give identical results.
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{Backend, DrafterOutput, TargetOutput};
+use crate::batch::ScheduledBatch;
+use crate::config::{DrafterBatch, EngineConfig, RowLayout, SpecMethod};
+use crate::cudagraph::{capture_sizes, graph_shapes};
+use crate::drafter::{dflash_pass, first_pass, next_pass, DFlashPass, DrafterPass, RowOutcome};
+use crate::grammar::masked_argmax;
+use crate::invariants::{self, Violation};
+use crate::plan::{build_step_plan, PlanError, StepPlan};
+use crate::request::RequestSpec;
+use crate::rng::{keyed_rng, Stream};
+use crate::scheduler::{Commit, FinishedRequest, Scheduler};
+use crate::verify::{probs, sample, verify_greedy, verify_rejection, RowVerify};
+
+/// Which shadow checks run each step.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineOptions {
+    /// Also run the target with the other row layout and compare bit for bit.
+    pub check_layouts: bool,
+    /// Also run the multi-step drafter with the other batch mode and compare proposals.
+    pub check_drafter_batches: bool,
+    /// Seed for sampling decisions (temperature > 0).
+    pub seed: u64,
+}
+
+/// A draft position the acceptance controller may force: the token at `position` of a
+/// request whose sequence this step ends with `suffix` (new tokens then earlier drafts).
+#[derive(Clone, Copy, Debug)]
+pub struct DraftQuery<'a> {
+    pub req_id: u64,
+    pub position: usize,
+    pub suffix: &'a [u32],
+}
+
+/// Controls acceptance in simulation by forcing some draft tokens (e.g. the greedy
+/// token of an oracle with a seeded probability). Must be a pure function of its query.
+pub trait DraftOracle {
+    fn forced_draft(&mut self, query: DraftQuery<'_>) -> Option<u32>;
+}
+
+/// No forcing: the drafter's own argmax is proposed.
+pub struct NoOracle;
+
+impl DraftOracle for NoOracle {
+    fn forced_draft(&mut self, _: DraftQuery<'_>) -> Option<u32> {
+        None
+    }
+}
+
+/// A proposal that differed between the padded and compacted drafter.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrafterMismatch {
+    pub req_id: u64,
+    pub primary: Vec<u32>,
+    pub shadow: Vec<u32>,
+}
+
+/// Everything one step did, for checkers and recorders.
+#[derive(Clone, Debug)]
+pub struct StepOutcome {
+    pub batch: ScheduledBatch,
+    pub plan: StepPlan,
+    pub target: TargetOutput,
+    /// Per planned row: the verification of a sampling row.
+    pub verifies: Vec<Option<RowVerify>>,
+    pub outcomes: Vec<RowOutcome>,
+    /// Per planned row: drafts proposed for the next step.
+    pub proposals: Vec<Vec<u32>>,
+    pub drafter_passes: Vec<DrafterPass>,
+    pub dflash: Option<DFlashPass>,
+    pub violations: Vec<Violation>,
+    /// Requests whose outputs differed under the other row layout.
+    pub layout_mismatches: Vec<u64>,
+    pub drafter_mismatches: Vec<DrafterMismatch>,
+    pub finished: Vec<FinishedRequest>,
+}
+
+/// Why a step could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError<E: std::error::Error + 'static> {
+    #[error("backend: {0}")]
+    Backend(#[source] E),
+    #[error("plan: {0}")]
+    Plan(#[from] PlanError),
+    #[error("scheduler stalled at step {0}: requests remain but nothing could be scheduled")]
+    Stalled(u64),
+}
+
+/// The engine: one scheduler, one backend.
+pub struct Engine<B: Backend> {
+    cfg: EngineConfig,
+    opts: EngineOptions,
+    scheduler: Scheduler,
+    backend: B,
+    capture_sizes: Vec<usize>,
+}
+
+type StepResult<T, B> = Result<T, EngineError<<B as Backend>::Error>>;
+
+impl<B: Backend> Engine<B> {
+    /// Builds the engine and captures the graphs. `cfg` must have passed validation.
+    pub fn new(cfg: EngineConfig, opts: EngineOptions, workload: Vec<RequestSpec>, mut backend: B) -> StepResult<Self, B> {
+        backend.capture_graphs(&graph_shapes(&cfg)).map_err(EngineError::Backend)?;
+        let capture_sizes = capture_sizes(&cfg);
+        let scheduler = Scheduler::new(cfg.clone(), workload);
+        Ok(Self { cfg, opts, scheduler, backend, capture_sizes })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.cfg
+    }
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+    pub fn backend(&self) -> &B {
+        &self.backend
+    }
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.backend
+    }
+    pub fn capture_sizes(&self) -> &[usize] {
+        &self.capture_sizes
+    }
+
+    /// Runs one step; `None` once every request has finished.
+    pub fn step(&mut self, oracle: &mut dyn DraftOracle) -> StepResult<Option<StepOutcome>, B> {
+        if self.scheduler.is_done() {
+            return Ok(None);
+        }
+        let batch = self.scheduler.schedule();
+        if batch.rows.is_empty() {
+            if self.scheduler.requests().next().is_some() {
+                return Err(EngineError::Stalled(batch.step));
+            }
+            return Ok(Some(self.empty_outcome(batch)));
+        }
+        let plan = self.plan(&batch, self.cfg.scheduler.row_layout)?;
+        let mut violations = invariants::check_plan(&self.cfg, &batch, &plan, &self.capture_sizes);
+        let layout_mismatches = self.shadow_layout(&batch, &plan, &mut violations)?;
+        let target = self.backend.forward_target(&plan).map_err(EngineError::Backend)?;
+        let (verifies, outcomes) = self.verify(&plan, &target);
+        let drafts = self.draft(&plan, &target, &verifies, &outcomes, oracle)?;
+        for p in &drafts.passes {
+            violations.extend(invariants::check_drafter_pass(&self.cfg, &batch, &plan, &outcomes, p));
+        }
+        if let Some(d) = &drafts.dflash {
+            violations.extend(invariants::check_dflash(&self.cfg, &batch, &plan, &outcomes, d));
+        }
+        self.commit(&plan, &verifies, &drafts.proposals, &drafts.probs);
+        Ok(Some(StepOutcome {
+            batch,
+            plan,
+            target,
+            verifies,
+            outcomes,
+            proposals: drafts.proposals,
+            drafter_passes: drafts.passes,
+            dflash: drafts.dflash,
+            violations,
+            layout_mismatches,
+            drafter_mismatches: drafts.mismatches,
+            finished: self.scheduler.take_finished(),
+        }))
+    }
+
+    fn empty_outcome(&mut self, batch: ScheduledBatch) -> StepOutcome {
+        let plan = self.plan(&batch, self.cfg.scheduler.row_layout).expect("empty batch plans");
+        StepOutcome {
+            batch,
+            plan,
+            target: TargetOutput::default(),
+            verifies: Vec::new(),
+            outcomes: Vec::new(),
+            proposals: Vec::new(),
+            drafter_passes: Vec::new(),
+            dflash: None,
+            violations: Vec::new(),
+            layout_mismatches: Vec::new(),
+            drafter_mismatches: Vec::new(),
+            finished: self.scheduler.take_finished(),
+        }
+    }
+
+    /// Builds the plan of `batch` with `layout`.
+    pub fn plan(&self, batch: &ScheduledBatch, layout: RowLayout) -> Result<StepPlan, PlanError> {
+        let sched = &self.scheduler;
+        let lookup = |id: u64| {
+            let g = sched.request(id)?.grammar.as_ref()?;
+            Some((&*g.automaton, g.state))
+        };
+        build_step_plan(&self.cfg, batch, &self.capture_sizes, layout, &lookup)
+    }
+
+    /// Runs the other layout first (KV writes are idempotent: the same values land in
+    /// the same slots) and compares each request's logits and hidden states bit for bit.
+    fn shadow_layout(&mut self, batch: &ScheduledBatch, plan: &StepPlan, violations: &mut Vec<Violation>) -> StepResult<Vec<u64>, B> {
+        if !self.opts.check_layouts {
+            return Ok(Vec::new());
+        }
+        let other = match plan.layout {
+            RowLayout::DecodeFirst => RowLayout::ExtendFirst,
+            RowLayout::ExtendFirst => RowLayout::DecodeFirst,
+        };
+        let alt = self.plan(batch, other)?;
+        violations.extend(invariants::check_plan(&self.cfg, batch, &alt, &self.capture_sizes));
+        let alt_out = self.backend.forward_target(&alt).map_err(EngineError::Backend)?;
+        let primary = self.backend.forward_target(plan).map_err(EngineError::Backend)?;
+        Ok(compare_layouts(plan, &primary, &alt, &alt_out))
+    }
+
+    fn verify(&self, plan: &StepPlan, target: &TargetOutput) -> (Vec<Option<RowVerify>>, Vec<RowOutcome>) {
+        let mut verifies = Vec::with_capacity(plan.rows.len());
+        let mut outcomes = Vec::with_capacity(plan.rows.len());
+        for (r, row) in plan.rows.iter().enumerate() {
+            if !row.samples {
+                verifies.push(None);
+                outcomes.push(RowOutcome {
+                    valid: row.query_len,
+                    next_token: row.next_prompt_token.expect("a non-sampling row is a partial prefill"),
+                    num_rejected: 0,
+                });
+                continue;
+            }
+            let v = self.verify_row(plan, target, r);
+            let nd = row.num_draft_tokens;
+            outcomes.push(RowOutcome {
+                valid: row.query_len - nd + v.num_accepted,
+                next_token: *v.new_tokens.last().expect("bonus token"),
+                num_rejected: nd - v.num_accepted,
+            });
+            verifies.push(Some(v));
+        }
+        (verifies, outcomes)
+    }
+
+    fn verify_row(&self, plan: &StepPlan, target: &TargetOutput, r: usize) -> RowVerify {
+        let row = &plan.rows[r];
+        let samples = plan.row_samples(r);
+        let end = plan.common.query_start_loc[r + 1] as usize;
+        let drafts = &plan.token_ids[end - row.num_draft_tokens..end];
+        let logits: Vec<&[f32]> = samples.clone().map(|i| target.logits_row(i)).collect();
+        let masks: Vec<_> = samples.map(|i| plan.grammar_masks[i].as_ref()).collect();
+        let temperature = self.cfg.spec.temperature;
+        if temperature == 0.0 {
+            return verify_greedy(row.req_id, drafts, &logits, &masks);
+        }
+        let target_probs: Vec<Vec<f32>> =
+            logits.iter().zip(&masks).map(|(l, m)| probs(l, temperature, *m)).collect();
+        let req = self.scheduler.request(row.req_id).expect("sampling row is live");
+        let position = (row.num_computed_tokens + row.query_len - row.num_draft_tokens) as u64;
+        let mut rng = keyed_rng(self.opts.seed, Stream::Verify, row.req_id, position);
+        verify_rejection(row.req_id, drafts, &target_probs, &req.draft_probs, &mut rng)
+    }
+
+    fn commit(&mut self, plan: &StepPlan, verifies: &[Option<RowVerify>], proposals: &[Vec<u32>], probs: &[Vec<Vec<f32>>]) {
+        let commits: Vec<Commit> = plan
+            .rows
+            .iter()
+            .zip(verifies)
+            .map(|(row, v)| Commit {
+                req_id: row.req_id,
+                num_scheduled_tokens: row.query_len,
+                num_draft_tokens: row.num_draft_tokens,
+                new_tokens: v.as_ref().map(|v| v.new_tokens.clone()).unwrap_or_default(),
+            })
+            .collect();
+        self.scheduler.commit(&commits);
+        for (r, row) in plan.rows.iter().enumerate() {
+            if row.samples && !proposals.is_empty() && !proposals[r].is_empty() {
+                let p = probs.get(r).cloned().unwrap_or_default();
+                self.scheduler.set_drafts(row.req_id, proposals[r].clone(), p);
+            }
+        }
+    }
+}
+
+/// Requests whose logits or hidden states differ between two layouts of one batch.
+fn compare_layouts(plan: &StepPlan, out: &TargetOutput, alt: &StepPlan, alt_out: &TargetOutput) -> Vec<u64> {
+    let mut bad = Vec::new();
+    for (r, row) in plan.rows.iter().enumerate() {
+        let Some(a) = alt.rows.iter().position(|x| x.req_id == row.req_id) else {
+            bad.push(row.req_id);
+            continue;
+        };
+        let same_logits = plan
+            .row_samples(r)
+            .zip(alt.row_samples(a))
+            .all(|(i, j)| bits_eq(out.logits_row(i), alt_out.logits_row(j)));
+        let same_hidden = plan
+            .common
+            .row_tokens(r)
+            .zip(alt.common.row_tokens(a))
+            .all(|(i, j)| bits_eq(out.hidden_row(i), alt_out.hidden_row(j)));
+        if !same_logits || !same_hidden {
+            bad.push(row.req_id);
+        }
+    }
+    bad
+}
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+/// Drafter results of one step.
+struct Drafts {
+    proposals: Vec<Vec<u32>>,
+    probs: Vec<Vec<Vec<f32>>>,
+    passes: Vec<DrafterPass>,
+    dflash: Option<DFlashPass>,
+    mismatches: Vec<DrafterMismatch>,
+}
+
+impl<B: Backend> Engine<B> {
+    fn draft(
+        &mut self,
+        plan: &StepPlan,
+        target: &TargetOutput,
+        verifies: &[Option<RowVerify>],
+        outcomes: &[RowOutcome],
+        oracle: &mut dyn DraftOracle,
+    ) -> StepResult<Drafts, B> {
+        let mut d = Drafts { proposals: Vec::new(), probs: Vec::new(), passes: Vec::new(), dflash: None, mismatches: Vec::new() };
+        match self.cfg.spec.method {
+            SpecMethod::Off => {}
+            SpecMethod::DFlash => {
+                let pass = dflash_pass(&self.cfg, plan, outcomes);
+                let out = self.backend.forward_dflash(&pass, target).map_err(EngineError::Backend)?;
+                (d.proposals, d.probs) = self.choose_dflash(plan, verifies, &pass, &out, oracle);
+                d.dflash = Some(pass);
+            }
+            SpecMethod::MultiStep => {
+                let primary = self.cfg.spec.drafter_batch;
+                if self.opts.check_drafter_batches {
+                    let other = match primary {
+                        DrafterBatch::Padded => DrafterBatch::Compacted,
+                        DrafterBatch::Compacted => DrafterBatch::Padded,
+                    };
+                    let (shadow, _, passes) = self.run_multistep(plan, target, verifies, outcomes, other, oracle)?;
+                    d.passes.extend(passes);
+                    let (p, probs, passes) = self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
+                    d.mismatches = drafter_mismatches(plan, &p, &shadow);
+                    (d.proposals, d.probs) = (p, probs);
+                    d.passes.extend(passes);
+                } else {
+                    let (p, probs, passes) = self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
+                    (d.proposals, d.probs, d.passes) = (p, probs, passes);
+                }
+            }
+        }
+        Ok(d)
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn run_multistep(
+        &mut self,
+        plan: &StepPlan,
+        target: &TargetOutput,
+        verifies: &[Option<RowVerify>],
+        outcomes: &[RowOutcome],
+        mode: DrafterBatch,
+        oracle: &mut dyn DraftOracle,
+    ) -> StepResult<(Vec<Vec<u32>>, Vec<Vec<Vec<f32>>>, Vec<DrafterPass>), B> {
+        let n = plan.rows.len();
+        let mut proposals = vec![Vec::new(); n];
+        let mut probs = vec![Vec::new(); n];
+        let mut passes = Vec::new();
+        let mut pass = first_pass(&self.cfg, plan, outcomes, mode);
+        let mut prev: Option<DrafterOutput> = None;
+        for j in 0..self.cfg.spec.k() {
+            let out = self.backend.forward_drafter(&pass, target, prev.as_ref()).map_err(EngineError::Backend)?;
+            let mut tokens = Vec::with_capacity(n);
+            for r in 0..n {
+                let position = pass.positions[pass.token_indices_to_sample[r] as usize] as usize + 2;
+                let (t, p) = self.choose_draft(plan, verifies, r, position, &proposals[r], out.logits_row(r), oracle);
+                tokens.push(t);
+                proposals[r].push(t);
+                probs[r].extend(p);
+            }
+            let next = (j + 1 < self.cfg.spec.k()).then(|| next_pass(&self.cfg, &pass, &tokens));
+            passes.push(std::mem::replace(&mut pass, next.unwrap_or_default_pass()));
+            prev = Some(out);
+        }
+        Ok((proposals, probs, passes))
+    }
+
+    fn choose_dflash(
+        &self,
+        plan: &StepPlan,
+        verifies: &[Option<RowVerify>],
+        pass: &DFlashPass,
+        out: &DrafterOutput,
+        oracle: &mut dyn DraftOracle,
+    ) -> (Vec<Vec<u32>>, Vec<Vec<Vec<f32>>>) {
+        let k = self.cfg.spec.k();
+        let mut proposals = vec![Vec::new(); plan.rows.len()];
+        let mut probs = vec![Vec::new(); plan.rows.len()];
+        for r in 0..plan.rows.len() {
+            for i in 1..=k {
+                let position = pass.block_positions[r * pass.block_len + i] as usize;
+                let logits = out.logits_row(r * k + i - 1);
+                let (t, p) = self.choose_draft(plan, verifies, r, position, &proposals[r], logits, oracle);
+                proposals[r].push(t);
+                probs[r].extend(p);
+            }
+        }
+        (proposals, probs)
+    }
+
+    /// The drafter's token for one position: its argmax (or a seeded sample when
+    /// temperature > 0), unless the acceptance oracle forces one (greedy only, since a
+    /// forced token would break the rejection sampler's proposal distribution).
+    #[allow(clippy::too_many_arguments)]
+    fn choose_draft(
+        &self,
+        plan: &StepPlan,
+        verifies: &[Option<RowVerify>],
+        r: usize,
+        position: usize,
+        earlier: &[u32],
+        logits: &[f32],
+        oracle: &mut dyn DraftOracle,
+    ) -> (u32, Option<Vec<f32>>) {
+        let temperature = self.cfg.spec.temperature;
+        let req_id = plan.rows[r].req_id;
+        if temperature > 0.0 {
+            let p = probs(logits, temperature, None);
+            let mut rng = keyed_rng(self.opts.seed, Stream::DraftSample, req_id, position as u64);
+            return (sample(&p, &mut rng), Some(p));
+        }
+        let own = masked_argmax(logits, None).0;
+        let Some(v) = verifies[r].as_ref() else { return (own, None) };
+        let mut suffix = v.new_tokens.clone();
+        suffix.extend_from_slice(earlier);
+        let forced = oracle.forced_draft(DraftQuery { req_id, position, suffix: &suffix });
+        (forced.unwrap_or(own), None)
+    }
+}
+
+fn drafter_mismatches(plan: &StepPlan, primary: &[Vec<u32>], shadow: &[Vec<u32>]) -> Vec<DrafterMismatch> {
+    plan.rows
+        .iter()
+        .enumerate()
+        .filter(|(r, row)| row.samples && primary[*r] != shadow[*r])
+        .map(|(r, row)| DrafterMismatch { req_id: row.req_id, primary: primary[r].clone(), shadow: shadow[r].clone() })
+        .collect()
+}
+
+trait UnwrapPass {
+    fn unwrap_or_default_pass(self) -> DrafterPass;
+}
+
+impl UnwrapPass for Option<DrafterPass> {
+    fn unwrap_or_default_pass(self) -> DrafterPass {
+        self.unwrap_or_else(|| DrafterPass {
+            pass: usize::MAX,
+            mode: DrafterBatch::Padded,
+            req_ids: Vec::new(),
+            token_ids: Vec::new(),
+            positions: Vec::new(),
+            slot_mapping: Vec::new(),
+            hidden: Vec::new(),
+            query_start_loc: vec![0],
+            seq_lens: Vec::new(),
+            block_table: Vec::new(),
+            block_table_width: 0,
+            token_indices_to_sample: Vec::new(),
+            num_rejected: Vec::new(),
+        })
+    }
+}

@@ -1,0 +1,24 @@
+//! specmla-core: the scheduler/metadata core shared by every backend.
+//!
+//! Pure logic only: no I/O, no `unsafe`, no CUDA. A backend receives a fully built
+//! [`plan::StepPlan`] and returns outputs; it never re-derives a scheduling decision.
+#![forbid(unsafe_code)]
+
+pub mod backend;
+pub mod batch;
+pub mod block_pool;
+pub mod chunked_context;
+pub mod config;
+pub mod cudagraph;
+pub mod drafter;
+pub mod engine;
+pub mod error;
+pub mod grammar;
+pub mod invariants;
+pub mod metadata;
+pub mod plan;
+pub mod reorder;
+pub mod request;
+pub mod rng;
+pub mod scheduler;
+pub mod verify;

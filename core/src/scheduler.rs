@@ -1,0 +1,335 @@
+//! The scheduler: admits requests, builds mixed batches with chunked prefill under the
+//! token, row and block budgets, preempts by recompute when blocks run out, and commits
+//! verified tokens back (rolling back the blocks of rejected ones).
+
+use std::collections::{BTreeMap, VecDeque};
+
+use crate::batch::{ScheduledBatch, ScheduledRow};
+use crate::block_pool::BlockPool;
+use crate::config::EngineConfig;
+use crate::request::{Request, RequestSpec, RequestStatus};
+
+/// A request's result once it finishes.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FinishedRequest {
+    pub id: u64,
+    pub prompt_len: usize,
+    pub output: Vec<u32>,
+    pub num_preemptions: u32,
+}
+
+/// Owns every live request and the block pool.
+#[derive(Debug)]
+pub struct Scheduler {
+    cfg: EngineConfig,
+    pool: BlockPool,
+    /// Not yet arrived, sorted by arrival step (stable by id).
+    pending: VecDeque<RequestSpec>,
+    waiting: VecDeque<u64>,
+    running: Vec<u64>,
+    requests: BTreeMap<u64, Request>,
+    finished: Vec<FinishedRequest>,
+    step: u64,
+}
+
+/// Tokens committed to a request by verification.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commit {
+    pub req_id: u64,
+    /// q_len of the row as scheduled.
+    pub num_scheduled_tokens: usize,
+    pub num_draft_tokens: usize,
+    /// Accepted drafts followed by the bonus token; empty for a partial prefill chunk.
+    pub new_tokens: Vec<u32>,
+}
+
+impl Scheduler {
+    /// A scheduler over `workload`, which must be valid for `cfg` (see [`validate_workload`]).
+    pub fn new(cfg: EngineConfig, mut workload: Vec<RequestSpec>) -> Self {
+        workload.sort_by_key(|r| (r.arrival_step, r.id));
+        let pool = BlockPool::new(cfg.scheduler.num_gpu_blocks);
+        Self {
+            cfg,
+            pool,
+            pending: workload.into(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            requests: BTreeMap::new(),
+            finished: Vec::new(),
+            step: 0,
+        }
+    }
+
+    /// Whether every request has finished.
+    pub fn is_done(&self) -> bool {
+        self.pending.is_empty() && self.requests.is_empty()
+    }
+
+    /// A live request by id.
+    pub fn request(&self, id: u64) -> Option<&Request> {
+        self.requests.get(&id)
+    }
+
+    /// Live requests in id order.
+    pub fn requests(&self) -> impl Iterator<Item = &Request> {
+        self.requests.values()
+    }
+
+    /// Free blocks in the pool.
+    pub fn num_free_blocks(&self) -> usize {
+        self.pool.num_free_blocks()
+    }
+
+    /// Finished requests since the last call (keeps memory bounded on long runs).
+    pub fn take_finished(&mut self) -> Vec<FinishedRequest> {
+        std::mem::take(&mut self.finished)
+    }
+
+    /// Positions past the scheduled tokens that the drafter writes this step: up to
+    /// K + 1 (the DFlash block ends at `last_valid + 1 + K`).
+    fn lookahead_tokens(&self) -> usize {
+        if self.cfg.spec.enabled() {
+            self.cfg.spec.k() + 1
+        } else {
+            0
+        }
+    }
+
+    /// Schedules the next step.
+    pub fn schedule(&mut self) -> ScheduledBatch {
+        let step = self.step;
+        self.step += 1;
+        while self.pending.front().is_some_and(|r| r.arrival_step <= step) {
+            let spec = self.pending.pop_front().expect("front checked");
+            self.waiting.push_back(spec.id);
+            self.requests.insert(spec.id, Request::new(spec));
+        }
+        let mut batch = ScheduledBatch { step, ..Default::default() };
+        if self.cfg.scheduler.mixed_batches {
+            self.schedule_running(&mut batch, |_| true);
+            if batch.preempted.is_empty() {
+                self.schedule_waiting(&mut batch);
+            }
+            return batch;
+        }
+        // Unmixed (SGLang-style prefill priority): a step is all prefill or all decode.
+        self.schedule_running(&mut batch, |r| r.is_prefilling());
+        if batch.preempted.is_empty() {
+            self.schedule_waiting(&mut batch);
+        }
+        if batch.rows.is_empty() {
+            self.schedule_running(&mut batch, |r| !r.is_prefilling());
+        }
+        batch
+    }
+
+    fn token_budget_left(&self, batch: &ScheduledBatch) -> usize {
+        self.cfg.scheduler.max_num_batched_tokens - batch.num_tokens()
+    }
+
+    fn schedule_running(&mut self, batch: &mut ScheduledBatch, eligible: impl Fn(&Request) -> bool) {
+        let mut i = 0;
+        while i < self.running.len() {
+            let id = self.running[i];
+            let budget = self.token_budget_left(batch);
+            if budget == 0 || batch.rows.len() >= self.cfg.scheduler.max_num_seqs {
+                break;
+            }
+            let req = &self.requests[&id];
+            if !eligible(req) || batch.rows.iter().any(|r| r.req_id == id) {
+                i += 1;
+                continue;
+            }
+            let (q, nd) = self.running_query_len(req, budget);
+            if q == 0 {
+                i += 1;
+                continue;
+            }
+            if !self.reserve_blocks(id, q, batch) {
+                // The request preempted itself: it is no longer at index i.
+                continue;
+            }
+            batch.rows.push(self.make_row(id, q, nd));
+            i += 1;
+        }
+    }
+
+    /// q_len and draft count for a running request under `budget` tokens.
+    fn running_query_len(&self, req: &Request, budget: usize) -> (usize, usize) {
+        let remaining = req.num_tokens() - req.num_computed_tokens;
+        if req.is_prefilling() {
+            return (self.prefill_chunk(remaining, budget), 0);
+        }
+        let nd = req.drafts.len().min(budget.saturating_sub(1));
+        (1 + nd, nd)
+    }
+
+    fn prefill_chunk(&self, remaining: usize, budget: usize) -> usize {
+        let s = &self.cfg.scheduler;
+        if s.chunked_prefill {
+            remaining.min(s.prefill_chunk_tokens).min(budget)
+        } else if remaining <= budget {
+            remaining
+        } else {
+            0
+        }
+    }
+
+    /// Grows `id`'s blocks for q tokens plus drafter lookahead, preempting from the tail
+    /// of the running list. Returns false if `id` itself had to be preempted.
+    fn reserve_blocks(&mut self, id: u64, q: usize, batch: &mut ScheduledBatch) -> bool {
+        let s = &self.cfg.scheduler;
+        let (page, max_len) = (s.page_size, s.max_model_len);
+        let req = &self.requests[&id];
+        let need = (req.num_computed_tokens + q + self.lookahead_tokens()).min(max_len);
+        loop {
+            let req = self.requests.get_mut(&id).expect("running request exists");
+            if self.pool.grow_to(&mut req.block_ids, need, page) {
+                return true;
+            }
+            let victim = *self.running.last().expect("id is running");
+            self.preempt(victim);
+            batch.preempted.push(victim);
+            if victim == id {
+                return false;
+            }
+        }
+    }
+
+    fn preempt(&mut self, id: u64) {
+        let req = self.requests.get_mut(&id).expect("victim exists");
+        self.pool.release(&mut req.block_ids);
+        req.num_computed_tokens = 0;
+        req.drafts.clear();
+        req.draft_probs.clear();
+        req.status = RequestStatus::Waiting;
+        req.num_preemptions += 1;
+        self.running.retain(|&r| r != id);
+        self.waiting.push_front(id);
+    }
+
+    fn schedule_waiting(&mut self, batch: &mut ScheduledBatch) {
+        let s = self.cfg.scheduler.clone();
+        while let Some(&id) = self.waiting.front() {
+            let budget = self.token_budget_left(batch);
+            if budget == 0 || batch.rows.len() >= s.max_num_seqs {
+                break;
+            }
+            let req = &self.requests[&id];
+            let q = self.prefill_chunk(req.num_tokens(), budget);
+            if q == 0 {
+                break;
+            }
+            let need = (q + self.lookahead_tokens()).min(s.max_model_len);
+            let req = self.requests.get_mut(&id).expect("waiting request exists");
+            if !self.pool.grow_to(&mut req.block_ids, need, s.page_size) {
+                break;
+            }
+            req.status = RequestStatus::Running;
+            self.waiting.pop_front();
+            self.running.push(id);
+            batch.rows.push(self.make_row(id, q, 0));
+        }
+    }
+
+    fn make_row(&self, id: u64, q: usize, nd: usize) -> ScheduledRow {
+        let req = &self.requests[&id];
+        let start = req.num_computed_tokens;
+        let committed = q - nd;
+        let mut token_ids: Vec<u32> = (start..start + committed).map(|p| req.token_at(p)).collect();
+        token_ids.extend_from_slice(&req.drafts[..nd]);
+        let end = start + committed;
+        let samples = end == req.num_tokens();
+        ScheduledRow {
+            req_id: id,
+            num_computed_tokens: start,
+            num_scheduled_tokens: q,
+            token_ids,
+            num_draft_tokens: nd,
+            samples,
+            next_prompt_token: (!samples).then(|| req.token_at(end)),
+            block_ids: req.block_ids.clone(),
+        }
+    }
+
+    /// Applies verification results: advances progress, appends tokens, advances grammar
+    /// state, finishes requests, and rolls back blocks that only held rejected tokens
+    /// (keeping the drafter's lookahead).
+    pub fn commit(&mut self, commits: &[Commit]) {
+        let s = self.cfg.scheduler.clone();
+        let k = self.lookahead_tokens();
+        for c in commits {
+            let Some(req) = self.requests.get_mut(&c.req_id) else { continue };
+            let accepted = c.new_tokens.len().saturating_sub(1);
+            req.num_computed_tokens += c.num_scheduled_tokens - c.num_draft_tokens + accepted;
+            req.drafts.clear();
+            req.draft_probs.clear();
+            for &t in &c.new_tokens {
+                if let Some(g) = req.grammar.as_mut() {
+                    g.state = g.automaton.advance(g.state, t);
+                }
+                req.output.push(t);
+            }
+            let done = req.output.len() >= req.max_new_tokens || req.num_tokens() >= s.max_model_len;
+            if done {
+                req.output.truncate(req.max_new_tokens);
+                self.finish(c.req_id);
+            } else {
+                let keep = (req.num_computed_tokens + k).min(s.max_model_len);
+                self.pool.shrink_to(&mut req.block_ids, keep, s.page_size);
+            }
+        }
+    }
+
+    fn finish(&mut self, id: u64) {
+        let mut req = self.requests.remove(&id).expect("finishing a live request");
+        self.pool.release(&mut req.block_ids);
+        self.running.retain(|&r| r != id);
+        self.finished.push(FinishedRequest {
+            id,
+            prompt_len: req.prompt.len(),
+            output: req.output,
+            num_preemptions: req.num_preemptions,
+        });
+    }
+
+    /// Stores next step's drafts for a request, clipped so every draft position stays
+    /// below `max_model_len`.
+    pub fn set_drafts(&mut self, req_id: u64, mut drafts: Vec<u32>, mut probs: Vec<Vec<f32>>) {
+        let max_len = self.cfg.scheduler.max_model_len;
+        if let Some(req) = self.requests.get_mut(&req_id) {
+            let room = max_len.saturating_sub(req.num_tokens() + 1);
+            drafts.truncate(room);
+            probs.truncate(room);
+            req.drafts = drafts;
+            req.draft_probs = probs;
+        }
+    }
+}
+
+/// Checks a workload against a config: unique ids, non-empty prompts that leave room
+/// for at least one output token.
+pub fn validate_workload(cfg: &EngineConfig, workload: &[RequestSpec]) -> Result<(), String> {
+    let mut ids: Vec<u64> = workload.iter().map(|r| r.id).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) {
+        return Err("request ids must be unique".into());
+    }
+    for r in workload {
+        if r.prompt.is_empty() || r.prompt.len() >= cfg.scheduler.max_model_len {
+            return Err(format!(
+                "request {} has a prompt of {} tokens; it must be 1..{} (max_model_len - 1)",
+                r.id,
+                r.prompt.len(),
+                cfg.scheduler.max_model_len - 1
+            ));
+        }
+        if r.max_new_tokens == 0 {
+            return Err(format!("request {} asks for 0 new tokens", r.id));
+        }
+        if r.prompt.iter().any(|&t| t as usize >= cfg.model.vocab_size) {
+            return Err(format!("request {} has a token outside the vocabulary", r.id));
+        }
+    }
+    Ok(())
+}

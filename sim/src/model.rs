@@ -1,0 +1,400 @@
+//! The tiny MLA transformer of the CPU reference backend (SPEC section 10): the f32 building
+//! blocks (RMSNorm, RoPE, SwiGLU, row-major mat-vec), one MLA layer's projections around
+//! attention, the target model and the one-layer drafter, with every weight drawn
+//! deterministically from a ChaCha8 stream.
+//!
+//! Attention itself lives in [`crate::attention`]: a layer only produces a token's query and
+//! the latent row it caches, and consumes the attention output. All matrices are row-major
+//! `[in, out]` (`y = x @ W`).
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use specmla_core::config::ModelDims;
+
+/// ChaCha8 stream of the target model's weights.
+pub const TARGET_STREAM: u64 = 1;
+/// ChaCha8 stream of the drafter's weights, so a drafter built from the same seed as the
+/// target shares no random draws with it.
+pub const DRAFTER_STREAM: u64 = 2;
+/// RMSNorm epsilon.
+pub const RMS_EPS: f32 = 1e-6;
+/// Gain on the LM head's init range. Unit-variance logits leave argmax margins so thin that
+/// f32 and f64 would disagree too often; 3x gives logits with a std of about 3.
+pub const LM_HEAD_GAIN: f32 = 3.0;
+/// Half-width of the uniform init of token and mask embeddings.
+pub const EMBED_SCALE: f32 = 1.0;
+
+/// RMSNorm with a learned gain (`RMS_EPS` inside the root).
+pub fn rms_norm(x: &[f32], weight: &[f32]) -> Vec<f32> {
+    debug_assert_eq!(x.len(), weight.len());
+    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean_sq + RMS_EPS).sqrt();
+    x.iter().zip(weight).map(|(v, w)| v * inv * w).collect()
+}
+
+/// SiLU (swish) activation.
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
+/// Inner product of two equal-length vectors.
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// `y += alpha * x`.
+pub fn axpy(y: &mut [f32], alpha: f32, x: &[f32]) {
+    debug_assert_eq!(y.len(), x.len());
+    for (yi, xi) in y.iter_mut().zip(x) {
+        *yi += alpha * xi;
+    }
+}
+
+/// `x @ w` for `w` stored `[in_dim, out_dim]`. Accumulating whole rows keeps the inner loop
+/// over contiguous memory, which the compiler vectorizes.
+pub fn matvec(x: &[f32], w: &[f32], in_dim: usize, out_dim: usize) -> Vec<f32> {
+    assert!(
+        x.len() == in_dim && w.len() == in_dim * out_dim,
+        "matvec shape"
+    );
+    let mut y = vec![0.0; out_dim];
+    for (xi, row) in x.iter().zip(w.chunks_exact(out_dim)) {
+        axpy(&mut y, *xi, row);
+    }
+    y
+}
+
+/// Rotation angle of pair `pair` of a `len`-wide RoPE vector at position `pos`, in f64 so
+/// the f32 model and the f64 oracle rotate by the same angle.
+pub fn rope_angle(pos: usize, pair: usize, len: usize, theta: f64) -> f64 {
+    pos as f64 * theta.powf(-((2 * pair) as f64) / len as f64)
+}
+
+/// Rotates the interleaved pairs `(x[2i], x[2i+1])` in place for position `pos`.
+pub fn apply_rope(x: &mut [f32], pos: usize, theta: f64) {
+    let len = x.len();
+    debug_assert_eq!(len % 2, 0, "RoPE needs an even width");
+    for (i, pair) in x.chunks_exact_mut(2).enumerate() {
+        let (sin, cos) = rope_angle(pos, i, len, theta).sin_cos();
+        let (s, c) = (sin as f32, cos as f32);
+        let (a, b) = (pair[0], pair[1]);
+        pair[0] = a * c - b * s;
+        pair[1] = a * s + b * c;
+    }
+}
+
+/// Index of the largest logit; the lowest index wins a tie, so greedy decoding is a
+/// function of the logits alone.
+pub fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn uniform(rng: &mut ChaCha8Rng, len: usize, half_width: f32) -> Vec<f32> {
+    (0..len)
+        .map(|_| rng.gen_range(-half_width..half_width))
+        .collect()
+}
+
+/// Fan-in scaled init: unit-variance inputs give unit-variance outputs.
+fn linear(rng: &mut ChaCha8Rng, in_dim: usize, out_dim: usize) -> Vec<f32> {
+    uniform(rng, in_dim * out_dim, (3.0 / in_dim as f32).sqrt())
+}
+
+fn norm_weight(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
+    (0..len)
+        .map(|_| 1.0 + rng.gen_range(-0.1f32..0.1))
+        .collect()
+}
+
+fn seeded(seed: u64, stream: u64) -> ChaCha8Rng {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    rng.set_stream(stream);
+    rng
+}
+
+/// Row `token` of a `[vocab, width]` table. Token ids come from the model's own vocabulary,
+/// so an out-of-range id is a caller bug.
+fn table_row(table: &[f32], token: u32, width: usize) -> Vec<f32> {
+    let start = token as usize * width;
+    assert!(
+        start + width <= table.len(),
+        "token {token} outside the vocabulary"
+    );
+    table[start..start + width].to_vec()
+}
+
+/// One transformer layer with multi-head latent attention and a SwiGLU MLP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MlaLayer {
+    /// RMSNorm gain before attention, `[hidden]`.
+    pub attn_norm: Vec<f32>,
+    /// Query projection `[hidden, H*(nope+rope)]`; each head is its nope part then its rope part.
+    pub w_q: Vec<f32>,
+    /// KV down-projection `[hidden, kv_lora + rope]`: `c_kv` then the shared `k_rope`.
+    pub w_dkv: Vec<f32>,
+    /// RMSNorm gain applied to `c_kv` before it is cached, `[kv_lora]`.
+    pub kv_norm: Vec<f32>,
+    /// Key up-projection, `[H][kv_lora][nope]`.
+    pub w_uk: Vec<f32>,
+    /// Value up-projection, `[H][kv_lora][v]`.
+    pub w_uv: Vec<f32>,
+    /// Output projection `[H*v, hidden]`.
+    pub w_o: Vec<f32>,
+    /// RMSNorm gain before the MLP, `[hidden]`.
+    pub mlp_norm: Vec<f32>,
+    /// MLP gate projection `[hidden, inter]`.
+    pub w_gate: Vec<f32>,
+    /// MLP up projection `[hidden, inter]`.
+    pub w_up: Vec<f32>,
+    /// MLP down projection `[inter, hidden]`.
+    pub w_down: Vec<f32>,
+}
+
+impl MlaLayer {
+    /// Draws a layer's weights from `rng`, in field order.
+    pub fn random(dims: &ModelDims, rng: &mut ChaCha8Rng) -> Self {
+        let (d, h) = (dims.hidden_size, dims.num_heads);
+        let (lora, nope, v) = (dims.kv_lora_rank, dims.qk_nope_head_dim, dims.v_head_dim);
+        Self {
+            attn_norm: norm_weight(rng, d),
+            w_q: linear(rng, d, h * dims.qk_head_dim()),
+            w_dkv: linear(rng, d, dims.latent_dim()),
+            kv_norm: norm_weight(rng, lora),
+            w_uk: uniform(rng, h * lora * nope, (3.0 / lora as f32).sqrt()),
+            w_uv: uniform(rng, h * lora * v, (3.0 / lora as f32).sqrt()),
+            w_o: linear(rng, h * v, d),
+            mlp_norm: norm_weight(rng, d),
+            w_gate: linear(rng, d, dims.intermediate_size),
+            w_up: linear(rng, d, dims.intermediate_size),
+            w_down: linear(rng, dims.intermediate_size, d),
+        }
+    }
+
+    /// The token's query `[H*(nope+rope)]` (RoPE applied at `pos`) and its latent row
+    /// `[kv_lora + rope]`, the values the KV cache stores for this token and layer.
+    pub fn qkv(&self, dims: &ModelDims, x: &[f32], pos: usize) -> (Vec<f32>, Vec<f32>) {
+        let h = rms_norm(x, &self.attn_norm);
+        let qk = dims.qk_head_dim();
+        let mut q = matvec(&h, &self.w_q, dims.hidden_size, dims.num_heads * qk);
+        for head in q.chunks_exact_mut(qk) {
+            apply_rope(&mut head[dims.qk_nope_head_dim..], pos, dims.rope_theta);
+        }
+        (q, self.latent_from_normed(dims, &h, pos))
+    }
+
+    /// The latent row of [`Self::qkv`] alone (drafter context rows need no query).
+    pub fn latent_only(&self, dims: &ModelDims, x: &[f32], pos: usize) -> Vec<f32> {
+        self.latent_from_normed(dims, &rms_norm(x, &self.attn_norm), pos)
+    }
+
+    fn latent_from_normed(&self, dims: &ModelDims, h: &[f32], pos: usize) -> Vec<f32> {
+        let lora = dims.kv_lora_rank;
+        let mut latent = matvec(h, &self.w_dkv, dims.hidden_size, dims.latent_dim());
+        let c_kv = rms_norm(&latent[..lora], &self.kv_norm);
+        latent[..lora].copy_from_slice(&c_kv);
+        apply_rope(&mut latent[lora..], pos, dims.rope_theta);
+        latent
+    }
+
+    /// The residual after this layer, given its input `x` and the attention output
+    /// `[H*v]`: output projection, residual add, then the SwiGLU MLP block.
+    pub fn finish(&self, dims: &ModelDims, x: &[f32], attn_out: &[f32]) -> Vec<f32> {
+        let d = dims.hidden_size;
+        let proj = matvec(attn_out, &self.w_o, dims.num_heads * dims.v_head_dim, d);
+        let x1: Vec<f32> = x.iter().zip(&proj).map(|(a, b)| a + b).collect();
+        let h = rms_norm(&x1, &self.mlp_norm);
+        let inter = dims.intermediate_size;
+        let gate = matvec(&h, &self.w_gate, d, inter);
+        let up = matvec(&h, &self.w_up, d, inter);
+        let act: Vec<f32> = gate.iter().zip(&up).map(|(g, u)| silu(*g) * u).collect();
+        let down = matvec(&act, &self.w_down, inter, d);
+        x1.iter().zip(&down).map(|(a, b)| a + b).collect()
+    }
+}
+
+/// The target model: embedding, `num_layers` MLA layers, final norm and LM head. Its
+/// "hidden state" (what drafters consume) is the residual after the last layer, before
+/// the final norm.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TargetModel {
+    /// Shapes the weights were drawn for.
+    pub dims: ModelDims,
+    /// Token embedding `[vocab, hidden]`.
+    pub embed_tokens: Vec<f32>,
+    /// The transformer layers.
+    pub layers: Vec<MlaLayer>,
+    /// RMSNorm gain before the LM head, `[hidden]`.
+    pub final_norm: Vec<f32>,
+    /// LM head `[hidden, vocab]`.
+    pub lm_head: Vec<f32>,
+}
+
+impl TargetModel {
+    /// Draws the target's weights from `seed` on [`TARGET_STREAM`].
+    pub fn from_seed(dims: &ModelDims, seed: u64) -> Self {
+        let mut rng = seeded(seed, TARGET_STREAM);
+        let (d, vocab) = (dims.hidden_size, dims.vocab_size);
+        let embed_tokens = uniform(&mut rng, vocab * d, EMBED_SCALE);
+        let layers = (0..dims.num_layers)
+            .map(|_| MlaLayer::random(dims, &mut rng))
+            .collect();
+        let final_norm = norm_weight(&mut rng, d);
+        let lm_head = uniform(&mut rng, d * vocab, LM_HEAD_GAIN * (3.0 / d as f32).sqrt());
+        Self {
+            dims: dims.clone(),
+            embed_tokens,
+            layers,
+            final_norm,
+            lm_head,
+        }
+    }
+
+    /// The residual-stream input of `token`.
+    pub fn embed(&self, token: u32) -> Vec<f32> {
+        table_row(&self.embed_tokens, token, self.dims.hidden_size)
+    }
+
+    /// Next-token logits `[vocab]` from a final hidden state.
+    pub fn logits(&self, x: &[f32]) -> Vec<f32> {
+        let h = rms_norm(x, &self.final_norm);
+        matvec(
+            &h,
+            &self.lm_head,
+            self.dims.hidden_size,
+            self.dims.vocab_size,
+        )
+    }
+}
+
+/// The one-layer drafter, with input fusions for both drafter families: EAGLE/MTP
+/// (token embedding + previous hidden state) and DFlash (target hidden states as context,
+/// a query block of a token and mask embeddings).
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrafterModel {
+    /// Shapes the weights were drawn for (`num_layers` is ignored: always one layer).
+    pub dims: ModelDims,
+    /// Token embedding `[vocab, hidden]`.
+    pub embed_tokens: Vec<f32>,
+    /// EAGLE/MTP input fusion `[2*hidden, hidden]` over `concat(embedding, hidden)`.
+    pub fc: Vec<f32>,
+    /// DFlash context projection of target hidden states, `[hidden, hidden]`.
+    pub fc_ctx: Vec<f32>,
+    /// Input of the masked positions of a DFlash query block, `[hidden]`.
+    pub mask_embedding: Vec<f32>,
+    /// The drafter's single layer.
+    pub layer: MlaLayer,
+    /// RMSNorm gain before the LM head, `[hidden]`.
+    pub final_norm: Vec<f32>,
+    /// LM head `[hidden, vocab]`.
+    pub lm_head: Vec<f32>,
+}
+
+impl DrafterModel {
+    /// Draws the drafter's weights from `seed` on [`DRAFTER_STREAM`].
+    pub fn from_seed(dims: &ModelDims, seed: u64) -> Self {
+        let mut rng = seeded(seed, DRAFTER_STREAM);
+        let (d, vocab) = (dims.hidden_size, dims.vocab_size);
+        Self {
+            dims: ModelDims {
+                num_layers: 1,
+                ..dims.clone()
+            },
+            embed_tokens: uniform(&mut rng, vocab * d, EMBED_SCALE),
+            fc: linear(&mut rng, 2 * d, d),
+            fc_ctx: linear(&mut rng, d, d),
+            mask_embedding: uniform(&mut rng, d, EMBED_SCALE),
+            layer: MlaLayer::random(dims, &mut rng),
+            final_norm: norm_weight(&mut rng, d),
+            lm_head: uniform(&mut rng, d * vocab, LM_HEAD_GAIN * (3.0 / d as f32).sqrt()),
+        }
+    }
+
+    /// EAGLE/MTP input: `concat(embed(token), hidden_in) @ fc`.
+    pub fn fuse(&self, token: u32, hidden_in: &[f32]) -> Vec<f32> {
+        let d = self.dims.hidden_size;
+        let mut cat = table_row(&self.embed_tokens, token, d);
+        cat.extend_from_slice(hidden_in);
+        matvec(&cat, &self.fc, 2 * d, d)
+    }
+
+    /// DFlash context input: a target hidden state projected by `fc_ctx`.
+    pub fn context_x(&self, target_hidden: &[f32]) -> Vec<f32> {
+        let d = self.dims.hidden_size;
+        matvec(target_hidden, &self.fc_ctx, d, d)
+    }
+
+    /// DFlash query-block input: the token's embedding, or the mask embedding for a
+    /// position still to be drafted.
+    pub fn block_x(&self, token: Option<u32>) -> Vec<f32> {
+        match token {
+            Some(t) => table_row(&self.embed_tokens, t, self.dims.hidden_size),
+            None => self.mask_embedding.clone(),
+        }
+    }
+
+    /// Draft logits `[vocab]` from the layer's output.
+    pub fn logits(&self, x: &[f32]) -> Vec<f32> {
+        let h = rms_norm(x, &self.final_norm);
+        matvec(
+            &h,
+            &self.lm_head,
+            self.dims.hidden_size,
+            self.dims.vocab_size,
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn same_seed_same_weights_other_seed_differs() {
+        let dims = ModelDims::tiny();
+        let a = TargetModel::from_seed(&dims, 7);
+        assert!(a == TargetModel::from_seed(&dims, 7));
+        let b = TargetModel::from_seed(&dims, 8);
+        assert!(a.embed_tokens != b.embed_tokens && a.layers[1] != b.layers[1]);
+        let d = DrafterModel::from_seed(&dims, 7);
+        assert!(d == DrafterModel::from_seed(&dims, 7));
+        assert!(d != DrafterModel::from_seed(&dims, 8));
+        // Separate streams: the drafter must not replay the target's draws.
+        assert!(d.embed_tokens != a.embed_tokens);
+    }
+
+    #[test]
+    fn rope_preserves_pair_norms_and_is_relative() {
+        let mut rng = seeded(3, 9);
+        let (a, b) = (uniform(&mut rng, 8, 1.0), uniform(&mut rng, 8, 1.0));
+        let rotated = |v: &[f32], pos| {
+            let mut v = v.to_vec();
+            apply_rope(&mut v, pos, 10_000.0);
+            v
+        };
+        let (ra, rb) = (rotated(&a, 5), rotated(&b, 5));
+        assert!((dot(&ra, &ra) - dot(&a, &a)).abs() < 1e-5);
+        // Scores depend only on the position difference.
+        let (sa, sb) = (rotated(&a, 12), rotated(&b, 9));
+        let (ta, tb) = (rotated(&a, 103), rotated(&b, 100));
+        assert!((dot(&sa, &sb) - dot(&ta, &tb)).abs() < 1e-4);
+        assert!((dot(&ra, &rb) - dot(&sa, &sb)).abs() > 1e-3);
+    }
+
+    #[test]
+    fn latent_only_matches_qkv_and_matvec_is_row_major() {
+        let dims = ModelDims::tiny();
+        let model = TargetModel::from_seed(&dims, 11);
+        let x = model.embed(17);
+        let (_, latent) = model.layers[0].qkv(&dims, &x, 4);
+        assert_eq!(latent, model.layers[0].latent_only(&dims, &x, 4));
+        let w = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]; // [2, 3]
+        assert_eq!(matvec(&[1.0, -1.0], &w, 2, 3), vec![-3.0, -3.0, -3.0]);
+    }
+}
