@@ -69,5 +69,9 @@ pub trait Backend {
     ) -> Result<DrafterOutput, Self::Error>;
 
     /// Runs the DFlash block pass; returns K sampled positions per row (offsets 1..=K).
-    fn forward_dflash(&mut self, pass: &DFlashPass, target: &TargetOutput) -> Result<DrafterOutput, Self::Error>;
+    fn forward_dflash(
+        &mut self,
+        pass: &DFlashPass,
+        target: &TargetOutput,
+    ) -> Result<DrafterOutput, Self::Error>;
 }

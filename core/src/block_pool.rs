@@ -17,7 +17,10 @@ pub struct BlockPool {
 impl BlockPool {
     /// A pool of `num_blocks` blocks, all free.
     pub fn new(num_blocks: usize) -> Self {
-        Self { free: (0..num_blocks as u32).collect(), num_blocks }
+        Self {
+            free: (0..num_blocks as u32).collect(),
+            num_blocks,
+        }
     }
 
     /// Total blocks.

@@ -33,7 +33,11 @@ pub enum ChunkError {
         "workspace of {workspace_tokens} tokens cannot give each of the {rows} prefill rows \
          with context one page of {page_size} tokens"
     )]
-    WorkspaceTooSmall { workspace_tokens: usize, rows: usize, page_size: usize },
+    WorkspaceTooSmall {
+        workspace_tokens: usize,
+        rows: usize,
+        page_size: usize,
+    },
 }
 
 /// Plans the chunks for prefill rows whose context lengths are `ctx_lens`
@@ -61,11 +65,18 @@ pub fn plan_context_chunks(
             let start = i * chunk;
             ContextChunk {
                 starts: ctx_lens.iter().map(|_| start).collect(),
-                lens: ctx_lens.iter().map(|&c| c.saturating_sub(start).min(chunk)).collect(),
+                lens: ctx_lens
+                    .iter()
+                    .map(|&c| c.saturating_sub(start).min(chunk))
+                    .collect(),
             }
         })
         .collect();
-    Ok(Some(ChunkedContext { workspace_tokens, chunk_size_tokens: chunk, chunks }))
+    Ok(Some(ChunkedContext {
+        workspace_tokens,
+        chunk_size_tokens: chunk,
+        chunks,
+    }))
 }
 
 #[cfg(test)]
@@ -74,7 +85,9 @@ mod tests {
 
     #[test]
     fn chunks_cover_context_within_workspace() {
-        let c = plan_context_chunks(&[100, 0, 300], 256, 16).unwrap().unwrap();
+        let c = plan_context_chunks(&[100, 0, 300], 256, 16)
+            .unwrap()
+            .unwrap();
         assert_eq!(c.chunk_size_tokens, 128);
         assert_eq!(c.chunks.len(), 3);
         assert_eq!(c.chunks[0].lens, vec![100, 0, 128]);

@@ -87,7 +87,9 @@ impl ModelDims {
         ];
         for (name, v) in dims {
             if v == 0 {
-                return Err(ConfigError::Invalid(format!("model dimension {name} must be > 0")));
+                return Err(ConfigError::Invalid(format!(
+                    "model dimension {name} must be > 0"
+                )));
             }
         }
         if self.qk_rope_head_dim == 0 || self.qk_rope_head_dim % 2 != 0 {
@@ -291,7 +293,12 @@ impl BackendProfile {
             BackendProfile::FlashAttnMla => (Varlen, 512, UniformBatch, true),
             BackendProfile::TritonMla => (SingleOnly, 1, UniformSingleTokenDecode, true),
         };
-        Capabilities { query_len_support, base_threshold, cuda_graph, non_causal }
+        Capabilities {
+            query_len_support,
+            base_threshold,
+            cuda_graph,
+            non_causal,
+        }
     }
 }
 
@@ -366,7 +373,9 @@ impl EngineConfig {
             return bad("speculation is on but num_speculative_tokens (K) is 0".into());
         }
         if self.spec.enabled() && k > 16 {
-            return bad(format!("num_speculative_tokens {k} is above the supported maximum of 16"));
+            return bad(format!(
+                "num_speculative_tokens {k} is above the supported maximum of 16"
+            ));
         }
         if self.spec.enabled() && s.max_num_batched_tokens < s.max_num_seqs.min(1) * (1 + k) {
             return bad("max_num_batched_tokens cannot hold one verify row of 1 + K tokens".into());

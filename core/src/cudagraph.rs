@@ -55,12 +55,17 @@ pub fn capture_sizes(cfg: &EngineConfig) -> Vec<usize> {
     if !cfg.cuda_graphs || !usable {
         return Vec::new();
     }
-    let max = cfg.max_capture_size_tokens.min(cfg.scheduler.max_num_seqs * q);
+    let max = cfg
+        .max_capture_size_tokens
+        .min(cfg.scheduler.max_num_seqs * q);
     let ladder = [1usize, 2, 4]
         .into_iter()
         .chain((8..256).step_by(8))
         .chain((256..=max.max(256)).step_by(16));
-    let mut sizes: Vec<usize> = ladder.map(|s| s.div_ceil(q) * q).filter(|&s| s <= max).collect();
+    let mut sizes: Vec<usize> = ladder
+        .map(|s| s.div_ceil(q) * q)
+        .filter(|&s| s <= max)
+        .collect();
     sizes.sort_unstable();
     sizes.dedup();
     sizes
@@ -71,7 +76,12 @@ pub fn graph_shapes(cfg: &EngineConfig) -> Vec<GraphShape> {
     let q = cfg.spec.uniform_decode_query_len();
     capture_sizes(cfg)
         .into_iter()
-        .map(|t| GraphShape { num_tokens: t, num_rows: t / q, query_len: q, max_query_len: q })
+        .map(|t| GraphShape {
+            num_tokens: t,
+            num_rows: t / q,
+            query_len: q,
+            max_query_len: q,
+        })
         .collect()
 }
 
@@ -79,14 +89,23 @@ pub fn graph_shapes(cfg: &EngineConfig) -> Vec<GraphShape> {
 /// `(num_computed_tokens, q_len)`. A batch qualifies only if every row is a verify/decode
 /// row of exactly `1 + K` tokens with computed context (a fresh prompt of `1 + K` tokens
 /// must not alias onto the graph) and the smallest captured size holds it.
-pub fn dispatch(cfg: &EngineConfig, rows: &[(usize, usize)], sizes: &[usize]) -> Option<GraphDispatch> {
+pub fn dispatch(
+    cfg: &EngineConfig,
+    rows: &[(usize, usize)],
+    sizes: &[usize],
+) -> Option<GraphDispatch> {
     let q = cfg.spec.uniform_decode_query_len();
     if rows.is_empty() || !rows.iter().all(|&(c, len)| len == q && c > 0) {
         return None;
     }
     let num_tokens = rows.len() * q;
     let size = *sizes.iter().find(|&&s| s >= num_tokens)?;
-    let shape = GraphShape { num_tokens: size, num_rows: size / q, query_len: q, max_query_len: q };
+    let shape = GraphShape {
+        num_tokens: size,
+        num_rows: size / q,
+        query_len: q,
+        max_query_len: q,
+    };
     Some(GraphDispatch {
         shape,
         num_padding_rows: shape.num_rows - rows.len(),

@@ -61,7 +61,12 @@ impl DrafterPass {
 /// and the target's hidden state at p) with the next token written at the last valid
 /// index. Padded keeps rejected tokens and samples at `query_start_loc[r+1] - 1 - n_rej`;
 /// compacted drops them and recomputes slots.
-pub fn first_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome], mode: DrafterBatch) -> DrafterPass {
+pub fn first_pass(
+    cfg: &EngineConfig,
+    plan: &StepPlan,
+    outcomes: &[RowOutcome],
+    mode: DrafterBatch,
+) -> DrafterPass {
     let c = &plan.common;
     let n = plan.rows.len();
     let width = c.block_table_width;
@@ -88,7 +93,13 @@ pub fn first_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome], 
         };
         for i in 0..q {
             let t = toks.start + i;
-            let token = if i + 1 == o.valid { o.next_token } else if i + 1 < toks.len() { plan.token_ids[t + 1] } else { o.next_token };
+            let token = if i + 1 == o.valid {
+                o.next_token
+            } else if i + 1 < toks.len() {
+                plan.token_ids[t + 1]
+            } else {
+                o.next_token
+            };
             p.token_ids.push(token);
             p.positions.push(c.positions[t]);
             p.slot_mapping.push(match mode {
@@ -105,8 +116,13 @@ pub fn first_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome], 
         let start = *p.query_start_loc.last().expect("starts with 0");
         p.query_start_loc.push(start + q as u32);
         p.seq_lens.push(c.num_computed_tokens[r] + q as u32);
-        let n_rej = if mode == DrafterBatch::Padded { o.num_rejected } else { 0 };
-        p.token_indices_to_sample.push(start + q as u32 - 1 - n_rej as u32);
+        let n_rej = if mode == DrafterBatch::Padded {
+            o.num_rejected
+        } else {
+            0
+        };
+        p.token_indices_to_sample
+            .push(start + q as u32 - 1 - n_rej as u32);
         p.num_rejected.push(n_rej as u32);
     }
     p
@@ -208,7 +224,8 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
             p.context_positions.push(c.positions[t]);
             p.context_slots.push(c.slot_mapping[t]);
         }
-        p.context_start_loc.push(p.context_token_indices.len() as u32);
+        p.context_start_loc
+            .push(p.context_token_indices.len() as u32);
         let last_valid = c.num_computed_tokens[r] as usize + o.valid - 1;
         p.context_lens.push(last_valid as u32 + 1);
         for i in 0..=k {

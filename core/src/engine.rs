@@ -104,11 +104,24 @@ type StepResult<T, B> = Result<T, EngineError<<B as Backend>::Error>>;
 
 impl<B: Backend> Engine<B> {
     /// Builds the engine and captures the graphs. `cfg` must have passed validation.
-    pub fn new(cfg: EngineConfig, opts: EngineOptions, workload: Vec<RequestSpec>, mut backend: B) -> StepResult<Self, B> {
-        backend.capture_graphs(&graph_shapes(&cfg)).map_err(EngineError::Backend)?;
+    pub fn new(
+        cfg: EngineConfig,
+        opts: EngineOptions,
+        workload: Vec<RequestSpec>,
+        mut backend: B,
+    ) -> StepResult<Self, B> {
+        backend
+            .capture_graphs(&graph_shapes(&cfg))
+            .map_err(EngineError::Backend)?;
         let capture_sizes = capture_sizes(&cfg);
         let scheduler = Scheduler::new(cfg.clone(), workload);
-        Ok(Self { cfg, opts, scheduler, backend, capture_sizes })
+        Ok(Self {
+            cfg,
+            opts,
+            scheduler,
+            backend,
+            capture_sizes,
+        })
     }
 
     pub fn config(&self) -> &EngineConfig {
@@ -142,14 +155,21 @@ impl<B: Backend> Engine<B> {
         let plan = self.plan(&batch, self.cfg.scheduler.row_layout)?;
         let mut violations = invariants::check_plan(&self.cfg, &batch, &plan, &self.capture_sizes);
         let layout_mismatches = self.shadow_layout(&batch, &plan, &mut violations)?;
-        let target = self.backend.forward_target(&plan).map_err(EngineError::Backend)?;
+        let target = self
+            .backend
+            .forward_target(&plan)
+            .map_err(EngineError::Backend)?;
         let (verifies, outcomes) = self.verify(&plan, &target);
         let drafts = self.draft(&plan, &target, &verifies, &outcomes, oracle)?;
         for p in &drafts.passes {
-            violations.extend(invariants::check_drafter_pass(&self.cfg, &batch, &plan, &outcomes, p));
+            violations.extend(invariants::check_drafter_pass(
+                &self.cfg, &batch, &plan, &outcomes, p,
+            ));
         }
         if let Some(d) = &drafts.dflash {
-            violations.extend(invariants::check_dflash(&self.cfg, &batch, &plan, &outcomes, d));
+            violations.extend(invariants::check_dflash(
+                &self.cfg, &batch, &plan, &outcomes, d,
+            ));
         }
         self.commit(&plan, &verifies, &drafts.proposals, &drafts.probs);
         Ok(Some(StepOutcome {
@@ -169,7 +189,9 @@ impl<B: Backend> Engine<B> {
     }
 
     fn empty_outcome(&mut self, batch: ScheduledBatch) -> StepOutcome {
-        let plan = self.plan(&batch, self.cfg.scheduler.row_layout).expect("empty batch plans");
+        let plan = self
+            .plan(&batch, self.cfg.scheduler.row_layout)
+            .expect("empty batch plans");
         StepOutcome {
             batch,
             plan,
@@ -198,7 +220,12 @@ impl<B: Backend> Engine<B> {
 
     /// Runs the other layout first (KV writes are idempotent: the same values land in
     /// the same slots) and compares each request's logits and hidden states bit for bit.
-    fn shadow_layout(&mut self, batch: &ScheduledBatch, plan: &StepPlan, violations: &mut Vec<Violation>) -> StepResult<Vec<u64>, B> {
+    fn shadow_layout(
+        &mut self,
+        batch: &ScheduledBatch,
+        plan: &StepPlan,
+        violations: &mut Vec<Violation>,
+    ) -> StepResult<Vec<u64>, B> {
         if !self.opts.check_layouts {
             return Ok(Vec::new());
         }
@@ -207,13 +234,28 @@ impl<B: Backend> Engine<B> {
             RowLayout::ExtendFirst => RowLayout::DecodeFirst,
         };
         let alt = self.plan(batch, other)?;
-        violations.extend(invariants::check_plan(&self.cfg, batch, &alt, &self.capture_sizes));
-        let alt_out = self.backend.forward_target(&alt).map_err(EngineError::Backend)?;
-        let primary = self.backend.forward_target(plan).map_err(EngineError::Backend)?;
+        violations.extend(invariants::check_plan(
+            &self.cfg,
+            batch,
+            &alt,
+            &self.capture_sizes,
+        ));
+        let alt_out = self
+            .backend
+            .forward_target(&alt)
+            .map_err(EngineError::Backend)?;
+        let primary = self
+            .backend
+            .forward_target(plan)
+            .map_err(EngineError::Backend)?;
         Ok(compare_layouts(plan, &primary, &alt, &alt_out))
     }
 
-    fn verify(&self, plan: &StepPlan, target: &TargetOutput) -> (Vec<Option<RowVerify>>, Vec<RowOutcome>) {
+    fn verify(
+        &self,
+        plan: &StepPlan,
+        target: &TargetOutput,
+    ) -> (Vec<Option<RowVerify>>, Vec<RowOutcome>) {
         let mut verifies = Vec::with_capacity(plan.rows.len());
         let mut outcomes = Vec::with_capacity(plan.rows.len());
         for (r, row) in plan.rows.iter().enumerate() {
@@ -221,7 +263,9 @@ impl<B: Backend> Engine<B> {
                 verifies.push(None);
                 outcomes.push(RowOutcome {
                     valid: row.query_len,
-                    next_token: row.next_prompt_token.expect("a non-sampling row is a partial prefill"),
+                    next_token: row
+                        .next_prompt_token
+                        .expect("a non-sampling row is a partial prefill"),
                     num_rejected: 0,
                 });
                 continue;
@@ -249,15 +293,33 @@ impl<B: Backend> Engine<B> {
         if temperature == 0.0 {
             return verify_greedy(row.req_id, drafts, &logits, &masks);
         }
-        let target_probs: Vec<Vec<f32>> =
-            logits.iter().zip(&masks).map(|(l, m)| probs(l, temperature, *m)).collect();
-        let req = self.scheduler.request(row.req_id).expect("sampling row is live");
+        let target_probs: Vec<Vec<f32>> = logits
+            .iter()
+            .zip(&masks)
+            .map(|(l, m)| probs(l, temperature, *m))
+            .collect();
+        let req = self
+            .scheduler
+            .request(row.req_id)
+            .expect("sampling row is live");
         let position = (row.num_computed_tokens + row.query_len - row.num_draft_tokens) as u64;
         let mut rng = keyed_rng(self.opts.seed, Stream::Verify, row.req_id, position);
-        verify_rejection(row.req_id, drafts, &target_probs, &req.draft_probs, &mut rng)
+        verify_rejection(
+            row.req_id,
+            drafts,
+            &target_probs,
+            &req.draft_probs,
+            &mut rng,
+        )
     }
 
-    fn commit(&mut self, plan: &StepPlan, verifies: &[Option<RowVerify>], proposals: &[Vec<u32>], probs: &[Vec<Vec<f32>>]) {
+    fn commit(
+        &mut self,
+        plan: &StepPlan,
+        verifies: &[Option<RowVerify>],
+        proposals: &[Vec<u32>],
+        probs: &[Vec<Vec<f32>>],
+    ) {
         let commits: Vec<Commit> = plan
             .rows
             .iter()
@@ -273,14 +335,20 @@ impl<B: Backend> Engine<B> {
         for (r, row) in plan.rows.iter().enumerate() {
             if row.samples && !proposals.is_empty() && !proposals[r].is_empty() {
                 let p = probs.get(r).cloned().unwrap_or_default();
-                self.scheduler.set_drafts(row.req_id, proposals[r].clone(), p);
+                self.scheduler
+                    .set_drafts(row.req_id, proposals[r].clone(), p);
             }
         }
     }
 }
 
 /// Requests whose logits or hidden states differ between two layouts of one batch.
-fn compare_layouts(plan: &StepPlan, out: &TargetOutput, alt: &StepPlan, alt_out: &TargetOutput) -> Vec<u64> {
+fn compare_layouts(
+    plan: &StepPlan,
+    out: &TargetOutput,
+    alt: &StepPlan,
+    alt_out: &TargetOutput,
+) -> Vec<u64> {
     let mut bad = Vec::new();
     for (r, row) in plan.rows.iter().enumerate() {
         let Some(a) = alt.rows.iter().position(|x| x.req_id == row.req_id) else {
@@ -325,12 +393,21 @@ impl<B: Backend> Engine<B> {
         outcomes: &[RowOutcome],
         oracle: &mut dyn DraftOracle,
     ) -> StepResult<Drafts, B> {
-        let mut d = Drafts { proposals: Vec::new(), probs: Vec::new(), passes: Vec::new(), dflash: None, mismatches: Vec::new() };
+        let mut d = Drafts {
+            proposals: Vec::new(),
+            probs: Vec::new(),
+            passes: Vec::new(),
+            dflash: None,
+            mismatches: Vec::new(),
+        };
         match self.cfg.spec.method {
             SpecMethod::Off => {}
             SpecMethod::DFlash => {
                 let pass = dflash_pass(&self.cfg, plan, outcomes);
-                let out = self.backend.forward_dflash(&pass, target).map_err(EngineError::Backend)?;
+                let out = self
+                    .backend
+                    .forward_dflash(&pass, target)
+                    .map_err(EngineError::Backend)?;
                 (d.proposals, d.probs) = self.choose_dflash(plan, verifies, &pass, &out, oracle);
                 d.dflash = Some(pass);
             }
@@ -341,14 +418,17 @@ impl<B: Backend> Engine<B> {
                         DrafterBatch::Padded => DrafterBatch::Compacted,
                         DrafterBatch::Compacted => DrafterBatch::Padded,
                     };
-                    let (shadow, _, passes) = self.run_multistep(plan, target, verifies, outcomes, other, oracle)?;
+                    let (shadow, _, passes) =
+                        self.run_multistep(plan, target, verifies, outcomes, other, oracle)?;
                     d.passes.extend(passes);
-                    let (p, probs, passes) = self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
+                    let (p, probs, passes) =
+                        self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
                     d.mismatches = drafter_mismatches(plan, &p, &shadow);
                     (d.proposals, d.probs) = (p, probs);
                     d.passes.extend(passes);
                 } else {
-                    let (p, probs, passes) = self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
+                    let (p, probs, passes) =
+                        self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
                     (d.proposals, d.probs, d.passes) = (p, probs, passes);
                 }
             }
@@ -373,11 +453,23 @@ impl<B: Backend> Engine<B> {
         let mut pass = first_pass(&self.cfg, plan, outcomes, mode);
         let mut prev: Option<DrafterOutput> = None;
         for j in 0..self.cfg.spec.k() {
-            let out = self.backend.forward_drafter(&pass, target, prev.as_ref()).map_err(EngineError::Backend)?;
+            let out = self
+                .backend
+                .forward_drafter(&pass, target, prev.as_ref())
+                .map_err(EngineError::Backend)?;
             let mut tokens = Vec::with_capacity(n);
             for r in 0..n {
-                let position = pass.positions[pass.token_indices_to_sample[r] as usize] as usize + 2;
-                let (t, p) = self.choose_draft(plan, verifies, r, position, &proposals[r], out.logits_row(r), oracle);
+                let position =
+                    pass.positions[pass.token_indices_to_sample[r] as usize] as usize + 2;
+                let (t, p) = self.choose_draft(
+                    plan,
+                    verifies,
+                    r,
+                    position,
+                    &proposals[r],
+                    out.logits_row(r),
+                    oracle,
+                );
                 tokens.push(t);
                 proposals[r].push(t);
                 probs[r].extend(p);
@@ -404,7 +496,8 @@ impl<B: Backend> Engine<B> {
             for i in 1..=k {
                 let position = pass.block_positions[r * pass.block_len + i] as usize;
                 let logits = out.logits_row(r * k + i - 1);
-                let (t, p) = self.choose_draft(plan, verifies, r, position, &proposals[r], logits, oracle);
+                let (t, p) =
+                    self.choose_draft(plan, verifies, r, position, &proposals[r], logits, oracle);
                 proposals[r].push(t);
                 probs[r].extend(p);
             }
@@ -434,20 +527,34 @@ impl<B: Backend> Engine<B> {
             return (sample(&p, &mut rng), Some(p));
         }
         let own = masked_argmax(logits, None).0;
-        let Some(v) = verifies[r].as_ref() else { return (own, None) };
+        let Some(v) = verifies[r].as_ref() else {
+            return (own, None);
+        };
         let mut suffix = v.new_tokens.clone();
         suffix.extend_from_slice(earlier);
-        let forced = oracle.forced_draft(DraftQuery { req_id, position, suffix: &suffix });
+        let forced = oracle.forced_draft(DraftQuery {
+            req_id,
+            position,
+            suffix: &suffix,
+        });
         (forced.unwrap_or(own), None)
     }
 }
 
-fn drafter_mismatches(plan: &StepPlan, primary: &[Vec<u32>], shadow: &[Vec<u32>]) -> Vec<DrafterMismatch> {
+fn drafter_mismatches(
+    plan: &StepPlan,
+    primary: &[Vec<u32>],
+    shadow: &[Vec<u32>],
+) -> Vec<DrafterMismatch> {
     plan.rows
         .iter()
         .enumerate()
         .filter(|(r, row)| row.samples && primary[*r] != shadow[*r])
-        .map(|(r, row)| DrafterMismatch { req_id: row.req_id, primary: primary[r].clone(), shadow: shadow[r].clone() })
+        .map(|(r, row)| DrafterMismatch {
+            req_id: row.req_id,
+            primary: primary[r].clone(),
+            shadow: shadow[r].clone(),
+        })
         .collect()
 }
 

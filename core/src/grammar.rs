@@ -27,7 +27,9 @@ impl TokenMask {
     /// Whether `token` is allowed.
     pub fn allows(&self, token: u32) -> bool {
         let t = token as usize;
-        self.words.get(t / 64).is_some_and(|w| w >> (t % 64) & 1 == 1)
+        self.words
+            .get(t / 64)
+            .is_some_and(|w| w >> (t % 64) & 1 == 1)
     }
 }
 
@@ -56,7 +58,11 @@ impl TokenAutomaton {
             let forced = rng.gen_range(0..vocab_size);
             row[forced] = rng.gen_range(0..num_states) as i32;
         }
-        Self { num_states, vocab_size, next }
+        Self {
+            num_states,
+            vocab_size,
+            next,
+        }
     }
 
     /// The state after consuming `token` in `state`.
@@ -76,7 +82,9 @@ impl TokenAutomaton {
     /// sampled after a rejected draft is kept.
     pub fn mask(&self, state: GrammarState) -> TokenMask {
         let words = self.vocab_size.div_ceil(64);
-        let mut mask = TokenMask { words: vec![0; words] };
+        let mut mask = TokenMask {
+            words: vec![0; words],
+        };
         match state {
             GrammarState::Live(s) => {
                 let row = &self.next[s as usize * self.vocab_size..][..self.vocab_size];

@@ -74,14 +74,27 @@ struct Sink {
 impl Sink {
     fn check(&mut self, ok: bool, rule: Rule, row: Option<usize>, detail: impl FnOnce() -> String) {
         if !ok {
-            self.out.push(Violation { rule, step: self.step, row, detail: detail() });
+            self.out.push(Violation {
+                rule,
+                step: self.step,
+                row,
+                detail: detail(),
+            });
         }
     }
 }
 
 /// Checks a target plan against the batch it was built from.
-pub fn check_plan(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, capture_sizes: &[usize]) -> Vec<Violation> {
-    let mut s = Sink { step: plan.step, out: Vec::new() };
+pub fn check_plan(
+    cfg: &EngineConfig,
+    batch: &ScheduledBatch,
+    plan: &StepPlan,
+    capture_sizes: &[usize],
+) -> Vec<Violation> {
+    let mut s = Sink {
+        step: plan.step,
+        out: Vec::new(),
+    };
     check_threshold(cfg, plan, &mut s);
     check_reorder(batch, plan, &mut s);
     check_split(plan, &mut s);
@@ -95,7 +108,11 @@ pub fn check_plan(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, c
 
 fn check_threshold(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
     let k = cfg.spec.k();
-    let verify_len = if cfg.spec.parallel_drafting { 1 + 2 * k } else { 1 + k };
+    let verify_len = if cfg.spec.parallel_drafting {
+        1 + 2 * k
+    } else {
+        1 + k
+    };
     let expect = cfg
         .backends
         .iter()
@@ -109,20 +126,35 @@ fn check_threshold(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
         })
         .min()
         .unwrap_or(1);
-    s.check(plan.threshold == expect, Rule::Threshold, None, || format!("threshold {} != {expect}", plan.threshold));
-    let uniform = cfg.backends.iter().any(|p| p.capabilities().query_len_support != QueryLenSupport::Varlen);
-    s.check(plan.require_uniform == uniform, Rule::Threshold, None, || "require_uniform disagrees with the matrix".into());
+    s.check(plan.threshold == expect, Rule::Threshold, None, || {
+        format!("threshold {} != {expect}", plan.threshold)
+    });
+    let uniform = cfg
+        .backends
+        .iter()
+        .any(|p| p.capabilities().query_len_support != QueryLenSupport::Varlen);
+    s.check(
+        plan.require_uniform == uniform,
+        Rule::Threshold,
+        None,
+        || "require_uniform disagrees with the matrix".into(),
+    );
 }
 
 fn check_reorder(batch: &ScheduledBatch, plan: &StepPlan, s: &mut Sink) {
     let n = batch.rows.len();
     let mut seen = vec![false; n];
     for &i in &plan.order {
-        s.check(i < n && !std::mem::replace(&mut seen[i.min(n - 1)], true), Rule::Reorder, None, || {
-            format!("order {:?} is not a permutation of 0..{n}", plan.order)
-        });
+        s.check(
+            i < n && !std::mem::replace(&mut seen[i.min(n - 1)], true),
+            Rule::Reorder,
+            None,
+            || format!("order {:?} is not a permutation of 0..{n}", plan.order),
+        );
     }
-    s.check(plan.order.len() == n, Rule::Reorder, None, || "order length differs from the batch".into());
+    s.check(plan.order.len() == n, Rule::Reorder, None, || {
+        "order length differs from the batch".into()
+    });
     for (r, row) in plan.rows.iter().enumerate() {
         let b = &batch.rows[plan.order[r]];
         let expect = if b.num_computed_tokens == 0 {
@@ -132,99 +164,217 @@ fn check_reorder(batch: &ScheduledBatch, plan: &StepPlan, s: &mut Sink) {
         } else {
             Region::Extend
         };
-        s.check(row.region == expect, Rule::Reorder, Some(r), || format!("region {:?}, expected {expect:?}", row.region));
+        s.check(row.region == expect, Rule::Reorder, Some(r), || {
+            format!("region {:?}, expected {expect:?}", row.region)
+        });
     }
     // Outside the decode rows, regions are non-decreasing and stable.
-    let rest: Vec<usize> = (0..plan.rows.len()).filter(|&r| !plan.rows[r].is_decode).collect();
+    let rest: Vec<usize> = (0..plan.rows.len())
+        .filter(|&r| !plan.rows[r].is_decode)
+        .collect();
     for w in rest.windows(2) {
         let (a, b) = (&plan.rows[w[0]], &plan.rows[w[1]]);
-        let ok = a.region < b.region || (a.region == b.region && plan.order[w[0]] < plan.order[w[1]]);
-        s.check(ok, Rule::Reorder, Some(w[1]), || "non-decode rows are not in stable region order".into());
+        let ok =
+            a.region < b.region || (a.region == b.region && plan.order[w[0]] < plan.order[w[1]]);
+        s.check(ok, Rule::Reorder, Some(w[1]), || {
+            "non-decode rows are not in stable region order".into()
+        });
     }
 }
 
 fn check_split(plan: &StepPlan, s: &mut Sink) {
-    let dec: Vec<usize> = (0..plan.rows.len()).filter(|&r| plan.rows[r].is_decode).collect();
+    let dec: Vec<usize> = (0..plan.rows.len())
+        .filter(|&r| plan.rows[r].is_decode)
+        .collect();
     if let (Some(&first), Some(&last)) = (dec.first(), dec.last()) {
-        s.check(last - first + 1 == dec.len(), Rule::Split, Some(first), || "decode rows are not contiguous".into());
+        s.check(
+            last - first + 1 == dec.len(),
+            Rule::Split,
+            Some(first),
+            || "decode rows are not contiguous".into(),
+        );
         let at_edge = match plan.layout {
             crate::config::RowLayout::DecodeFirst => first == 0,
             crate::config::RowLayout::ExtendFirst => last + 1 == plan.rows.len(),
         };
-        s.check(at_edge, Rule::Split, Some(first), || format!("decode rows not at the {:?} edge", plan.layout));
+        s.check(at_edge, Rule::Split, Some(first), || {
+            format!("decode rows not at the {:?} edge", plan.layout)
+        });
         let dq = plan.rows[first].query_len;
         for &r in &dec {
             let row = &plan.rows[r];
-            s.check(row.region == Region::Decode, Rule::Split, Some(r), || "a decode row outside the decode region".into());
-            s.check(!plan.require_uniform || row.query_len == dq, Rule::Split, Some(r), || {
-                format!("non-uniform decode row q={} (first decode q={dq})", row.query_len)
+            s.check(row.region == Region::Decode, Rule::Split, Some(r), || {
+                "a decode row outside the decode region".into()
             });
+            s.check(
+                !plan.require_uniform || row.query_len == dq,
+                Rule::Split,
+                Some(r),
+                || {
+                    format!(
+                        "non-uniform decode row q={} (first decode q={dq})",
+                        row.query_len
+                    )
+                },
+            );
         }
     }
-    // Maximality: a spilled decode-region row must be a real mismatch.
+    // Maximality: the split stops at the first mismatch, so the first decode-region row
+    // left out (in scheduled order) must differ in q; later ones may match.
     let first_q = dec.first().map(|&r| plan.rows[r].query_len);
-    for (r, row) in plan.rows.iter().enumerate() {
-        if row.region == Region::Decode && !row.is_decode {
-            let ok = plan.require_uniform && first_q.is_some_and(|q| q != row.query_len);
-            s.check(ok, Rule::Split, Some(r), || format!("decode-region row q={} left out of the decode rows", row.query_len));
-        }
+    let spilled = (0..plan.rows.len())
+        .filter(|&r| plan.rows[r].region == Region::Decode && !plan.rows[r].is_decode)
+        .min_by_key(|&r| plan.order[r]);
+    if let Some(r) = spilled {
+        let q = plan.rows[r].query_len;
+        let ok = plan.require_uniform && first_q.is_some_and(|f| f != q);
+        s.check(ok, Rule::Split, Some(r), || {
+            format!("decode-region row q={q} left out of the decode rows")
+        });
     }
     let m = &plan.mla;
-    s.check(m.num_decodes == dec.len(), Rule::Split, None, || format!("num_decodes {} != {}", m.num_decodes, dec.len()));
+    s.check(m.num_decodes == dec.len(), Rule::Split, None, || {
+        format!("num_decodes {} != {}", m.num_decodes, dec.len())
+    });
     let dec_tokens: usize = dec.iter().map(|&r| plan.rows[r].query_len).sum();
-    s.check(m.num_decode_tokens == dec_tokens, Rule::Split, None, || format!("num_decode_tokens {} != {dec_tokens}", m.num_decode_tokens));
-    s.check(m.num_decodes + m.num_prefills == plan.rows.len(), Rule::Split, None, || "decodes + prefills != rows".into());
+    s.check(m.num_decode_tokens == dec_tokens, Rule::Split, None, || {
+        format!("num_decode_tokens {} != {dec_tokens}", m.num_decode_tokens)
+    });
+    s.check(
+        m.num_decodes + m.num_prefills == plan.rows.len(),
+        Rule::Split,
+        None,
+        || "decodes + prefills != rows".into(),
+    );
 }
 
 fn check_common(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, s: &mut Sink) {
     let c = &plan.common;
     let sc = &cfg.scheduler;
-    s.check(c.query_start_loc.first() == Some(&0), Rule::CommonMetadata, None, || "query_start_loc[0] != 0".into());
-    s.check(c.num_actual_tokens == batch.num_tokens(), Rule::CommonMetadata, None, || "num_actual_tokens differs".into());
+    s.check(
+        c.query_start_loc.first() == Some(&0),
+        Rule::CommonMetadata,
+        None,
+        || "query_start_loc[0] != 0".into(),
+    );
+    s.check(
+        c.num_actual_tokens == batch.num_tokens(),
+        Rule::CommonMetadata,
+        None,
+        || "num_actual_tokens differs".into(),
+    );
     let mut slots: Vec<i64> = Vec::with_capacity(c.slot_mapping.len());
     for (r, &i) in plan.order.iter().enumerate() {
         let b = &batch.rows[i];
         let toks = c.row_tokens(r);
-        s.check(toks.len() == b.num_scheduled_tokens, Rule::CommonMetadata, Some(r), || format!("q {} != scheduled {}", toks.len(), b.num_scheduled_tokens));
-        s.check(c.seq_lens[r] as usize == b.seq_len() && b.seq_len() <= sc.max_model_len, Rule::CommonMetadata, Some(r), || format!("seq_len {} (expected {})", c.seq_lens[r], b.seq_len()));
+        s.check(
+            toks.len() == b.num_scheduled_tokens,
+            Rule::CommonMetadata,
+            Some(r),
+            || format!("q {} != scheduled {}", toks.len(), b.num_scheduled_tokens),
+        );
+        s.check(
+            c.seq_lens[r] as usize == b.seq_len() && b.seq_len() <= sc.max_model_len,
+            Rule::CommonMetadata,
+            Some(r),
+            || format!("seq_len {} (expected {})", c.seq_lens[r], b.seq_len()),
+        );
         for (j, t) in toks.enumerate() {
             let pos = b.num_computed_tokens + j;
-            s.check(c.positions[t] as usize == pos, Rule::CommonMetadata, Some(r), || format!("token {t} position {} != {pos}", c.positions[t]));
+            s.check(
+                c.positions[t] as usize == pos,
+                Rule::CommonMetadata,
+                Some(r),
+                || format!("token {t} position {} != {pos}", c.positions[t]),
+            );
             let expect = slot_for(&b.block_ids, pos, sc.page_size, sc.max_model_len);
-            s.check(c.slot_mapping[t] == expect && expect != PAD_SLOT, Rule::SlotMapping, Some(r), || {
-                format!("token {t} at position {pos} has slot {} (expected {expect})", c.slot_mapping[t])
-            });
+            s.check(
+                c.slot_mapping[t] == expect && expect != PAD_SLOT,
+                Rule::SlotMapping,
+                Some(r),
+                || {
+                    format!(
+                        "token {t} at position {pos} has slot {} (expected {expect})",
+                        c.slot_mapping[t]
+                    )
+                },
+            );
             slots.push(c.slot_mapping[t]);
         }
     }
     for r in plan.rows.len()..c.num_rows() {
-        s.check(c.query_len(r) == 0 && c.seq_lens[r] == 0, Rule::CudaGraph, Some(r), || "padding row with q or seq_len".into());
+        s.check(
+            c.query_len(r) == 0 && c.seq_lens[r] == 0,
+            Rule::CudaGraph,
+            Some(r),
+            || "padding row with q or seq_len".into(),
+        );
     }
     for t in c.num_actual_tokens..c.slot_mapping.len() {
-        s.check(c.slot_mapping[t] == PAD_SLOT, Rule::SlotMapping, None, || format!("padding token {t} has a live slot"));
+        s.check(
+            c.slot_mapping[t] == PAD_SLOT,
+            Rule::SlotMapping,
+            None,
+            || format!("padding token {t} has a live slot"),
+        );
     }
     slots.sort_unstable();
-    s.check(slots.windows(2).all(|w| w[0] != w[1]), Rule::SlotMapping, None, || "two tokens write the same slot".into());
+    s.check(
+        slots.windows(2).all(|w| w[0] != w[1]),
+        Rule::SlotMapping,
+        None,
+        || "two tokens write the same slot".into(),
+    );
 }
 
 fn check_decode_rows(plan: &StepPlan, s: &mut Sink) {
     let Some(d) = &plan.mla.decode else { return };
     let c = &plan.common;
     let rows_ok = d.rows.end <= c.num_rows();
-    s.check(rows_ok, Rule::DecodeRows, None, || "decode rows beyond the batch".into());
+    s.check(rows_ok, Rule::DecodeRows, None, || {
+        "decode rows beyond the batch".into()
+    });
     if !rows_ok {
         return;
     }
-    s.check(d.plan_seq_lens == c.seq_lens[d.rows.clone()], Rule::DecodeRows, None, || {
-        format!("decode planner built over seq_lens {:?}, kernel reads rows {:?}", d.plan_seq_lens, d.rows)
-    });
-    let expect_splits: Vec<u32> = d.plan_seq_lens.iter().map(|&l| (l as usize).div_ceil(d.split_size_tokens).max(1) as u32).collect();
-    s.check(d.num_splits == expect_splits, Rule::DecodeRows, None, || "split plan does not cover the decode rows' keys".into());
-    s.check(d.tokens.start == c.query_start_loc[d.rows.start] as usize && d.tokens.end == c.query_start_loc[d.rows.end] as usize, Rule::DecodeRows, None, || "decode token range differs from its rows".into());
+    s.check(
+        d.plan_seq_lens == c.seq_lens[d.rows.clone()],
+        Rule::DecodeRows,
+        None,
+        || {
+            format!(
+                "decode planner built over seq_lens {:?}, kernel reads rows {:?}",
+                d.plan_seq_lens, d.rows
+            )
+        },
+    );
+    let expect_splits: Vec<u32> = d
+        .plan_seq_lens
+        .iter()
+        .map(|&l| (l as usize).div_ceil(d.split_size_tokens).max(1) as u32)
+        .collect();
+    s.check(
+        d.num_splits == expect_splits,
+        Rule::DecodeRows,
+        None,
+        || "split plan does not cover the decode rows' keys".into(),
+    );
+    s.check(
+        d.tokens.start == c.query_start_loc[d.rows.start] as usize
+            && d.tokens.end == c.query_start_loc[d.rows.end] as usize,
+        Rule::DecodeRows,
+        None,
+        || "decode token range differs from its rows".into(),
+    );
     if let Some(q) = d.uniform_query_len {
         for r in d.rows.clone() {
             let len = c.query_len(r);
-            s.check(len == q || (len == 0 && r >= plan.rows.len()), Rule::DecodeRows, Some(r), || format!("uniform kernel launched with q={q} but row has q={len}"));
+            s.check(
+                len == q || (len == 0 && r >= plan.rows.len()),
+                Rule::DecodeRows,
+                Some(r),
+                || format!("uniform kernel launched with q={q} but row has q={len}"),
+            );
         }
     }
 }
@@ -232,44 +382,110 @@ fn check_decode_rows(plan: &StepPlan, s: &mut Sink) {
 fn check_chunks(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
     let Some(p) = &plan.mla.prefill else { return };
     let c = &plan.common;
-    let ctx: Vec<usize> = p.rows.clone().map(|r| c.num_computed_tokens[r] as usize).collect();
+    let ctx: Vec<usize> = p
+        .rows
+        .clone()
+        .map(|r| c.num_computed_tokens[r] as usize)
+        .collect();
     let Some(cc) = &p.chunked_context else {
-        s.check(ctx.iter().all(|&x| x == 0), Rule::ChunkedContext, None, || "prefill rows have context but no chunk plan".into());
+        s.check(
+            ctx.iter().all(|&x| x == 0),
+            Rule::ChunkedContext,
+            None,
+            || "prefill rows have context but no chunk plan".into(),
+        );
         return;
     };
     let n = ctx.iter().filter(|&&x| x > 0).count().max(1);
     let page = cfg.scheduler.page_size;
     let expect = cfg.scheduler.workspace_tokens / n / page * page;
-    s.check(cc.chunk_size_tokens == expect, Rule::ChunkedContext, None, || format!("chunk size {} != {expect}", cc.chunk_size_tokens));
+    s.check(
+        cc.chunk_size_tokens == expect,
+        Rule::ChunkedContext,
+        None,
+        || format!("chunk size {} != {expect}", cc.chunk_size_tokens),
+    );
     let mut covered = vec![0usize; ctx.len()];
     for (i, ch) in cc.chunks.iter().enumerate() {
-        s.check(ch.total_tokens() <= cfg.scheduler.workspace_tokens, Rule::ChunkedContext, None, || format!("chunk {i} gathers {} > workspace", ch.total_tokens()));
+        s.check(
+            ch.total_tokens() <= cfg.scheduler.workspace_tokens,
+            Rule::ChunkedContext,
+            None,
+            || format!("chunk {i} gathers {} > workspace", ch.total_tokens()),
+        );
         for (j, (&st, &len)) in ch.starts.iter().zip(&ch.lens).enumerate() {
-            s.check(len == 0 || st == covered[j], Rule::ChunkedContext, Some(p.rows.start + j), || format!("chunk {i} starts at {st}, expected {}", covered[j]));
+            s.check(
+                len == 0 || st == covered[j],
+                Rule::ChunkedContext,
+                Some(p.rows.start + j),
+                || format!("chunk {i} starts at {st}, expected {}", covered[j]),
+            );
             covered[j] += len;
         }
     }
     for (j, (&got, &want)) in covered.iter().zip(&ctx).enumerate() {
-        s.check(got == want, Rule::ChunkedContext, Some(p.rows.start + j), || format!("chunks cover {got} of {want} context tokens"));
+        s.check(
+            got == want,
+            Rule::ChunkedContext,
+            Some(p.rows.start + j),
+            || format!("chunks cover {got} of {want} context tokens"),
+        );
     }
 }
 
 fn check_graph(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize], s: &mut Sink) {
     let q = cfg.spec.uniform_decode_query_len();
     for &size in sizes {
-        s.check(size % q == 0, Rule::CudaGraph, None, || format!("capture size {size} is not a multiple of 1 + K = {q}"));
+        s.check(size % q == 0, Rule::CudaGraph, None, || {
+            format!("capture size {size} is not a multiple of 1 + K = {q}")
+        });
     }
     let Some(g) = &plan.cudagraph else { return };
     let sh = g.shape;
-    s.check(sizes.contains(&sh.num_tokens), Rule::CudaGraph, None, || format!("graph size {} was never captured", sh.num_tokens));
-    s.check(sh.query_len == q && sh.max_query_len == q && sh.num_rows * q == sh.num_tokens, Rule::CudaGraph, None, || format!("graph shape {sh:?} is not uniform 1 + K"));
-    s.check(plan.mla.num_prefills == 0, Rule::CudaGraph, None, || "a graph replays a batch with prefill rows".into());
-    s.check(plan.common.max_query_len == sh.max_query_len, Rule::CudaGraph, None, || format!("replayed max_query_len {} != captured {}", plan.common.max_query_len, sh.max_query_len));
-    s.check(plan.common.num_rows() == sh.num_rows && plan.token_ids.len() == sh.num_tokens, Rule::CudaGraph, None, || "padded batch shape differs from the captured shape".into());
+    s.check(
+        sizes.contains(&sh.num_tokens),
+        Rule::CudaGraph,
+        None,
+        || format!("graph size {} was never captured", sh.num_tokens),
+    );
+    s.check(
+        sh.query_len == q && sh.max_query_len == q && sh.num_rows * q == sh.num_tokens,
+        Rule::CudaGraph,
+        None,
+        || format!("graph shape {sh:?} is not uniform 1 + K"),
+    );
+    s.check(plan.mla.num_prefills == 0, Rule::CudaGraph, None, || {
+        "a graph replays a batch with prefill rows".into()
+    });
+    s.check(
+        plan.common.max_query_len == sh.max_query_len,
+        Rule::CudaGraph,
+        None,
+        || {
+            format!(
+                "replayed max_query_len {} != captured {}",
+                plan.common.max_query_len, sh.max_query_len
+            )
+        },
+    );
+    s.check(
+        plan.common.num_rows() == sh.num_rows && plan.token_ids.len() == sh.num_tokens,
+        Rule::CudaGraph,
+        None,
+        || "padded batch shape differs from the captured shape".into(),
+    );
     for (r, row) in plan.rows.iter().enumerate() {
-        s.check(row.query_len == q && row.num_computed_tokens > 0, Rule::CudaGraph, Some(r), || {
-            format!("row q={} computed={} replayed on the uniform decode graph", row.query_len, row.num_computed_tokens)
-        });
+        s.check(
+            row.query_len == q && row.num_computed_tokens > 0,
+            Rule::CudaGraph,
+            Some(r),
+            || {
+                format!(
+                    "row q={} computed={} replayed on the uniform decode graph",
+                    row.query_len, row.num_computed_tokens
+                )
+            },
+        );
     }
 }
 
@@ -280,16 +496,28 @@ fn check_sampling(batch: &ScheduledBatch, plan: &StepPlan, s: &mut Sink) {
         let b = &batch.rows[plan.order[r]];
         let n = if b.samples { b.num_draft_tokens + 1 } else { 0 };
         let got = plan.row_samples(r);
-        s.check(got.len() == n, Rule::Sampling, Some(r), || format!("{} logits entries, expected {n}", got.len()));
+        s.check(got.len() == n, Rule::Sampling, Some(r), || {
+            format!("{} logits entries, expected {n}", got.len())
+        });
         let end = c.query_start_loc[r + 1];
         for (j, i) in got.enumerate() {
             let expect = end - n as u32 + j as u32;
-            s.check(plan.logits_indices.get(i) == Some(&expect), Rule::Sampling, Some(r), || format!("logits index {i} is not token {expect}"));
+            s.check(
+                plan.logits_indices.get(i) == Some(&expect),
+                Rule::Sampling,
+                Some(r),
+                || format!("logits index {i} is not token {expect}"),
+            );
         }
         k += n;
         let _ = row;
     }
-    s.check(plan.logits_indices.len() == k && plan.grammar_masks.len() == k, Rule::Sampling, None, || "logits indices and masks disagree in length".into());
+    s.check(
+        plan.logits_indices.len() == k && plan.grammar_masks.len() == k,
+        Rule::Sampling,
+        None,
+        || "logits indices and masks disagree in length".into(),
+    );
 }
 
 /// Checks the grammar masks against each row's own drafts, read from the batch.
@@ -298,22 +526,41 @@ pub fn check_grammar_masks(
     plan: &StepPlan,
     lookup: crate::plan::GrammarLookup<'_>,
 ) -> Vec<Violation> {
-    let mut s = Sink { step: plan.step, out: Vec::new() };
+    let mut s = Sink {
+        step: plan.step,
+        out: Vec::new(),
+    };
     for (r, row) in plan.rows.iter().enumerate() {
         let b = &batch.rows[plan.order[r]];
-        let Some((a, state)) = lookup(row.req_id).filter(|_| b.samples) else { continue };
+        let Some((a, state)) = lookup(row.req_id).filter(|_| b.samples) else {
+            continue;
+        };
         let drafts = &b.token_ids[b.token_ids.len() - b.num_draft_tokens..];
         let want = a.verify_masks(state, drafts);
         for (j, i) in plan.row_samples(r).enumerate() {
-            s.check(plan.grammar_masks[i].as_ref() == Some(&want[j]), Rule::Sampling, Some(r), || format!("grammar mask of verify position {j} does not follow the row's drafts"));
+            s.check(
+                plan.grammar_masks[i].as_ref() == Some(&want[j]),
+                Rule::Sampling,
+                Some(r),
+                || format!("grammar mask of verify position {j} does not follow the row's drafts"),
+            );
         }
     }
     s.out
 }
 
 /// Checks one multi-step drafter pass.
-pub fn check_drafter_pass(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, outcomes: &[RowOutcome], p: &DrafterPass) -> Vec<Violation> {
-    let mut s = Sink { step: plan.step, out: Vec::new() };
+pub fn check_drafter_pass(
+    cfg: &EngineConfig,
+    batch: &ScheduledBatch,
+    plan: &StepPlan,
+    outcomes: &[RowOutcome],
+    p: &DrafterPass,
+) -> Vec<Violation> {
+    let mut s = Sink {
+        step: plan.step,
+        out: Vec::new(),
+    };
     let sc = &cfg.scheduler;
     for r in 0..p.num_rows() {
         let b = &batch.rows[plan.order[r]];
@@ -326,37 +573,88 @@ pub fn check_drafter_pass(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &Ste
                 DrafterBatch::Padded => (b.num_scheduled_tokens, o.num_rejected),
                 DrafterBatch::Compacted => (o.valid, 0),
             };
-            s.check(q == want_q, Rule::DrafterInputs, Some(r), || format!("pass 0 q={q}, expected {want_q}"));
-            let want_sample = p.query_start_loc[r + 1] as usize - 1 - n_rej;
-            s.check(sample == want_sample, Rule::DrafterInputs, Some(r), || format!("token_indices_to_sample {sample} != {want_sample}"));
-            s.check(pos + 1 == b.num_computed_tokens + o.valid, Rule::DrafterInputs, Some(r), || "pass 0 samples past the last valid token".into());
-        } else {
-            s.check(p.seq_lens[r] as usize == pos + 1, Rule::DrafterInputs, Some(r), || {
-                format!("pass {} seq_len {} at position {pos}: rejected tokens still counted", p.pass, p.seq_lens[r])
+            s.check(q == want_q, Rule::DrafterInputs, Some(r), || {
+                format!("pass 0 q={q}, expected {want_q}")
             });
+            let want_sample = p.query_start_loc[r + 1] as usize - 1 - n_rej;
+            s.check(sample == want_sample, Rule::DrafterInputs, Some(r), || {
+                format!("token_indices_to_sample {sample} != {want_sample}")
+            });
+            s.check(
+                pos + 1 == b.num_computed_tokens + o.valid,
+                Rule::DrafterInputs,
+                Some(r),
+                || "pass 0 samples past the last valid token".into(),
+            );
+        } else {
+            s.check(
+                p.seq_lens[r] as usize == pos + 1,
+                Rule::DrafterInputs,
+                Some(r),
+                || {
+                    format!(
+                        "pass {} seq_len {} at position {pos}: rejected tokens still counted",
+                        p.pass, p.seq_lens[r]
+                    )
+                },
+            );
         }
         for t in p.query_start_loc[r] as usize..p.query_start_loc[r + 1] as usize {
             let tp = p.positions[t] as usize;
             let want = slot_for(&b.block_ids, tp, sc.page_size, sc.max_model_len);
-            s.check(p.slot_mapping[t] == want, Rule::SlotMapping, Some(r), || format!("drafter pass {} position {tp} slot {} != {want}", p.pass, p.slot_mapping[t]));
-            s.check(tp >= sc.max_model_len || want != PAD_SLOT, Rule::SlotMapping, Some(r), || format!("drafter position {tp} is not backed by an allocated block"));
+            s.check(
+                p.slot_mapping[t] == want,
+                Rule::SlotMapping,
+                Some(r),
+                || {
+                    format!(
+                        "drafter pass {} position {tp} slot {} != {want}",
+                        p.pass, p.slot_mapping[t]
+                    )
+                },
+            );
+            s.check(
+                tp >= sc.max_model_len || want != PAD_SLOT,
+                Rule::SlotMapping,
+                Some(r),
+                || format!("drafter position {tp} is not backed by an allocated block"),
+            );
         }
     }
     s.out
 }
 
 /// Checks the DFlash pass: block positions and the clamp/PAD slot rule.
-pub fn check_dflash(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, outcomes: &[RowOutcome], p: &DFlashPass) -> Vec<Violation> {
-    let mut s = Sink { step: plan.step, out: Vec::new() };
+pub fn check_dflash(
+    cfg: &EngineConfig,
+    batch: &ScheduledBatch,
+    plan: &StepPlan,
+    outcomes: &[RowOutcome],
+    p: &DFlashPass,
+) -> Vec<Violation> {
+    let mut s = Sink {
+        step: plan.step,
+        out: Vec::new(),
+    };
     let sc = &cfg.scheduler;
     for (r, o) in outcomes.iter().enumerate() {
         let b = &batch.rows[plan.order[r]];
         let last_valid = b.num_computed_tokens + o.valid - 1;
-        s.check(p.context_lens[r] as usize == last_valid + 1, Rule::DFlashSlots, Some(r), || "context length is not last_valid + 1".into());
+        s.check(
+            p.context_lens[r] as usize == last_valid + 1,
+            Rule::DFlashSlots,
+            Some(r),
+            || "context length is not last_valid + 1".into(),
+        );
         for i in 0..p.block_len {
             let j = r * p.block_len + i;
             let pos = p.block_positions[j] as usize;
-            s.check(pos == last_valid + 1 + i, Rule::DFlashSlots, Some(r), || format!("block offset {i} at position {pos}"));
+            s.check(
+                pos == last_valid + 1 + i,
+                Rule::DFlashSlots,
+                Some(r),
+                || format!("block offset {i} at position {pos}"),
+            );
             let want = slot_for(&b.block_ids, pos, sc.page_size, sc.max_model_len);
             s.check(p.block_slots[j] == want, Rule::DFlashSlots, Some(r), || {
                 format!("block offset {i} position {pos} slot {} (expected {want}; PAD at or past max_model_len {})", p.block_slots[j], sc.max_model_len)

@@ -94,5 +94,8 @@ pub struct MlaMetadata {
 /// (multiples of `split_size_tokens`), so a row's reduction order never depends on the
 /// rest of the batch (batch invariance).
 pub fn decode_split_plan(seq_lens: &[u32], split_size_tokens: usize) -> Vec<u32> {
-    seq_lens.iter().map(|&s| (s as usize).div_ceil(split_size_tokens).max(1) as u32).collect()
+    seq_lens
+        .iter()
+        .map(|&s| (s as usize).div_ceil(split_size_tokens).max(1) as u32)
+        .collect()
 }

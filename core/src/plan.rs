@@ -85,8 +85,11 @@ pub fn build_step_plan(
 ) -> Result<StepPlan, PlanError> {
     let threshold = reorder_batch_threshold(&cfg.backends, &cfg.spec);
     let uniform = require_uniform(&cfg.backends);
-    let cq: Vec<(usize, usize)> =
-        batch.rows.iter().map(|r| (r.num_computed_tokens, r.num_scheduled_tokens)).collect();
+    let cq: Vec<(usize, usize)> = batch
+        .rows
+        .iter()
+        .map(|r| (r.num_computed_tokens, r.num_scheduled_tokens))
+        .collect();
     let split = reorder_and_split(&cq, threshold, uniform, layout);
     let ordered: Vec<(usize, usize)> = split.order.iter().map(|&i| cq[i]).collect();
     let cudagraph = dispatch(cfg, &ordered, capture_sizes);
@@ -163,7 +166,8 @@ fn build_common(
         m.block_table[out * width..][..blocks.len()].copy_from_slice(blocks);
         for pos in r.num_computed_tokens..r.seq_len() {
             m.positions.push(pos as u32);
-            m.slot_mapping.push(slot_for(blocks, pos, s.page_size, s.max_model_len));
+            m.slot_mapping
+                .push(slot_for(blocks, pos, s.page_size, s.max_model_len));
         }
         token_ids.extend_from_slice(&r.token_ids);
         m.query_start_loc.push(m.query_start_loc[out] + q as u32);
@@ -197,7 +201,11 @@ fn build_mla(
     let dec = split.decode_rows.clone();
     let pre = split.prefill_rows.clone();
     // A replayed graph runs every row, padding included, through the decode kernel.
-    let dec_rows = if graph.is_some() { 0..n_rows } else { dec.clone() };
+    let dec_rows = if graph.is_some() {
+        0..n_rows
+    } else {
+        dec.clone()
+    };
     let decode = (!dec_rows.is_empty()).then(|| {
         let plan_seq_lens = common.seq_lens[dec_rows.clone()].to_vec();
         MlaDecodeMetadata {
@@ -213,7 +221,10 @@ fn build_mla(
         None
     } else {
         let base = qsl[pre.start];
-        let ctx: Vec<usize> = pre.clone().map(|r| common.num_computed_tokens[r] as usize).collect();
+        let ctx: Vec<usize> = pre
+            .clone()
+            .map(|r| common.num_computed_tokens[r] as usize)
+            .collect();
         Some(MlaPrefillMetadata {
             tokens: base as usize..qsl[pre.end] as usize,
             query_start_loc: qsl[pre.start..=pre.end].iter().map(|&x| x - base).collect(),

@@ -28,18 +28,28 @@ pub fn profile_threshold(profile: BackendProfile, spec: &SpecConfig) -> usize {
         return caps.base_threshold;
     }
     let k = spec.k();
-    let verify_len = if spec.parallel_drafting { 1 + 2 * k } else { 1 + k };
+    let verify_len = if spec.parallel_drafting {
+        1 + 2 * k
+    } else {
+        1 + k
+    };
     caps.base_threshold.max(verify_len)
 }
 
 /// `reorder_batch_threshold`: the minimum over attention groups.
 pub fn reorder_batch_threshold(profiles: &[BackendProfile], spec: &SpecConfig) -> usize {
-    profiles.iter().map(|&p| profile_threshold(p, spec)).min().unwrap_or(1)
+    profiles
+        .iter()
+        .map(|&p| profile_threshold(p, spec))
+        .min()
+        .unwrap_or(1)
 }
 
 /// `require_uniform`: every group except a Varlen one needs uniform decode rows.
 pub fn require_uniform(profiles: &[BackendProfile]) -> bool {
-    profiles.iter().any(|p| p.capabilities().query_len_support != QueryLenSupport::Varlen)
+    profiles
+        .iter()
+        .any(|p| p.capabilities().query_len_support != QueryLenSupport::Varlen)
 }
 
 /// The region of a row with `num_computed_tokens` and q_len `q`.
@@ -107,7 +117,11 @@ pub fn reorder_and_split(
             order.extend_from_slice(spilled);
             order.extend(by_region(Region::Extend));
             order.extend(by_region(Region::Prefill));
-            ReorderSplit { order, decode_rows: 0..num_decodes, prefill_rows: num_decodes..n }
+            ReorderSplit {
+                order,
+                decode_rows: 0..num_decodes,
+                prefill_rows: num_decodes..n,
+            }
         }
         RowLayout::ExtendFirst => {
             order.extend_from_slice(spilled);
@@ -115,7 +129,11 @@ pub fn reorder_and_split(
             order.extend(by_region(Region::Prefill));
             order.extend_from_slice(decodes);
             let ne = n - num_decodes;
-            ReorderSplit { order, decode_rows: ne..n, prefill_rows: 0..ne }
+            ReorderSplit {
+                order,
+                decode_rows: ne..n,
+                prefill_rows: 0..ne,
+            }
         }
     }
 }

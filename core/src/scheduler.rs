@@ -104,7 +104,10 @@ impl Scheduler {
             self.waiting.push_back(spec.id);
             self.requests.insert(spec.id, Request::new(spec));
         }
-        let mut batch = ScheduledBatch { step, ..Default::default() };
+        let mut batch = ScheduledBatch {
+            step,
+            ..Default::default()
+        };
         if self.cfg.scheduler.mixed_batches {
             self.schedule_running(&mut batch, |_| true);
             if batch.preempted.is_empty() {
@@ -127,7 +130,11 @@ impl Scheduler {
         self.cfg.scheduler.max_num_batched_tokens - batch.num_tokens()
     }
 
-    fn schedule_running(&mut self, batch: &mut ScheduledBatch, eligible: impl Fn(&Request) -> bool) {
+    fn schedule_running(
+        &mut self,
+        batch: &mut ScheduledBatch,
+        eligible: impl Fn(&Request) -> bool,
+    ) {
         let mut i = 0;
         while i < self.running.len() {
             let id = self.running[i];
@@ -236,7 +243,9 @@ impl Scheduler {
         let req = &self.requests[&id];
         let start = req.num_computed_tokens;
         let committed = q - nd;
-        let mut token_ids: Vec<u32> = (start..start + committed).map(|p| req.token_at(p)).collect();
+        let mut token_ids: Vec<u32> = (start..start + committed)
+            .map(|p| req.token_at(p))
+            .collect();
         token_ids.extend_from_slice(&req.drafts[..nd]);
         let end = start + committed;
         let samples = end == req.num_tokens();
@@ -259,7 +268,9 @@ impl Scheduler {
         let s = self.cfg.scheduler.clone();
         let k = self.lookahead_tokens();
         for c in commits {
-            let Some(req) = self.requests.get_mut(&c.req_id) else { continue };
+            let Some(req) = self.requests.get_mut(&c.req_id) else {
+                continue;
+            };
             let accepted = c.new_tokens.len().saturating_sub(1);
             req.num_computed_tokens += c.num_scheduled_tokens - c.num_draft_tokens + accepted;
             req.drafts.clear();
@@ -270,7 +281,8 @@ impl Scheduler {
                 }
                 req.output.push(t);
             }
-            let done = req.output.len() >= req.max_new_tokens || req.num_tokens() >= s.max_model_len;
+            let done =
+                req.output.len() >= req.max_new_tokens || req.num_tokens() >= s.max_model_len;
             if done {
                 req.output.truncate(req.max_new_tokens);
                 self.finish(c.req_id);
@@ -328,7 +340,10 @@ pub fn validate_workload(cfg: &EngineConfig, workload: &[RequestSpec]) -> Result
             return Err(format!("request {} asks for 0 new tokens", r.id));
         }
         if r.prompt.iter().any(|&t| t as usize >= cfg.model.vocab_size) {
-            return Err(format!("request {} has a token outside the vocabulary", r.id));
+            return Err(format!(
+                "request {} has a token outside the vocabulary",
+                r.id
+            ));
         }
     }
     Ok(())

@@ -27,15 +27,30 @@ pub fn verify_greedy(
     logits: &[&[f32]],
     masks: &[Option<&TokenMask>],
 ) -> RowVerify {
-    let choices: Vec<(u32, f32)> =
-        logits.iter().zip(masks).map(|(l, m)| masked_argmax(l, *m)).collect();
+    let choices: Vec<(u32, f32)> = logits
+        .iter()
+        .zip(masks)
+        .map(|(l, m)| masked_argmax(l, *m))
+        .collect();
     let sampled: Vec<u32> = choices.iter().map(|c| c.0).collect();
-    let num_accepted = drafts.iter().zip(&sampled).take_while(|(d, s)| d == s).count();
+    let num_accepted = drafts
+        .iter()
+        .zip(&sampled)
+        .take_while(|(d, s)| d == s)
+        .count();
     let mut new_tokens = drafts[..num_accepted].to_vec();
     new_tokens.push(sampled[num_accepted]);
-    let min_margin =
-        choices[..=num_accepted].iter().map(|c| c.1).fold(f32::INFINITY, f32::min);
-    RowVerify { req_id, sampled, num_accepted, new_tokens, min_margin }
+    let min_margin = choices[..=num_accepted]
+        .iter()
+        .map(|c| c.1)
+        .fold(f32::INFINITY, f32::min);
+    RowVerify {
+        req_id,
+        sampled,
+        num_accepted,
+        new_tokens,
+        min_margin,
+    }
 }
 
 /// Softmax of `logits / temperature` restricted to the mask.
@@ -50,7 +65,13 @@ pub fn probs(logits: &[f32], temperature: f32, mask: Option<&TokenMask>) -> Vec<
     let mut p: Vec<f32> = logits
         .iter()
         .enumerate()
-        .map(|(t, &v)| if allowed(t) { ((v - max) / temperature).exp() } else { 0.0 })
+        .map(|(t, &v)| {
+            if allowed(t) {
+                ((v - max) / temperature).exp()
+            } else {
+                0.0
+            }
+        })
         .collect();
     let sum: f32 = p.iter().sum();
     p.iter_mut().for_each(|x| *x /= sum);
@@ -99,11 +120,23 @@ pub fn verify_rejection(
         }
         new_tokens.push(sample(&residual, rng));
         let num_accepted = i;
-        return RowVerify { req_id, sampled: new_tokens.clone(), num_accepted, new_tokens, min_margin: f32::INFINITY };
+        return RowVerify {
+            req_id,
+            sampled: new_tokens.clone(),
+            num_accepted,
+            new_tokens,
+            min_margin: f32::INFINITY,
+        };
     }
     new_tokens.push(sample(&target_probs[drafts.len()], rng));
     let num_accepted = drafts.len();
-    RowVerify { req_id, sampled: new_tokens.clone(), num_accepted, new_tokens, min_margin: f32::INFINITY }
+    RowVerify {
+        req_id,
+        sampled: new_tokens.clone(),
+        num_accepted,
+        new_tokens,
+        min_margin: f32::INFINITY,
+    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,14 @@
-//! specmla-sim: the CPU reference backend (exact MLA math in f32, judged against an f64
-//! oracle, with simulated acceptance), the scenarios and the `sim` CLI (SPEC section 10).
+//! specmla-sim: the CPU reference backend (exact MLA math, simulated acceptance), the
+//! f64 oracle, built-in scenarios and the checks `sim` runs every step.
+#![forbid(unsafe_code)]
 
 pub mod attention;
+pub mod backend;
+pub mod checks;
+pub mod cli_plan;
+pub mod cli_run;
+pub mod kv_cache;
 pub mod model;
 pub mod oracle;
+pub mod runner;
+pub mod scenarios;

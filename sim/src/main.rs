@@ -1,1 +1,93 @@
-fn main(){}
+//! `sim`: run a built-in scenario on the CPU reference backend with every check on,
+//! list scenarios and profiles, or explain how one batch is planned.
+//!
+//! Exit codes: 0 all checks passed, 1 a check failed, 2 bad input or environment.
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use specmla_core::config::BackendProfile;
+use specmla_sim::cli_plan::{run_plan, PlanArgs};
+use specmla_sim::cli_run::{run_scenario, RunArgs};
+use specmla_sim::scenarios;
+
+/// Deterministic simulator for speculative decoding on MLA models.
+///
+/// With no subcommand, runs a scenario (default `mixed_mtp`) and checks, every step, all
+/// metadata invariants, spec output == plain greedy, agreement with an f64 oracle,
+/// padded == compacted drafter proposals and decode-first == extend-first outputs.
+#[derive(Parser)]
+#[command(name = "sim", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run a scenario (the default when no subcommand is given).
+    Run(RunArgs),
+    /// List the built-in scenarios and the backend profiles.
+    List(ListArgs),
+    /// Explain how one batch is reordered, split, chunked and dispatched.
+    Plan(PlanArgs),
+}
+
+#[derive(Args)]
+struct ListArgs {
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        None => run_scenario(&cli.run),
+        Some(Command::Run(args)) => run_scenario(&args),
+        Some(Command::List(args)) => list(args.json),
+        Some(Command::Plan(args)) => run_plan(&args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn list(json: bool) -> anyhow::Result<ExitCode> {
+    let all = scenarios::all();
+    if json {
+        let v = serde_json::json!({
+            "scenarios": all.iter().map(|s| serde_json::json!({"name": s.name, "description": s.description})).collect::<Vec<_>>(),
+            "backends": BackendProfile::ALL.iter().map(|p| serde_json::json!({"name": p.name(), "capabilities": p.capabilities()})).collect::<Vec<_>>(),
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("scenarios:");
+    for s in &all {
+        println!("  {:<14} {}", s.name, s.description);
+    }
+    println!("\nbackend profiles:");
+    println!(
+        "  {:<16} {:<11} {:>9}  {:<25} non-causal",
+        "name", "query len", "threshold", "cuda graph"
+    );
+    for p in BackendProfile::ALL {
+        let c = p.capabilities();
+        println!(
+            "  {:<16} {:<11} {:>9}  {:<25} {}",
+            p.name(),
+            format!("{:?}", c.query_len_support),
+            c.base_threshold,
+            format!("{:?}", c.cuda_graph),
+            if c.non_causal { "yes" } else { "no" }
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -56,6 +56,19 @@ pub fn argmax(logits: &[f64]) -> u32 {
     best as u32
 }
 
+/// One layer's dense per-request cache. Besides each position's latent row it keeps that
+/// row's per-head expansion (the nope part of K and all of V), computed once when the
+/// position is pushed, so attending over `n` cached rows costs no latent re-expansion.
+#[derive(Clone, Default)]
+struct LayerCache {
+    /// `[pos][latent_dim]`: normalized `c_kv` then the roped shared K.
+    latent: Vec<f64>,
+    /// `[pos][head][qk_nope_head_dim]`: `c_kv @ w_uk[head]`.
+    k_nope: Vec<f64>,
+    /// `[pos][head][v_head_dim]`: `c_kv @ w_uv[head]`.
+    v: Vec<f64>,
+}
+
 /// An [`MlaLayer`] widened to f64.
 struct Layer64 {
     attn_norm: Vec<f64>,
@@ -89,9 +102,15 @@ impl Layer64 {
     }
 
     /// Runs the token at `pos` (the next row of `cache`) through the layer, appending its
-    /// latent row to `cache` first so it attends to itself.
-    fn forward(&self, d: &ModelDims, x: &[f64], pos: usize, cache: &mut Vec<f64>) -> Vec<f64> {
-        let (lora, qk) = (d.kv_lora_rank, d.qk_head_dim());
+    /// latent row (and that row's per-head K nope / V expansion) to `cache` first so it
+    /// attends to itself.
+    fn forward(&self, d: &ModelDims, x: &[f64], pos: usize, cache: &mut LayerCache) -> Vec<f64> {
+        let (lora, nope, v, qk) = (
+            d.kv_lora_rank,
+            d.qk_nope_head_dim,
+            d.v_head_dim,
+            d.qk_head_dim(),
+        );
         let h = rms_norm(x, &self.attn_norm);
         let mut q = matvec(&h, &self.w_q, d.num_heads * qk);
         for head in q.chunks_exact_mut(qk) {
@@ -101,41 +120,55 @@ impl Layer64 {
         let c_kv = rms_norm(&latent[..lora], &self.kv_norm);
         latent[..lora].copy_from_slice(&c_kv);
         apply_rope(&mut latent[lora..], pos, d.rope_theta);
-        cache.extend_from_slice(&latent);
+        for hd in 0..d.num_heads {
+            let w_uk = &self.w_uk[hd * lora * nope..(hd + 1) * lora * nope];
+            let w_uv = &self.w_uv[hd * lora * v..(hd + 1) * lora * v];
+            cache.k_nope.extend(matvec(&c_kv, w_uk, nope));
+            cache.v.extend(matvec(&c_kv, w_uv, v));
+        }
+        cache.latent.extend_from_slice(&latent);
         let attn: Vec<f64> = (0..d.num_heads)
             .flat_map(|hd| self.attend(d, &q, hd, cache))
             .collect();
         self.mlp_block(d, x, &attn)
     }
 
-    /// Materialized attention of head `hd` of the single query over every cached row.
-    fn attend(&self, d: &ModelDims, q: &[f64], hd: usize, cache: &[f64]) -> Vec<f64> {
-        let (lora, nope, v, qk) = (
+    /// Materialized attention of head `hd` of the single query over every cached row, using
+    /// each row's cached per-head K nope and V expansion.
+    fn attend(&self, d: &ModelDims, q: &[f64], hd: usize, cache: &LayerCache) -> Vec<f64> {
+        let (lora, nope, v, qk, heads) = (
             d.kv_lora_rank,
             d.qk_nope_head_dim,
             d.v_head_dim,
             d.qk_head_dim(),
+            d.num_heads,
         );
         let (q_nope, q_rope) = q[hd * qk..(hd + 1) * qk].split_at(nope);
-        let w_uk = &self.w_uk[hd * lora * nope..(hd + 1) * lora * nope];
-        let w_uv = &self.w_uv[hd * lora * v..(hd + 1) * lora * v];
         let scale = 1.0 / (qk as f64).sqrt();
-        let rows: Vec<(&[f64], &[f64])> = cache
+        // Per position: (this head's k_nope, the shared k_rope, this head's v).
+        let rows: Vec<(&[f64], &[f64], &[f64])> = cache
+            .latent
             .chunks_exact(d.latent_dim())
-            .map(|r| r.split_at(lora))
+            .zip(cache.k_nope.chunks_exact(heads * nope))
+            .zip(cache.v.chunks_exact(heads * v))
+            .map(|((lat, kn), vv)| {
+                (
+                    &kn[hd * nope..(hd + 1) * nope],
+                    &lat[lora..],
+                    &vv[hd * v..(hd + 1) * v],
+                )
+            })
             .collect();
         let scores: Vec<f64> = rows
             .iter()
-            .map(|(c_kv, k_rope)| {
-                (dot(q_nope, &matvec(c_kv, w_uk, nope)) + dot(q_rope, k_rope)) * scale
-            })
+            .map(|(k_nope, k_rope, _)| (dot(q_nope, k_nope) + dot(q_rope, k_rope)) * scale)
             .collect();
         let mx = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let weights: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
         let total: f64 = weights.iter().sum();
         let mut out = vec![0.0; v];
-        for ((c_kv, _), w) in rows.iter().zip(&weights) {
-            for (o, vj) in out.iter_mut().zip(matvec(c_kv, w_uv, v)) {
+        for ((_, _, v_row), w) in rows.iter().zip(&weights) {
+            for (o, vj) in out.iter_mut().zip(*v_row) {
                 *o += w / total * vj;
             }
         }
@@ -205,25 +238,31 @@ impl Oracle {
     }
 }
 
-/// One request run alone and densely: positions `0..len()`, each layer's latent rows and
-/// each position's final hidden state.
+/// One request run alone and densely: positions `0..len()`, each layer's latent rows (with
+/// their per-head K nope / V expansion) and each position's final hidden state.
 pub struct OracleSeq {
-    caches: Vec<Vec<f64>>,
+    caches: Vec<LayerCache>,
     hiddens: Vec<f64>,
     len: usize,
     hidden_size: usize,
     latent_dim: usize,
+    /// `num_heads * qk_nope_head_dim`: one position's K nope expansion.
+    k_nope_width: usize,
+    /// `num_heads * v_head_dim`: one position's V expansion.
+    v_width: usize,
 }
 
 impl OracleSeq {
     /// An empty sequence for `oracle`'s model.
     pub fn new(oracle: &Oracle) -> Self {
         Self {
-            caches: vec![Vec::new(); oracle.layers.len()],
+            caches: vec![LayerCache::default(); oracle.layers.len()],
             hiddens: Vec::new(),
             len: 0,
             hidden_size: oracle.dims.hidden_size,
             latent_dim: oracle.dims.latent_dim(),
+            k_nope_width: oracle.dims.num_heads * oracle.dims.qk_nope_head_dim,
+            v_width: oracle.dims.num_heads * oracle.dims.v_head_dim,
         }
     }
 
@@ -265,7 +304,9 @@ impl OracleSeq {
         self.len = self.len.min(n);
         self.hiddens.truncate(self.len * self.hidden_size);
         for cache in &mut self.caches {
-            cache.truncate(self.len * self.latent_dim);
+            cache.latent.truncate(self.len * self.latent_dim);
+            cache.k_nope.truncate(self.len * self.k_nope_width);
+            cache.v.truncate(self.len * self.v_width);
         }
     }
 
@@ -284,7 +325,7 @@ impl OracleSeq {
     pub fn latent_row(&self, layer: usize, pos: usize) -> Option<&[f64]> {
         let cache = self.caches.get(layer)?;
         let w = self.latent_dim;
-        (pos < self.len).then(|| &cache[pos * w..(pos + 1) * w])
+        (pos < self.len).then(|| &cache.latent[pos * w..(pos + 1) * w])
     }
 }
 
@@ -382,6 +423,49 @@ mod tests {
         let again: Vec<Vec<f64>> = tokens[8..].iter().map(|t| seq.push(&oracle, *t)).collect();
         assert_eq!(&first[8..], &again[..]);
         assert_eq!(seq.hidden_at(7).map(<[f64]>::to_vec), hidden_before);
+    }
+
+    #[test]
+    fn cached_expansion_matches_a_fresh_sequence_bitwise() {
+        // Regression guard for the per-position K nope / V cache: a long sequence (with a
+        // truncate and re-push in the middle) must give bitwise the same logits as a fresh
+        // sequence that pushed only the prefix.
+        let dims = ModelDims::tiny();
+        let model = TargetModel::from_seed(&dims, 51);
+        let oracle = Oracle::new(&model);
+        let tokens = random_tokens(52, 300, dims.vocab_size);
+        let mut seq = OracleSeq::new(&oracle);
+        let mut logits: Vec<Vec<f64>> = tokens[..150]
+            .iter()
+            .map(|t| seq.push(&oracle, *t))
+            .collect();
+        for t in random_tokens(53, 5, dims.vocab_size) {
+            seq.push(&oracle, t);
+        }
+        seq.truncate(150);
+        logits.extend(tokens[150..].iter().map(|t| seq.push(&oracle, *t)));
+        assert_eq!(seq.len(), 300);
+        for pos in [0, 1, 63, 149, 150, 231, 299] {
+            let mut fresh = OracleSeq::new(&oracle);
+            let want = tokens[..=pos]
+                .iter()
+                .map(|t| fresh.push(&oracle, *t))
+                .last()
+                .unwrap();
+            let same = want.len() == logits[pos].len()
+                && want
+                    .iter()
+                    .zip(&logits[pos])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(
+                same,
+                "logits at position {pos} differ from a fresh sequence"
+            );
+            assert_eq!(fresh.hidden(), seq.hidden_at(pos));
+            for layer in 0..dims.num_layers {
+                assert_eq!(fresh.latent_row(layer, pos), seq.latent_row(layer, pos));
+            }
+        }
     }
 
     #[test]

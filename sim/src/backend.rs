@@ -1,0 +1,342 @@
+//! The CPU reference backend: executes core-built plans with exact f32 MLA math. Decode
+//! rows take the absorbed form with split-KV at fixed absolute positions; prefill rows
+//! take the materialized form (causal new tokens, then context chunks gathered from the
+//! cache and merged by LSE). A replayed graph runs the shape frozen at capture.
+
+use std::sync::Arc;
+
+use specmla_core::backend::{Backend, DrafterOutput, TargetOutput};
+use specmla_core::config::EngineConfig;
+use specmla_core::cudagraph::GraphShape;
+use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
+use specmla_core::plan::StepPlan;
+
+use crate::attention::{
+    absorbed_attention, materialized_attention, merge_attention_states, AttnDims, AttnOutput, Mask,
+};
+use crate::kv_cache::PagedLatentCache;
+use crate::model::{DrafterModel, MlaLayer, TargetModel};
+
+/// Errors of the CPU backend.
+#[derive(Debug, thiserror::Error)]
+pub enum CpuBackendError {
+    #[error("step replays a graph of {0} tokens that was never captured")]
+    GraphNotCaptured(usize),
+}
+
+/// The CPU backend: target and drafter weights, their paged caches, captured shapes.
+pub struct CpuBackend {
+    cfg: EngineConfig,
+    target: Arc<TargetModel>,
+    drafter: Arc<DrafterModel>,
+    target_cache: PagedLatentCache,
+    drafter_cache: PagedLatentCache,
+    graphs: Vec<GraphShape>,
+    dims: AttnDims,
+}
+
+impl CpuBackend {
+    /// A backend over shared weights, with fresh (poisoned) caches.
+    pub fn new(cfg: &EngineConfig, target: Arc<TargetModel>, drafter: Arc<DrafterModel>) -> Self {
+        let s = &cfg.scheduler;
+        let d = &cfg.model;
+        Self {
+            cfg: cfg.clone(),
+            target_cache: PagedLatentCache::new(
+                d.num_layers,
+                s.num_gpu_blocks,
+                s.page_size,
+                d.latent_dim(),
+            ),
+            drafter_cache: PagedLatentCache::new(1, s.num_gpu_blocks, s.page_size, d.latent_dim()),
+            target,
+            drafter,
+            graphs: Vec::new(),
+            dims: AttnDims::from(d),
+        }
+    }
+
+    fn page(&self) -> usize {
+        self.cfg.scheduler.page_size
+    }
+}
+
+/// Per-token activations of one layer.
+struct LayerIo<'a> {
+    q: &'a [Vec<f32>],
+    latent: &'a [Vec<f32>],
+    attn: &'a mut [Vec<f32>],
+}
+
+impl Backend for CpuBackend {
+    type Error = CpuBackendError;
+
+    fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
+        self.graphs = shapes.to_vec();
+        Ok(())
+    }
+
+    fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput, Self::Error> {
+        let graph = match &plan.cudagraph {
+            Some(g) => Some(
+                *self
+                    .graphs
+                    .iter()
+                    .find(|s| s.num_tokens == g.shape.num_tokens)
+                    .ok_or(CpuBackendError::GraphNotCaptured(g.shape.num_tokens))?,
+            ),
+            None => None,
+        };
+        let model = Arc::clone(&self.target);
+        let dims = model.dims.clone();
+        let n = plan.num_tokens();
+        let c = &plan.common;
+        let mut x: Vec<Vec<f32>> = plan.token_ids[..n]
+            .iter()
+            .map(|&t| model.embed(t))
+            .collect();
+        let mut attn_outputs = Vec::with_capacity(dims.num_layers);
+        for (l, layer) in model.layers.iter().enumerate() {
+            let (q, latent): (Vec<_>, Vec<_>) = (0..n)
+                .map(|t| layer.qkv(&dims, &x[t], c.positions[t] as usize))
+                .unzip();
+            for t in 0..n {
+                self.target_cache.write(l, c.slot_mapping[t], &latent[t]);
+            }
+            let mut attn = vec![vec![0.0; dims.num_heads * dims.v_head_dim]; n];
+            let mut io = LayerIo {
+                q: &q,
+                latent: &latent,
+                attn: &mut attn,
+            };
+            self.run_decode_rows(plan, graph, l, layer, &mut io);
+            self.run_prefill_rows(plan, l, layer, &mut io);
+            for t in 0..n {
+                x[t] = layer.finish(&dims, &x[t], &attn[t]);
+            }
+            attn_outputs.push(attn.concat());
+        }
+        let logits = plan
+            .logits_indices
+            .iter()
+            .flat_map(|&i| model.logits(&x[i as usize]))
+            .collect();
+        Ok(TargetOutput {
+            logits,
+            hidden: x.concat(),
+            attn_outputs,
+            vocab_size: dims.vocab_size,
+            hidden_size: dims.hidden_size,
+        })
+    }
+
+    fn forward_drafter(
+        &mut self,
+        pass: &DrafterPass,
+        target: &TargetOutput,
+        prev: Option<&DrafterOutput>,
+    ) -> Result<DrafterOutput, Self::Error> {
+        let dr = Arc::clone(&self.drafter);
+        let layer = &dr.layer;
+        let dims = &dr.dims;
+        let n = pass.token_ids.len();
+        let mut x = Vec::with_capacity(n);
+        for t in 0..n {
+            let hidden_in = match pass.hidden[t] {
+                HiddenSource::TargetToken(i) => target.hidden_row(i as usize),
+                HiddenSource::DrafterRow(r) => prev
+                    .expect("a later pass has a previous one")
+                    .hidden_row(r as usize),
+            };
+            let xt = dr.fuse(pass.token_ids[t], hidden_in);
+            let latent = layer.latent_only(dims, &xt, pass.positions[t] as usize);
+            self.drafter_cache.write(0, pass.slot_mapping[t], &latent);
+            x.push(xt);
+        }
+        let mut out = DrafterOutput {
+            vocab_size: dims.vocab_size,
+            hidden_size: dims.hidden_size,
+            ..Default::default()
+        };
+        for r in 0..pass.num_rows() {
+            let t = pass.token_indices_to_sample[r] as usize;
+            let pos = pass.positions[t] as usize;
+            let (q, _) = layer.qkv(dims, &x[t], pos);
+            // Causal inside the row: the sampled token sees keys below its own position + 1,
+            // capped by seq_len; nothing at or past max_model_len was ever written.
+            let q_start = pass.query_start_loc[r] as usize;
+            let q_len = pass.query_start_loc[r + 1] as usize - q_start;
+            let visible = (pass.seq_lens[r] as usize + t + 1 - q_start)
+                .saturating_sub(q_len)
+                .min(self.cfg.scheduler.max_model_len);
+            let keys = self
+                .drafter_cache
+                .gather(0, pass.block_row(r), self.page(), 0, visible);
+            let a = absorbed_attention(&self.dims, layer, &q, 1, &keys, visible, Mask::Full);
+            let h = layer.finish(dims, &x[t], &a.out);
+            out.logits.extend(dr.logits(&h));
+            out.hidden.extend(h);
+        }
+        Ok(out)
+    }
+
+    fn forward_dflash(
+        &mut self,
+        pass: &DFlashPass,
+        target: &TargetOutput,
+    ) -> Result<DrafterOutput, Self::Error> {
+        let dr = Arc::clone(&self.drafter);
+        let (layer, dims) = (&dr.layer, &dr.dims);
+        for (e, &i) in pass.context_token_indices.iter().enumerate() {
+            let xc = dr.context_x(target.hidden_row(i as usize));
+            let latent = layer.latent_only(dims, &xc, pass.context_positions[e] as usize);
+            self.drafter_cache.write(0, pass.context_slots[e], &latent);
+        }
+        let b = pass.block_len;
+        let mut block = Vec::with_capacity(pass.block_tokens.len());
+        for (j, tok) in pass.block_tokens.iter().enumerate() {
+            let xb = dr.block_x(*tok);
+            let (q, latent) = layer.qkv(dims, &xb, pass.block_positions[j] as usize);
+            self.drafter_cache.write(0, pass.block_slots[j], &latent);
+            block.push((xb, q, latent));
+        }
+        let mut out = DrafterOutput {
+            vocab_size: dims.vocab_size,
+            hidden_size: dims.hidden_size,
+            ..Default::default()
+        };
+        for r in 0..pass.req_ids.len() {
+            let ctx = pass.context_lens[r] as usize;
+            let mut keys = self
+                .drafter_cache
+                .gather(0, block_row(pass, r), self.page(), 0, ctx);
+            for (_, _, latent) in &block[r * b..(r + 1) * b] {
+                keys.extend_from_slice(latent);
+            }
+            for (xb, q, _) in &block[r * b + 1..(r + 1) * b] {
+                let a = absorbed_attention(&self.dims, layer, q, 1, &keys, ctx + b, Mask::Full);
+                let h = layer.finish(dims, xb, &a.out);
+                out.logits.extend(dr.logits(&h));
+                out.hidden.extend(h);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn block_row(pass: &DFlashPass, r: usize) -> &[u32] {
+    &pass.block_table[r * pass.block_table_width..(r + 1) * pass.block_table_width]
+}
+
+impl CpuBackend {
+    /// The decode kernel. A uniform kernel addresses row r's tokens at `r * q` from the
+    /// start of the decode tokens (it never reads query_start_loc); a replayed graph uses
+    /// the q and row count frozen at capture.
+    fn run_decode_rows(
+        &self,
+        plan: &StepPlan,
+        graph: Option<GraphShape>,
+        l: usize,
+        layer: &MlaLayer,
+        io: &mut LayerIo<'_>,
+    ) {
+        let Some(d) = &plan.mla.decode else { return };
+        let c = &plan.common;
+        let n_real = plan.num_tokens();
+        let rows = match graph {
+            Some(g) => 0..g.num_rows,
+            None => d.rows.clone(),
+        };
+        for (i, r) in rows.enumerate() {
+            let (start, q_len) = match (graph, d.uniform_query_len) {
+                (Some(g), _) => (i * g.query_len, g.query_len),
+                (None, Some(q)) => (d.tokens.start + i * q, q),
+                (None, None) => (c.query_start_loc[r] as usize, c.query_len(r)),
+            };
+            let seq_len = c.seq_lens.get(r).copied().unwrap_or(0) as usize;
+            let num_splits = d.num_splits.get(i).copied().unwrap_or(1) as usize;
+            let block_row = if r < c.num_rows() {
+                c.block_row(r)
+            } else {
+                &[][..]
+            };
+            for j in 0..q_len {
+                let t = start + j;
+                if t >= n_real {
+                    continue; // a padding token: its output is discarded
+                }
+                let limit = (seq_len + j + 1).saturating_sub(q_len);
+                io.attn[t] = self.split_kv_decode(
+                    l,
+                    layer,
+                    &io.q[t],
+                    block_row,
+                    limit,
+                    num_splits,
+                    d.split_size_tokens,
+                );
+            }
+        }
+    }
+
+    /// One query token over keys `[0, limit)`, in fixed splits of `split` positions,
+    /// combined in split order; the split count comes from the plan, as a kernel would.
+    #[allow(clippy::too_many_arguments)]
+    fn split_kv_decode(
+        &self,
+        l: usize,
+        layer: &MlaLayer,
+        q: &[f32],
+        block_row: &[u32],
+        limit: usize,
+        num_splits: usize,
+        split: usize,
+    ) -> Vec<f32> {
+        let mut acc = AttnOutput::empty(1, &self.dims);
+        for s in 0..num_splits {
+            let from = (s * split).min(limit);
+            let to = ((s + 1) * split).min(limit);
+            if from == to {
+                continue;
+            }
+            let keys = self
+                .target_cache
+                .gather(l, block_row, self.page(), from, to);
+            let part = absorbed_attention(&self.dims, layer, q, 1, &keys, to - from, Mask::Full);
+            acc = merge_attention_states(&acc, &part, 1, &self.dims);
+        }
+        acc.out
+    }
+
+    /// The prefill path: new tokens attend causally to themselves (from this step's
+    /// latents); each context chunk is gathered from the cache and merged by LSE.
+    fn run_prefill_rows(&self, plan: &StepPlan, l: usize, layer: &MlaLayer, io: &mut LayerIo<'_>) {
+        let Some(p) = &plan.mla.prefill else { return };
+        let c = &plan.common;
+        for (j, r) in p.rows.clone().enumerate() {
+            let toks = c.row_tokens(r);
+            let m = toks.len();
+            let q: Vec<f32> = io.q[toks.clone()].concat();
+            let new_keys: Vec<f32> = io.latent[toks.clone()].concat();
+            let new =
+                materialized_attention(&self.dims, layer, &q, m, &new_keys, m, Mask::CausalTail);
+            let mut ctx = AttnOutput::empty(m, &self.dims);
+            for chunk in p.chunked_context.iter().flat_map(|cc| &cc.chunks) {
+                let (start, len) = (chunk.starts[j], chunk.lens[j]);
+                if len == 0 {
+                    continue;
+                }
+                let keys =
+                    self.target_cache
+                        .gather(l, c.block_row(r), self.page(), start, start + len);
+                let part = materialized_attention(&self.dims, layer, &q, m, &keys, len, Mask::Full);
+                ctx = merge_attention_states(&ctx, &part, m, &self.dims);
+            }
+            let merged = merge_attention_states(&ctx, &new, m, &self.dims);
+            let width = self.dims.heads * self.dims.v;
+            for (k, t) in toks.enumerate() {
+                io.attn[t] = merged.out[k * width..(k + 1) * width].to_vec();
+            }
+        }
+    }
+}

@@ -1,0 +1,384 @@
+//! The checks `sim` runs every step, and the acceptance controller that shares their
+//! f64 oracle: invariants, spec output == plain greedy, agreement with the oracle,
+//! padded == compacted drafter, decode-first == extend-first.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::Rng;
+use serde::Serialize;
+use specmla_core::engine::{DraftOracle, DraftQuery, StepOutcome};
+use specmla_core::grammar::{GrammarState, TokenAutomaton};
+use specmla_core::request::RequestSpec;
+use specmla_core::rng::{keyed_rng, Stream};
+
+use crate::oracle::{Oracle, OracleSeq};
+
+/// Kinds of per-step checks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckKind {
+    Invariants,
+    SpecEqualsGreedy,
+    OracleAgreement,
+    DrafterBatches,
+    Layouts,
+}
+
+impl CheckKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            CheckKind::Invariants => "invariants",
+            CheckKind::SpecEqualsGreedy => "spec == greedy",
+            CheckKind::OracleAgreement => "oracle agreement",
+            CheckKind::DrafterBatches => "padded == compacted",
+            CheckKind::Layouts => "decode-first == extend-first",
+        }
+    }
+}
+
+/// Stated tolerances.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct Tolerances {
+    /// Largest |f32 logit - f64 oracle logit| accepted.
+    pub logit_abs: f64,
+    /// A top-2 oracle margin below this is a near-tie: a token mismatch there is
+    /// reported, not failed.
+    pub near_tie_margin: f64,
+}
+
+impl Default for Tolerances {
+    fn default() -> Self {
+        Self {
+            logit_abs: 2e-3,
+            near_tie_margin: 1e-3,
+        }
+    }
+}
+
+/// A failed check, named by kind, step and row.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckFailure {
+    pub kind: CheckKind,
+    pub step: u64,
+    pub row: Option<usize>,
+    pub req_id: Option<u64>,
+    pub detail: String,
+}
+
+/// A greedy mismatch excused by a near-tie.
+#[derive(Clone, Debug, Serialize)]
+pub struct NearTie {
+    pub step: u64,
+    pub req_id: u64,
+    pub position: usize,
+    pub margin: f64,
+}
+
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Tally {
+    pub run: u64,
+    pub passed: u64,
+}
+
+struct OracleReq {
+    /// Prompt then committed outputs.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    seq: OracleSeq,
+    grammar: Option<Arc<TokenAutomaton>>,
+}
+
+/// Keeps failures bounded on long runs; the count stays exact.
+const MAX_STORED_FAILURES: usize = 64;
+
+/// The oracle-backed checker and acceptance controller.
+pub struct SimChecker {
+    oracle: Arc<Oracle>,
+    seed: u64,
+    acceptance_rate: f64,
+    greedy: bool,
+    tol: Tolerances,
+    reqs: BTreeMap<u64, OracleReq>,
+    pub tallies: BTreeMap<CheckKind, Tally>,
+    pub failures: Vec<CheckFailure>,
+    pub num_failures: u64,
+    pub near_ties: Vec<NearTie>,
+    pub max_logit_error: f64,
+}
+
+impl SimChecker {
+    /// A checker for `workload`; `greedy` is false when temperature > 0 (then spec ==
+    /// greedy does not apply and no draft is forced).
+    pub fn new(
+        oracle: Arc<Oracle>,
+        workload: &[RequestSpec],
+        seed: u64,
+        acceptance_rate: f64,
+        greedy: bool,
+    ) -> Self {
+        let reqs = workload
+            .iter()
+            .map(|r| {
+                let req = OracleReq {
+                    tokens: r.prompt.clone(),
+                    prompt_len: r.prompt.len(),
+                    seq: OracleSeq::new(&oracle),
+                    grammar: r.grammar.as_ref().map(|g| Arc::clone(&g.automaton)),
+                };
+                (r.id, req)
+            })
+            .collect();
+        Self {
+            oracle,
+            seed,
+            acceptance_rate,
+            greedy,
+            tol: Tolerances::default(),
+            reqs,
+            tallies: BTreeMap::new(),
+            failures: Vec::new(),
+            num_failures: 0,
+            near_ties: Vec::new(),
+            max_logit_error: 0.0,
+        }
+    }
+
+    pub fn tolerances(&self) -> Tolerances {
+        self.tol
+    }
+
+    fn record(&mut self, kind: CheckKind, ok: bool, fail: impl FnOnce() -> CheckFailure) {
+        let t = self.tallies.entry(kind).or_default();
+        t.run += 1;
+        if ok {
+            t.passed += 1;
+        } else {
+            self.num_failures += 1;
+            if self.failures.len() < MAX_STORED_FAILURES {
+                self.failures.push(fail());
+            }
+        }
+    }
+
+    /// Runs every check on one step's outcome.
+    pub fn check_step(&mut self, o: &StepOutcome, check_layouts: bool, check_drafters: bool) {
+        let step = o.plan.step;
+        self.record(CheckKind::Invariants, o.violations.is_empty(), || {
+            let v = &o.violations[0];
+            CheckFailure {
+                kind: CheckKind::Invariants,
+                step,
+                row: v.row,
+                req_id: None,
+                detail: format!("{}: {}", v.rule.name(), v.detail),
+            }
+        });
+        for v in o.violations.iter().skip(1) {
+            self.num_failures += 1;
+            if self.failures.len() < MAX_STORED_FAILURES {
+                self.failures.push(CheckFailure {
+                    kind: CheckKind::Invariants,
+                    step,
+                    row: v.row,
+                    req_id: None,
+                    detail: format!("{}: {}", v.rule.name(), v.detail),
+                });
+            }
+        }
+        if check_layouts && !o.plan.rows.is_empty() {
+            self.record(CheckKind::Layouts, o.layout_mismatches.is_empty(), || {
+                CheckFailure {
+                    kind: CheckKind::Layouts,
+                    step,
+                    row: None,
+                    req_id: o.layout_mismatches.first().copied(),
+                    detail: format!(
+                        "requests {:?} differ bitwise between layouts",
+                        o.layout_mismatches
+                    ),
+                }
+            });
+        }
+        if check_drafters && !o.plan.rows.is_empty() {
+            self.record(
+                CheckKind::DrafterBatches,
+                o.drafter_mismatches.is_empty(),
+                || {
+                    let m = &o.drafter_mismatches[0];
+                    CheckFailure {
+                        kind: CheckKind::DrafterBatches,
+                        step,
+                        row: None,
+                        req_id: Some(m.req_id),
+                        detail: format!("primary proposed {:?}, shadow {:?}", m.primary, m.shadow),
+                    }
+                },
+            );
+        }
+        for r in 0..o.plan.rows.len() {
+            self.check_row(o, r);
+        }
+        for f in &o.finished {
+            self.reqs.remove(&f.id);
+        }
+    }
+
+    fn check_row(&mut self, o: &StepOutcome, r: usize) {
+        let row = &o.plan.rows[r];
+        let Some(v) = o.verifies[r].as_ref() else {
+            return;
+        };
+        let step = o.plan.step;
+        let last_committed = row.num_computed_tokens + row.query_len - row.num_draft_tokens;
+        let req = self
+            .reqs
+            .get_mut(&row.req_id)
+            .expect("every planned request is in the workload");
+        req.tokens.truncate(last_committed);
+        req.tokens.extend_from_slice(&v.new_tokens);
+        let samples = o.plan.row_samples(r);
+        for (i, k) in samples.enumerate().take(v.num_accepted + 1) {
+            let position = last_committed + i;
+            let oracle_logits = self.predict(row.req_id, position);
+            let target = o.target.logits_row(k);
+            let err = target
+                .iter()
+                .zip(&oracle_logits)
+                .map(|(&a, &b)| (a as f64 - b).abs())
+                .fold(0.0, f64::max);
+            self.max_logit_error = self.max_logit_error.max(err);
+            let tol = self.tol.logit_abs;
+            self.record(CheckKind::OracleAgreement, err <= tol, || CheckFailure {
+                kind: CheckKind::OracleAgreement,
+                step,
+                row: Some(r),
+                req_id: Some(row.req_id),
+                detail: format!("logits for position {position} differ from the f64 oracle by {err:.3e} (> {tol:.0e})"),
+            });
+            if self.greedy {
+                self.check_greedy(
+                    step,
+                    r,
+                    row.req_id,
+                    position,
+                    &oracle_logits,
+                    v.new_tokens[i],
+                );
+            }
+        }
+    }
+
+    fn check_greedy(
+        &mut self,
+        step: u64,
+        r: usize,
+        req_id: u64,
+        position: usize,
+        logits: &[f64],
+        emitted: u32,
+    ) {
+        let state = self.grammar_state(req_id, position);
+        let (expect, margin) = masked_argmax_f64(logits, state);
+        if expect != emitted && margin < self.tol.near_tie_margin {
+            self.near_ties.push(NearTie {
+                step,
+                req_id,
+                position,
+                margin,
+            });
+            self.record(CheckKind::SpecEqualsGreedy, true, || unreachable!());
+            return;
+        }
+        self.record(CheckKind::SpecEqualsGreedy, expect == emitted, || CheckFailure {
+            kind: CheckKind::SpecEqualsGreedy,
+            step,
+            row: Some(r),
+            req_id: Some(req_id),
+            detail: format!("emitted token {emitted} at position {position}, plain greedy gives {expect} (margin {margin:.3e})"),
+        });
+    }
+
+    /// Oracle logits predicting `position` from the request's tokens before it.
+    fn predict(&mut self, req_id: u64, position: usize) -> Vec<f64> {
+        let oracle = Arc::clone(&self.oracle);
+        let req = self.reqs.get_mut(&req_id).expect("known request");
+        if req.seq.len() >= position {
+            req.seq.truncate(position - 1);
+        }
+        while req.seq.len() + 1 < position {
+            let t = req.tokens[req.seq.len()];
+            req.seq.push(&oracle, t);
+        }
+        req.seq.push(&oracle, req.tokens[position - 1])
+    }
+
+    /// Grammar state after the outputs before `position` (None: unconstrained).
+    fn grammar_state(
+        &self,
+        req_id: u64,
+        position: usize,
+    ) -> Option<(&TokenAutomaton, GrammarState)> {
+        let req = &self.reqs[&req_id];
+        let a = req.grammar.as_deref()?;
+        let outputs = &req.tokens[req.prompt_len.min(position)..position];
+        Some((
+            a,
+            outputs
+                .iter()
+                .fold(GrammarState::Live(0), |s, &t| a.advance(s, t)),
+        ))
+    }
+}
+
+/// Argmax over allowed tokens and its margin to the runner-up.
+fn masked_argmax_f64(
+    logits: &[f64],
+    grammar: Option<(&TokenAutomaton, GrammarState)>,
+) -> (u32, f64) {
+    let mask = grammar.map(|(a, s)| a.mask(s));
+    let mut best = (0u32, f64::NEG_INFINITY);
+    let mut second = f64::NEG_INFINITY;
+    for (t, &v) in logits.iter().enumerate() {
+        if mask.as_ref().is_some_and(|m| !m.allows(t as u32)) {
+            continue;
+        }
+        if v > best.1 {
+            second = best.1;
+            best = (t as u32, v);
+        } else if v > second {
+            second = v;
+        }
+    }
+    (best.0, best.1 - second)
+}
+
+impl DraftOracle for SimChecker {
+    /// With probability `acceptance_rate` (a seeded coin per request and position)
+    /// proposes the oracle's plain-greedy token, so acceptance is controllable while
+    /// verification stays the real target forward.
+    fn forced_draft(&mut self, q: DraftQuery<'_>) -> Option<u32> {
+        if !self.greedy {
+            return None;
+        }
+        let mut coin = keyed_rng(self.seed, Stream::Acceptance, q.req_id, q.position as u64);
+        if !coin.gen_bool(self.acceptance_rate) {
+            return None;
+        }
+        let base = q.position - q.suffix.len();
+        let req = self.reqs.get_mut(&q.req_id)?;
+        // The committed prefix comes from `check_step`; without it there is nothing to force.
+        if req.tokens.len() < base || base < req.prompt_len {
+            return None;
+        }
+        req.tokens.truncate(base);
+        let saved = req.tokens.len();
+        req.tokens.extend_from_slice(q.suffix);
+        let logits = self.predict(q.req_id, q.position);
+        let state = self.grammar_state(q.req_id, q.position);
+        let (token, _) = masked_argmax_f64(&logits, state);
+        let req = self.reqs.get_mut(&q.req_id).expect("known request");
+        req.tokens.truncate(saved);
+        Some(token)
+    }
+}

@@ -1,0 +1,261 @@
+//! `sim plan`: explains how one hand-written batch is reordered, split, chunked and
+//! dispatched onto a graph, as JSON. Input errors name the field and the reason.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail, Context, Result};
+use clap::Args;
+use serde_json::{json, Value};
+use specmla_core::batch::{ScheduledBatch, ScheduledRow};
+use specmla_core::config::{
+    BackendProfile, DrafterBatch, EngineConfig, ModelDims, RowLayout, SchedulerConfig, SpecConfig,
+};
+use specmla_core::cudagraph::capture_sizes;
+use specmla_core::plan::{build_step_plan, StepPlan};
+
+/// Flags of `sim plan`.
+#[derive(Args, Clone, Debug)]
+pub struct PlanArgs {
+    /// JSON batch: {"page_size": 64, "rows": [{"num_computed_tokens": 100, "num_scheduled_tokens": 4}, ...]}
+    #[arg(long)]
+    pub batch: PathBuf,
+    /// Attention backend profile (see `sim list`).
+    #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(BackendProfile::ALL.map(|p| p.name())))]
+    pub backend: String,
+    /// K, the number of speculative tokens (0: speculation off).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
+    pub num_spec_tokens: u64,
+    /// Context workspace in tokens (vLLM caps its workspace at 64k tokens).
+    #[arg(long, default_value_t = 65_536)]
+    pub workspace_tokens: usize,
+    /// Largest captured graph, in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub max_capture_size: usize,
+    /// Lay decode rows last (TokenSpeed) instead of first (vLLM).
+    #[arg(long)]
+    pub extend_first: bool,
+}
+
+struct BatchFile {
+    page_size: usize,
+    rows: Vec<(usize, usize)>,
+}
+
+fn field_usize(v: &Value, path: &str, min: u64) -> Result<usize> {
+    let n = v
+        .as_u64()
+        .ok_or_else(|| anyhow!("{path}: expected a non-negative integer, got {v}"))?;
+    if n < min || n > i32::MAX as u64 {
+        bail!("{path}: {n} is out of range ({min}..={})", i32::MAX);
+    }
+    Ok(n as usize)
+}
+
+fn parse_batch(text: &str) -> Result<BatchFile> {
+    let v: Value = serde_json::from_str(text).map_err(|e| anyhow!("not valid JSON: {e}"))?;
+    let obj = v
+        .as_object()
+        .ok_or_else(|| anyhow!("top level: expected an object"))?;
+    for key in obj.keys() {
+        if key != "page_size" && key != "rows" {
+            bail!("{key}: unknown field (expected page_size and rows)");
+        }
+    }
+    let page_size = field_usize(
+        obj.get("page_size")
+            .ok_or_else(|| anyhow!("page_size: missing"))?,
+        "page_size",
+        1,
+    )?;
+    let rows_v = obj.get("rows").ok_or_else(|| anyhow!("rows: missing"))?;
+    let rows_a = rows_v
+        .as_array()
+        .ok_or_else(|| anyhow!("rows: expected an array"))?;
+    if rows_a.is_empty() {
+        bail!("rows: expected at least one row");
+    }
+    let mut rows = Vec::with_capacity(rows_a.len());
+    for (i, r) in rows_a.iter().enumerate() {
+        let o = r
+            .as_object()
+            .ok_or_else(|| anyhow!("rows[{i}]: expected an object"))?;
+        for key in o.keys() {
+            if key != "num_computed_tokens" && key != "num_scheduled_tokens" {
+                bail!("rows[{i}].{key}: unknown field");
+            }
+        }
+        let get = |k: &str, min| -> Result<usize> {
+            field_usize(
+                o.get(k).ok_or_else(|| anyhow!("rows[{i}].{k}: missing"))?,
+                &format!("rows[{i}].{k}"),
+                min,
+            )
+        };
+        rows.push((
+            get("num_computed_tokens", 0)?,
+            get("num_scheduled_tokens", 1)?,
+        ));
+    }
+    Ok(BatchFile { page_size, rows })
+}
+
+fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
+    let k = a.num_spec_tokens as usize;
+    let spec = if k == 0 {
+        SpecConfig::off()
+    } else {
+        SpecConfig::multi_step(k, DrafterBatch::Padded)
+    };
+    let max_seq = f.rows.iter().map(|&(c, q)| c + q).max().unwrap_or(1);
+    let max_model_len = (max_seq + k + 1).max(2);
+    let page = f.page_size;
+    if a.workspace_tokens < page {
+        bail!("invalid configuration: workspace of {} tokens is smaller than one page ({page} tokens)", a.workspace_tokens);
+    }
+    let blocks: usize = f
+        .rows
+        .iter()
+        .map(|&(c, q)| (c + q + k + 1).div_ceil(page))
+        .sum();
+    Ok(EngineConfig {
+        model: ModelDims::deepseek_v3(),
+        spec,
+        scheduler: SchedulerConfig {
+            max_num_seqs: f.rows.len(),
+            max_num_batched_tokens: f.rows.iter().map(|r| r.1).sum(),
+            max_model_len,
+            page_size: page,
+            num_gpu_blocks: blocks.max(max_model_len.div_ceil(page)),
+            chunked_prefill: true,
+            prefill_chunk_tokens: max_seq,
+            mixed_batches: true,
+            row_layout: if a.extend_first {
+                RowLayout::ExtendFirst
+            } else {
+                RowLayout::DecodeFirst
+            },
+            workspace_tokens: a.workspace_tokens,
+        },
+        backends: vec![BackendProfile::from_name(&a.backend).expect("clap checked the name")],
+        cuda_graphs: true,
+        max_capture_size_tokens: a.max_capture_size,
+        decode_split_tokens: page,
+    })
+}
+
+fn synth_batch(cfg: &EngineConfig, f: &BatchFile) -> ScheduledBatch {
+    let mut next_block = 0u32;
+    let k = cfg.spec.k();
+    let rows = f
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(i, &(c, q))| {
+            let n_blocks = (c + q + k + 1)
+                .min(cfg.scheduler.max_model_len)
+                .div_ceil(cfg.scheduler.page_size) as u32;
+            let block_ids = (next_block..next_block + n_blocks).collect();
+            next_block += n_blocks;
+            let nd = if c > 0 { (q - 1).min(k) } else { 0 };
+            ScheduledRow {
+                req_id: i as u64,
+                num_computed_tokens: c,
+                num_scheduled_tokens: q,
+                token_ids: vec![0; q],
+                num_draft_tokens: nd,
+                samples: true,
+                next_prompt_token: None,
+                block_ids,
+            }
+        })
+        .collect();
+    ScheduledBatch {
+        step: 0,
+        rows,
+        preempted: Vec::new(),
+    }
+}
+
+/// Reads the batch, plans it, prints the explanation.
+pub fn run_plan(a: &PlanArgs) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(&a.batch)
+        .with_context(|| format!("--batch {}", a.batch.display()))?;
+    let f = parse_batch(&text).with_context(|| format!("--batch {}", a.batch.display()))?;
+    let cfg = plan_config(a, &f)?;
+    let batch = synth_batch(&cfg, &f);
+    let sizes = capture_sizes(&cfg);
+    let plan = build_step_plan(&cfg, &batch, &sizes, cfg.scheduler.row_layout, &|_| None)?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&explain(&cfg, &plan, &sizes))?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+fn explain(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize]) -> Value {
+    let c = &plan.common;
+    let m = &plan.mla;
+    let rows: Vec<Value> = plan
+        .rows
+        .iter()
+        .zip(&plan.order)
+        .map(|(r, &i)| {
+            json!({"input_row": i, "region": format!("{:?}", r.region).to_lowercase(),
+                   "path": if r.is_decode { "decode" } else { "prefill" },
+                   "q_len": r.query_len, "context_len": r.num_computed_tokens})
+        })
+        .collect();
+    let chunks = m.prefill.as_ref().and_then(|p| p.chunked_context.as_ref()).map(|cc| {
+        let pre_rows: Vec<usize> = m.prefill.as_ref().map(|p| p.rows.clone().collect()).unwrap_or_default();
+        json!({
+            "chunk_size_tokens": cc.chunk_size_tokens,
+            "workspace_tokens": cc.workspace_tokens,
+            "chunks": cc.chunks.iter().map(|ch| json!({
+                "total_tokens": ch.total_tokens(),
+                "rows": pre_rows.iter().enumerate().map(|(j, &r)| json!({
+                    "input_row": plan.order[r], "start": ch.starts[j], "len": ch.lens[j]})).collect::<Vec<_>>(),
+            })).collect::<Vec<_>>(),
+        })
+    });
+    json!({
+        "backend": cfg.backends[0].name(),
+        "num_spec_tokens": cfg.spec.k(),
+        "threshold": plan.threshold,
+        "require_uniform": plan.require_uniform,
+        "order": plan.order,
+        "num_decodes": m.num_decodes,
+        "num_decode_tokens": m.num_decode_tokens,
+        "num_prefills": m.num_prefills,
+        "num_prefill_tokens": m.num_prefill_tokens,
+        "query_start_loc": c.query_start_loc[..=plan.rows.len()],
+        "seq_lens": c.seq_lens[..plan.rows.len()],
+        "rows": rows,
+        "prefill_chunks": chunks,
+        "cudagraph": graph_json(cfg, plan, sizes),
+    })
+}
+
+fn graph_json(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize]) -> Value {
+    let q = cfg.spec.uniform_decode_query_len();
+    if let Some(g) = &plan.cudagraph {
+        return json!({"graph": {"num_tokens": g.shape.num_tokens, "num_rows": g.shape.num_rows, "query_len": g.shape.query_len},
+                      "padding_rows": g.num_padding_rows, "padding_tokens": g.num_padding_tokens, "capture_sizes": sizes});
+    }
+    let reason = if sizes.is_empty() {
+        format!("{} captures no graph for q_len {q}", cfg.backends[0].name())
+    } else if !plan
+        .rows
+        .iter()
+        .all(|r| r.query_len == q && r.num_computed_tokens > 0)
+    {
+        format!("eager: not every row is a q_len {q} decode row with context")
+    } else {
+        format!(
+            "eager: {} tokens exceed the largest capture size {}",
+            plan.num_tokens(),
+            sizes.last().unwrap_or(&0)
+        )
+    };
+    json!({"graph": null, "reason": reason, "capture_sizes": sizes})
+}

@@ -1,0 +1,243 @@
+//! `sim run`: flags that override a scenario, the progress bar, and the summary table
+//! or JSON at the end.
+
+use std::io::IsTerminal;
+use std::process::ExitCode;
+
+use anyhow::{bail, Result};
+use clap::{Args, ValueEnum};
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use specmla_core::config::{BackendProfile, DrafterBatch, RowLayout, SpecMethod};
+
+use crate::runner::{run, RunSummary};
+use crate::scenarios::{self, Scenario};
+
+/// Drafter batch mode on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum DrafterBatchArg {
+    Padded,
+    Compacted,
+}
+
+/// Row layout on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum LayoutArg {
+    DecodeFirst,
+    ExtendFirst,
+}
+
+/// Flags of `sim run`; every one overrides the scenario's own setting.
+#[derive(Args, Clone, Debug, Default)]
+pub struct RunArgs {
+    /// Scenario to run (see `sim list`).
+    #[arg(long, default_value = "mixed_mtp", value_parser = scenario_names())]
+    pub scenario: String,
+    /// Seed of weights, workload and every random decision.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Number of requests in the workload.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    pub requests: Option<u64>,
+    /// Stop after this many steps.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub steps: Option<u64>,
+    /// K, the number of speculative tokens.
+    #[arg(long)]
+    pub num_spec_tokens: Option<usize>,
+    /// Attention backend profile (see `sim list`).
+    #[arg(long, value_parser = backend_names())]
+    pub backend: Option<String>,
+    /// Probability that a draft position proposes the oracle's greedy token.
+    #[arg(long)]
+    pub acceptance_rate: Option<f64>,
+    /// Drafter batch mode.
+    #[arg(long, value_enum)]
+    pub drafter_batch: Option<DrafterBatchArg>,
+    /// Row layout of the target batch.
+    #[arg(long, value_enum)]
+    pub layout: Option<LayoutArg>,
+    /// Sampling temperature (0 = greedy verification).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    /// KV page size in tokens.
+    #[arg(long)]
+    pub page_size: Option<usize>,
+    /// Context workspace in tokens for chunked-context prefill.
+    #[arg(long)]
+    pub workspace_tokens: Option<usize>,
+    /// Maximum tokens per request.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Disable mixed prefill/decode batches.
+    #[arg(long)]
+    pub no_mixed: bool,
+    /// Disable (emulated) CUDA graphs.
+    #[arg(long)]
+    pub no_graphs: bool,
+    /// Print the summary as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn scenario_names() -> clap::builder::PossibleValuesParser {
+    let names: Vec<&'static str> = scenarios::all().iter().map(|s| s.name).collect();
+    clap::builder::PossibleValuesParser::new(names)
+}
+
+fn backend_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(BackendProfile::ALL.map(|p| p.name()))
+}
+
+/// Applies the flags to the scenario they name.
+pub fn resolve_scenario(a: &RunArgs) -> Result<Scenario> {
+    let Some(mut s) = scenarios::by_name(&a.scenario) else {
+        bail!("unknown scenario {:?}", a.scenario);
+    };
+    if let Some(n) = a.requests {
+        s.workload.num_requests = n as usize;
+    }
+    if let Some(n) = a.steps {
+        s.max_steps = n;
+    }
+    if let Some(k) = a.num_spec_tokens {
+        if k == 0 && s.cfg.spec.method != SpecMethod::Off {
+            bail!("invalid configuration: speculation is on but --num-spec-tokens is 0");
+        }
+        s.cfg.spec.num_speculative_tokens = k;
+    }
+    if let Some(b) = &a.backend {
+        s.cfg.backends = vec![BackendProfile::from_name(b).expect("clap checked the name")];
+    }
+    if let Some(r) = a.acceptance_rate {
+        if !(0.0..=1.0).contains(&r) {
+            bail!("--acceptance-rate must be within [0, 1], got {r}");
+        }
+        s.acceptance_rate = r;
+    }
+    if let Some(d) = a.drafter_batch {
+        s.cfg.spec.drafter_batch = match d {
+            DrafterBatchArg::Padded => DrafterBatch::Padded,
+            DrafterBatchArg::Compacted => DrafterBatch::Compacted,
+        };
+    }
+    if let Some(l) = a.layout {
+        s.cfg.scheduler.row_layout = match l {
+            LayoutArg::DecodeFirst => RowLayout::DecodeFirst,
+            LayoutArg::ExtendFirst => RowLayout::ExtendFirst,
+        };
+    }
+    if let Some(t) = a.temperature {
+        s.cfg.spec.temperature = t;
+    }
+    if let Some(p) = a.page_size {
+        s.cfg.scheduler.page_size = p;
+        if p > 0 {
+            s.cfg.decode_split_tokens = s.cfg.decode_split_tokens.div_ceil(p) * p;
+        }
+    }
+    if let Some(w) = a.workspace_tokens {
+        s.cfg.scheduler.workspace_tokens = w;
+    }
+    if let Some(m) = a.max_model_len {
+        s.cfg.scheduler.max_model_len = m;
+        let page = s.cfg.scheduler.page_size.max(1);
+        s.cfg.scheduler.num_gpu_blocks = s.cfg.scheduler.num_gpu_blocks.max(m.div_ceil(page));
+    }
+    s.cfg.scheduler.mixed_batches &= !a.no_mixed;
+    s.cfg.cuda_graphs &= !a.no_graphs;
+    Ok(s)
+}
+
+/// Runs the scenario; exit 0 when every check passed, 1 otherwise.
+pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
+    let s = resolve_scenario(a)?;
+    let bar = ProgressBar::new(s.max_steps);
+    if !std::io::stderr().is_terminal() || a.json {
+        bar.set_draw_target(ProgressDrawTarget::hidden());
+    }
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} step {pos} {msg}").expect("static template"),
+    );
+    let summary = run(&s, a.seed, |st| {
+        bar.set_position(st.steps);
+        bar.set_message(format!(
+            "{} / {} requests finished",
+            st.finished, st.requests
+        ));
+    })?;
+    bar.finish_and_clear();
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&summary)?);
+    } else {
+        print_summary(&summary);
+    }
+    Ok(if summary.passed() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+fn print_summary(s: &RunSummary) {
+    let st = &s.stats;
+    println!("scenario {}  seed {}", s.scenario, s.seed);
+    println!(
+        "  requests            {} ({} finished)",
+        st.requests, st.finished
+    );
+    println!("  steps               {} ({} mixed, {} on graphs with {} padding rows, {} with chunked context)", st.steps, st.mixed_steps, st.graph_steps, st.padding_rows, st.chunked_context_steps);
+    println!(
+        "  tokens              {} scheduled, {} generated",
+        st.scheduled_tokens, st.generated_tokens
+    );
+    println!(
+        "  drafts              {} proposed, {} accepted",
+        st.proposed_drafts, st.accepted_drafts
+    );
+    println!("  mean acceptance len {:.3}", s.mean_acceptance_length);
+    println!("  preemptions         {}", st.preemptions);
+    println!(
+        "  max |logit - f64|   {:.2e} (tolerance {:.0e})",
+        s.max_logit_error, s.tolerances.logit_abs
+    );
+    println!("  checks:");
+    for (kind, t) in &s.checks {
+        println!(
+            "    {:<30} {:>7} run {:>7} passed",
+            kind.name(),
+            t.run,
+            t.passed
+        );
+    }
+    if !s.near_ties.is_empty() {
+        println!(
+            "  near-ties (margin < {:.0e}, reported not failed): {}",
+            s.tolerances.near_tie_margin,
+            s.near_ties.len()
+        );
+        for n in s.near_ties.iter().take(5) {
+            println!(
+                "    step {} request {} position {} margin {:.2e}",
+                n.step, n.req_id, n.position, n.margin
+            );
+        }
+    }
+    if s.hit_step_limit {
+        println!("  note: stopped at the step limit before every request finished");
+    }
+    if s.passed() {
+        println!("PASS: all checks passed");
+        return;
+    }
+    println!("FAIL: {} check failures", s.num_failures);
+    for f in s.failures.iter().take(10) {
+        let row = f.row.map_or(String::new(), |r| format!(" row {r}"));
+        let req = f.req_id.map_or(String::new(), |r| format!(" request {r}"));
+        println!(
+            "  {} at step {}{row}{req}: {}",
+            f.kind.name(),
+            f.step,
+            f.detail
+        );
+    }
+}

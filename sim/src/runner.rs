@@ -1,0 +1,152 @@
+//! Runs a scenario end to end on the CPU backend: builds models, engine and checker,
+//! steps to completion, and summarizes what happened and which checks passed.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
+use specmla_core::scheduler::validate_workload;
+
+use crate::backend::{CpuBackend, CpuBackendError};
+use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tally, Tolerances};
+use crate::model::{DrafterModel, TargetModel};
+use crate::oracle::Oracle;
+use crate::scenarios::{generate_workload, Scenario};
+
+/// Why a run could not start or continue (bad input or environment: exit 2).
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] specmla_core::error::ConfigError),
+    #[error("invalid workload: {0}")]
+    Workload(String),
+    #[error(transparent)]
+    Engine(#[from] EngineError<CpuBackendError>),
+}
+
+/// Counters of a run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct RunStats {
+    pub steps: u64,
+    pub requests: usize,
+    pub finished: usize,
+    pub scheduled_tokens: u64,
+    pub generated_tokens: u64,
+    pub verify_rows: u64,
+    pub accepted_drafts: u64,
+    pub proposed_drafts: u64,
+    pub mixed_steps: u64,
+    pub graph_steps: u64,
+    pub padding_rows: u64,
+    pub preemptions: u64,
+    pub chunked_context_steps: u64,
+}
+
+impl RunStats {
+    /// Mean tokens emitted per verify row (1 + accepted drafts).
+    pub fn mean_acceptance_length(&self) -> f64 {
+        if self.verify_rows == 0 {
+            return 0.0;
+        }
+        (self.verify_rows + self.accepted_drafts) as f64 / self.verify_rows as f64
+    }
+
+    fn absorb(&mut self, o: &StepOutcome) {
+        self.steps += 1;
+        self.scheduled_tokens += o.plan.num_tokens() as u64;
+        self.finished += o.finished.len();
+        self.preemptions += o.batch.preempted.len() as u64;
+        let m = &o.plan.mla;
+        self.mixed_steps += (m.num_decodes > 0 && m.num_prefills > 0) as u64;
+        if let Some(g) = &o.plan.cudagraph {
+            self.graph_steps += 1;
+            self.padding_rows += g.num_padding_rows as u64;
+        }
+        self.chunked_context_steps +=
+            m.prefill
+                .as_ref()
+                .is_some_and(|p| p.chunked_context.is_some()) as u64;
+        for (row, v) in o.plan.rows.iter().zip(&o.verifies) {
+            let Some(v) = v else { continue };
+            self.generated_tokens += v.new_tokens.len() as u64;
+            if row.num_draft_tokens > 0 {
+                self.verify_rows += 1;
+                self.accepted_drafts += v.num_accepted as u64;
+                self.proposed_drafts += row.num_draft_tokens as u64;
+            }
+        }
+    }
+}
+
+/// Everything `sim` reports at the end.
+#[derive(Clone, Debug, Serialize)]
+pub struct RunSummary {
+    pub scenario: String,
+    pub seed: u64,
+    pub stats: RunStats,
+    pub mean_acceptance_length: f64,
+    pub checks: Vec<(CheckKind, Tally)>,
+    pub num_failures: u64,
+    pub failures: Vec<CheckFailure>,
+    pub near_ties: Vec<NearTie>,
+    pub max_logit_error: f64,
+    pub tolerances: Tolerances,
+    /// True when the step limit stopped the run before every request finished.
+    pub hit_step_limit: bool,
+}
+
+impl RunSummary {
+    pub fn passed(&self) -> bool {
+        self.num_failures == 0
+    }
+}
+
+/// Runs `scenario` with `seed`, calling `on_step` after every step (progress bars).
+pub fn run(
+    scenario: &Scenario,
+    seed: u64,
+    mut on_step: impl FnMut(&RunStats),
+) -> Result<RunSummary, RunError> {
+    let cfg = scenario.cfg.clone();
+    cfg.validate()?;
+    let workload = generate_workload(&scenario.workload, &cfg, seed);
+    validate_workload(&cfg, &workload).map_err(RunError::Workload)?;
+    let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
+    let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
+    let oracle = Arc::new(Oracle::new(&target));
+    let greedy = cfg.spec.temperature == 0.0;
+    let mut checker = SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, greedy);
+    let opts = EngineOptions {
+        check_layouts: scenario.check_layouts,
+        check_drafter_batches: scenario.check_drafter_batches
+            && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep,
+        seed,
+    };
+    let backend = CpuBackend::new(&cfg, target, drafter);
+    let mut engine = Engine::new(cfg, opts, workload.clone(), backend)?;
+    let mut stats = RunStats {
+        requests: workload.len(),
+        ..Default::default()
+    };
+    while stats.steps < scenario.max_steps {
+        let Some(outcome) = engine.step(&mut checker)? else {
+            break;
+        };
+        checker.check_step(&outcome, opts.check_layouts, opts.check_drafter_batches);
+        stats.absorb(&outcome);
+        on_step(&stats);
+    }
+    Ok(RunSummary {
+        scenario: scenario.name.to_string(),
+        seed,
+        mean_acceptance_length: stats.mean_acceptance_length(),
+        hit_step_limit: !engine.scheduler().is_done(),
+        stats,
+        checks: checker.tallies.iter().map(|(k, t)| (*k, *t)).collect(),
+        num_failures: checker.num_failures,
+        failures: checker.failures.clone(),
+        near_ties: checker.near_ties.clone(),
+        max_logit_error: checker.max_logit_error,
+        tolerances: checker.tolerances(),
+    })
+}

@@ -1,0 +1,209 @@
+//! Built-in scenarios: a workload plus an engine config each, and the overrides that
+//! command-line flags apply. A scenario is data; `runner` executes it.
+
+use std::sync::Arc;
+
+use rand::Rng;
+use serde::Serialize;
+use specmla_core::config::{
+    BackendProfile, DrafterBatch, EngineConfig, ModelDims, RowLayout, SchedulerConfig, SpecConfig,
+};
+use specmla_core::grammar::{GrammarState, RequestGrammar, TokenAutomaton};
+use specmla_core::request::RequestSpec;
+use specmla_core::rng::{stream_rng, Stream};
+
+/// Shape of a scenario's generated workload.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct WorkloadShape {
+    pub num_requests: usize,
+    pub prompt_len: (usize, usize),
+    pub max_new_tokens: (usize, usize),
+    /// Requests arrive uniformly over `[0, arrival_steps)`.
+    pub arrival_steps: u64,
+    /// Fraction of requests carrying a grammar.
+    pub grammar_fraction: f64,
+}
+
+/// A named workload plus config.
+#[derive(Clone, Debug, Serialize)]
+pub struct Scenario {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub cfg: EngineConfig,
+    pub workload: WorkloadShape,
+    /// Probability that a draft position proposes the oracle's greedy token.
+    pub acceptance_rate: f64,
+    /// Stop after this many steps even if requests remain.
+    pub max_steps: u64,
+    pub check_layouts: bool,
+    pub check_drafter_batches: bool,
+}
+
+fn base_config(profile: BackendProfile, spec: SpecConfig) -> EngineConfig {
+    EngineConfig {
+        model: ModelDims::tiny(),
+        spec,
+        scheduler: SchedulerConfig {
+            max_num_seqs: 16,
+            max_num_batched_tokens: 160,
+            max_model_len: 384,
+            page_size: 16,
+            num_gpu_blocks: 224,
+            chunked_prefill: true,
+            prefill_chunk_tokens: 48,
+            mixed_batches: true,
+            row_layout: RowLayout::DecodeFirst,
+            workspace_tokens: 512,
+        },
+        backends: vec![profile],
+        cuda_graphs: true,
+        max_capture_size_tokens: 64,
+        decode_split_tokens: 64,
+    }
+}
+
+fn workload(n: usize, prompt: (usize, usize), new: (usize, usize), arrival: u64) -> WorkloadShape {
+    WorkloadShape {
+        num_requests: n,
+        prompt_len: prompt,
+        max_new_tokens: new,
+        arrival_steps: arrival,
+        grammar_fraction: 0.0,
+    }
+}
+
+/// Every built-in scenario, the default first.
+pub fn all() -> Vec<Scenario> {
+    let mtp = SpecConfig::multi_step(3, DrafterBatch::Padded);
+    let mut dflash_cfg = base_config(BackendProfile::FlashAttnMla, SpecConfig::dflash(8));
+    dflash_cfg.scheduler.max_model_len = 160;
+    dflash_cfg.scheduler.num_gpu_blocks = 96;
+    let mut graphs_cfg = base_config(BackendProfile::FlashMla, mtp.clone());
+    graphs_cfg.max_capture_size_tokens = 48;
+    let mut grammar_cfg = base_config(BackendProfile::FlashInferMla, mtp.clone());
+    grammar_cfg.scheduler.row_layout = RowLayout::ExtendFirst;
+    let mut grammar_load = workload(14, (20, 120), (24, 64), 30);
+    grammar_load.grammar_fraction = 0.5;
+    let mut tight = base_config(BackendProfile::FlashMla, mtp.clone());
+    tight.scheduler.num_gpu_blocks = 40;
+    vec![
+        Scenario {
+            name: "mixed_mtp",
+            description: "chunked prefill, mixed batches, MTP K=3, FlashMLA profile",
+            cfg: base_config(BackendProfile::FlashMla, mtp.clone()),
+            workload: workload(20, (16, 200), (24, 80), 40),
+            acceptance_rate: 0.7,
+            max_steps: 2_000,
+            check_layouts: true,
+            check_drafter_batches: false,
+        },
+        Scenario {
+            name: "cutlass_mtp",
+            description:
+                "SingleOnly profile: every verify row takes the chunked-context prefill path",
+            cfg: base_config(BackendProfile::CutlassMla, mtp.clone()),
+            workload: workload(14, (16, 160), (24, 64), 30),
+            acceptance_rate: 0.7,
+            max_steps: 2_000,
+            check_layouts: true,
+            check_drafter_batches: false,
+        },
+        Scenario {
+            name: "padded_eagle",
+            description: "K=5 multi-step drafter, padded and compacted batches side by side",
+            cfg: base_config(
+                BackendProfile::FlashInferMla,
+                SpecConfig::multi_step(5, DrafterBatch::Padded),
+            ),
+            workload: workload(14, (16, 120), (24, 72), 30),
+            acceptance_rate: 0.6,
+            max_steps: 2_000,
+            check_layouts: false,
+            check_drafter_batches: true,
+        },
+        Scenario {
+            name: "dflash",
+            description:
+                "K=8 DFlash block drafter, non-causal, requests running up to max_model_len",
+            cfg: dflash_cfg,
+            workload: workload(10, (16, 100), (200, 200), 20),
+            acceptance_rate: 0.7,
+            max_steps: 2_000,
+            check_layouts: true,
+            check_drafter_batches: false,
+        },
+        Scenario {
+            name: "graphs",
+            description: "uniform-decode graphs with capture sizes and q=0 padding rows",
+            cfg: graphs_cfg,
+            workload: workload(13, (8, 40), (24, 64), 4),
+            acceptance_rate: 0.7,
+            max_steps: 2_000,
+            check_layouts: true,
+            check_drafter_batches: false,
+        },
+        Scenario {
+            name: "grammar_mixed",
+            description: "constrained requests inside mixed batches, extend-first layout",
+            cfg: grammar_cfg,
+            workload: grammar_load,
+            acceptance_rate: 0.7,
+            max_steps: 2_000,
+            check_layouts: true,
+            check_drafter_batches: false,
+        },
+        Scenario {
+            name: "preemption",
+            description: "a small block pool: preemption by recompute under MTP K=3",
+            cfg: tight,
+            workload: workload(16, (40, 160), (40, 100), 10),
+            acceptance_rate: 0.7,
+            max_steps: 3_000,
+            check_layouts: false,
+            check_drafter_batches: false,
+        },
+    ]
+}
+
+/// The scenario named `name`.
+pub fn by_name(name: &str) -> Option<Scenario> {
+    all().into_iter().find(|s| s.name == name)
+}
+
+/// Generates the workload of `shape` for `cfg` from `seed`.
+pub fn generate_workload(shape: &WorkloadShape, cfg: &EngineConfig, seed: u64) -> Vec<RequestSpec> {
+    let mut rng = stream_rng(seed, Stream::Workload);
+    let vocab = cfg.model.vocab_size as u32;
+    let max_prompt = cfg.scheduler.max_model_len - 1;
+    (0..shape.num_requests as u64)
+        .map(|id| {
+            let len = rng
+                .gen_range(shape.prompt_len.0..=shape.prompt_len.1)
+                .clamp(1, max_prompt);
+            let prompt = (0..len).map(|_| rng.gen_range(0..vocab)).collect();
+            let max_new_tokens = rng
+                .gen_range(shape.max_new_tokens.0..=shape.max_new_tokens.1)
+                .max(1);
+            let arrival_step = rng.gen_range(0..shape.arrival_steps.max(1));
+            let grammar = rng.gen_bool(shape.grammar_fraction).then(|| {
+                let g_seed = rng.gen::<u64>() ^ seed;
+                RequestGrammar {
+                    automaton: Arc::new(TokenAutomaton::random(
+                        6,
+                        cfg.model.vocab_size,
+                        0.3,
+                        g_seed,
+                    )),
+                    state: GrammarState::Live(0),
+                }
+            });
+            RequestSpec {
+                id,
+                prompt,
+                max_new_tokens,
+                arrival_step,
+                grammar,
+            }
+        })
+        .collect()
+}
