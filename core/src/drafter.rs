@@ -2,6 +2,8 @@
 //! (MTP/EAGLE) and the DFlash block pass, built from the target plan and what
 //! verification settled for each row.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::block_pool::{slot_for, PAD_SLOT};
@@ -41,7 +43,8 @@ pub struct DrafterPass {
     pub hidden: Vec<HiddenSource>,
     pub query_start_loc: Vec<u32>,
     pub seq_lens: Vec<u32>,
-    pub block_table: Vec<u32>,
+    /// Shared by every pass of a step (rows never change between passes).
+    pub block_table: Arc<Vec<u32>>,
     pub block_table_width: usize,
     pub token_indices_to_sample: Vec<u32>,
     /// Rejected tokens still in each row (padded mode, pass 0 only).
@@ -74,17 +77,18 @@ pub fn first_pass(
         pass: 0,
         mode,
         req_ids: plan.rows.iter().map(|r| r.req_id).collect(),
-        token_ids: Vec::new(),
-        positions: Vec::new(),
-        slot_mapping: Vec::new(),
-        hidden: Vec::new(),
-        query_start_loc: vec![0],
+        token_ids: Vec::with_capacity(c.num_actual_tokens),
+        positions: Vec::with_capacity(c.num_actual_tokens),
+        slot_mapping: Vec::with_capacity(c.num_actual_tokens),
+        hidden: Vec::with_capacity(c.num_actual_tokens),
+        query_start_loc: Vec::with_capacity(n + 1),
         seq_lens: Vec::with_capacity(n),
-        block_table: c.block_table[..n * width].to_vec(),
+        block_table: Arc::new(c.block_table[..n * width].to_vec()),
         block_table_width: width,
         token_indices_to_sample: Vec::with_capacity(n),
         num_rejected: Vec::with_capacity(n),
     };
+    p.query_start_loc.push(0);
     for (r, o) in outcomes.iter().enumerate() {
         let toks = c.row_tokens(r);
         let q = match mode {
@@ -143,7 +147,7 @@ pub fn next_pass(cfg: &EngineConfig, prev: &DrafterPass, proposals: &[u32]) -> D
         hidden: (0..n as u32).map(HiddenSource::DrafterRow).collect(),
         query_start_loc: (0..=n as u32).collect(),
         seq_lens: Vec::with_capacity(n),
-        block_table: prev.block_table.clone(),
+        block_table: Arc::clone(&prev.block_table),
         block_table_width: prev.block_table_width,
         token_indices_to_sample: (0..n as u32).collect(),
         num_rejected: vec![0; n],

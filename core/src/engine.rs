@@ -574,7 +574,7 @@ impl UnwrapPass for Option<DrafterPass> {
             hidden: Vec::new(),
             query_start_loc: vec![0],
             seq_lens: Vec::new(),
-            block_table: Vec::new(),
+            block_table: Default::default(),
             block_table_width: 0,
             token_indices_to_sample: Vec::new(),
             num_rejected: Vec::new(),

@@ -18,18 +18,24 @@ pub struct FinishedRequest {
     pub num_preemptions: u32,
 }
 
-/// Owns every live request and the block pool.
-#[derive(Debug)]
+/// Owns every live request and the block pool. Requests live in a slab so the per-row
+/// scheduling path indexes directly; ids map to slots only at the API boundary.
+#[derive(Clone, Debug)]
 pub struct Scheduler {
     cfg: EngineConfig,
     pool: BlockPool,
     /// Not yet arrived, sorted by arrival step (stable by id).
     pending: VecDeque<RequestSpec>,
-    waiting: VecDeque<u64>,
-    running: Vec<u64>,
-    requests: BTreeMap<u64, Request>,
+    waiting: VecDeque<usize>,
+    running: Vec<usize>,
+    slab: Vec<Option<Request>>,
+    free_slots: Vec<usize>,
+    index: BTreeMap<u64, usize>,
     finished: Vec<FinishedRequest>,
     step: u64,
+    /// Tokens scheduled so far in the step being built (re-summing the batch per row
+    /// made scheduling quadratic).
+    step_tokens: usize,
 }
 
 /// Tokens committed to a request by verification.
@@ -54,25 +60,28 @@ impl Scheduler {
             pending: workload.into(),
             waiting: VecDeque::new(),
             running: Vec::new(),
-            requests: BTreeMap::new(),
+            slab: Vec::new(),
+            free_slots: Vec::new(),
+            index: BTreeMap::new(),
             finished: Vec::new(),
             step: 0,
+            step_tokens: 0,
         }
     }
 
     /// Whether every request has finished.
     pub fn is_done(&self) -> bool {
-        self.pending.is_empty() && self.requests.is_empty()
+        self.pending.is_empty() && self.index.is_empty()
     }
 
     /// A live request by id.
     pub fn request(&self, id: u64) -> Option<&Request> {
-        self.requests.get(&id)
+        self.index.get(&id).map(|&s| self.req(s))
     }
 
     /// Live requests in id order.
     pub fn requests(&self) -> impl Iterator<Item = &Request> {
-        self.requests.values()
+        self.index.values().map(|&s| self.req(s))
     }
 
     /// Free blocks in the pool.
@@ -85,6 +94,14 @@ impl Scheduler {
         std::mem::take(&mut self.finished)
     }
 
+    fn req(&self, slot: usize) -> &Request {
+        self.slab[slot].as_ref().expect("live slot")
+    }
+
+    fn req_mut(&mut self, slot: usize) -> &mut Request {
+        self.slab[slot].as_mut().expect("live slot")
+    }
+
     /// Positions past the scheduled tokens that the drafter writes this step: up to
     /// K + 1 (the DFlash block ends at `last_valid + 1 + K`).
     fn lookahead_tokens(&self) -> usize {
@@ -95,19 +112,33 @@ impl Scheduler {
         }
     }
 
+    fn admit_arrivals(&mut self, step: u64) {
+        while self.pending.front().is_some_and(|r| r.arrival_step <= step) {
+            let spec = self.pending.pop_front().expect("front checked");
+            let id = spec.id;
+            let slot = match self.free_slots.pop() {
+                Some(s) => s,
+                None => {
+                    self.slab.push(None);
+                    self.slab.len() - 1
+                }
+            };
+            self.slab[slot] = Some(Request::new(spec));
+            self.index.insert(id, slot);
+            self.waiting.push_back(slot);
+        }
+    }
+
     /// Schedules the next step.
     pub fn schedule(&mut self) -> ScheduledBatch {
         let step = self.step;
         self.step += 1;
-        while self.pending.front().is_some_and(|r| r.arrival_step <= step) {
-            let spec = self.pending.pop_front().expect("front checked");
-            self.waiting.push_back(spec.id);
-            self.requests.insert(spec.id, Request::new(spec));
-        }
+        self.admit_arrivals(step);
         let mut batch = ScheduledBatch {
             step,
             ..Default::default()
         };
+        self.step_tokens = 0;
         if self.cfg.scheduler.mixed_batches {
             self.schedule_running(&mut batch, |_| true);
             if batch.preempted.is_empty() {
@@ -126,8 +157,8 @@ impl Scheduler {
         batch
     }
 
-    fn token_budget_left(&self, batch: &ScheduledBatch) -> usize {
-        self.cfg.scheduler.max_num_batched_tokens - batch.num_tokens()
+    fn token_budget_left(&self) -> usize {
+        self.cfg.scheduler.max_num_batched_tokens - self.step_tokens
     }
 
     fn schedule_running(
@@ -137,13 +168,15 @@ impl Scheduler {
     ) {
         let mut i = 0;
         while i < self.running.len() {
-            let id = self.running[i];
-            let budget = self.token_budget_left(batch);
+            let slot = self.running[i];
+            let budget = self.token_budget_left();
             if budget == 0 || batch.rows.len() >= self.cfg.scheduler.max_num_seqs {
                 break;
             }
-            let req = &self.requests[&id];
-            if !eligible(req) || batch.rows.iter().any(|r| r.req_id == id) {
+            let req = self.req(slot);
+            // The unmixed second pass takes non-prefilling requests only, and a request
+            // scheduled in the first pass is still prefilling, so no row repeats.
+            if !eligible(req) {
                 i += 1;
                 continue;
             }
@@ -152,11 +185,11 @@ impl Scheduler {
                 i += 1;
                 continue;
             }
-            if !self.reserve_blocks(id, q, batch) {
+            if !self.reserve_blocks(slot, q, batch) {
                 // The request preempted itself: it is no longer at index i.
                 continue;
             }
-            batch.rows.push(self.make_row(id, q, nd));
+            self.push_row(batch, slot, q, nd);
             i += 1;
         }
     }
@@ -182,95 +215,90 @@ impl Scheduler {
         }
     }
 
-    /// Grows `id`'s blocks for q tokens plus drafter lookahead, preempting from the tail
-    /// of the running list. Returns false if `id` itself had to be preempted.
-    fn reserve_blocks(&mut self, id: u64, q: usize, batch: &mut ScheduledBatch) -> bool {
-        let s = &self.cfg.scheduler;
-        let (page, max_len) = (s.page_size, s.max_model_len);
-        let req = &self.requests[&id];
-        let need = (req.num_computed_tokens + q + self.lookahead_tokens()).min(max_len);
+    /// Grows the blocks of the request in `slot` for q tokens plus drafter lookahead,
+    /// preempting from the tail of the running list. Returns false if the request
+    /// itself had to be preempted.
+    fn reserve_blocks(&mut self, slot: usize, q: usize, batch: &mut ScheduledBatch) -> bool {
+        let (page, max_len) = (
+            self.cfg.scheduler.page_size,
+            self.cfg.scheduler.max_model_len,
+        );
+        let lookahead = self.lookahead_tokens();
         loop {
-            let req = self.requests.get_mut(&id).expect("running request exists");
+            let req = self.slab[slot].as_mut().expect("running request is live");
+            let need = (req.num_computed_tokens + q + lookahead).min(max_len);
             if self.pool.grow_to(&mut req.block_ids, need, page) {
                 return true;
             }
-            let victim = *self.running.last().expect("id is running");
+            let victim = *self.running.last().expect("the request is running");
+            batch.preempted.push(self.req(victim).id);
             self.preempt(victim);
-            batch.preempted.push(victim);
-            if victim == id {
+            if victim == slot {
                 return false;
             }
         }
     }
 
-    fn preempt(&mut self, id: u64) {
-        let req = self.requests.get_mut(&id).expect("victim exists");
+    fn preempt(&mut self, slot: usize) {
+        let req = self.slab[slot].as_mut().expect("victim is live");
         self.pool.release(&mut req.block_ids);
         req.num_computed_tokens = 0;
         req.drafts.clear();
         req.draft_probs.clear();
         req.status = RequestStatus::Waiting;
         req.num_preemptions += 1;
-        self.running.retain(|&r| r != id);
-        self.waiting.push_front(id);
+        self.running.retain(|&r| r != slot);
+        self.waiting.push_front(slot);
     }
 
     fn schedule_waiting(&mut self, batch: &mut ScheduledBatch) {
-        let s = self.cfg.scheduler.clone();
-        while let Some(&id) = self.waiting.front() {
-            let budget = self.token_budget_left(batch);
-            if budget == 0 || batch.rows.len() >= s.max_num_seqs {
+        let (page, max_len) = (
+            self.cfg.scheduler.page_size,
+            self.cfg.scheduler.max_model_len,
+        );
+        let lookahead = self.lookahead_tokens();
+        while let Some(&slot) = self.waiting.front() {
+            let budget = self.token_budget_left();
+            if budget == 0 || batch.rows.len() >= self.cfg.scheduler.max_num_seqs {
                 break;
             }
-            let req = &self.requests[&id];
-            let q = self.prefill_chunk(req.num_tokens(), budget);
+            let q = self.prefill_chunk(self.req(slot).num_tokens(), budget);
             if q == 0 {
                 break;
             }
-            let need = (q + self.lookahead_tokens()).min(s.max_model_len);
-            let req = self.requests.get_mut(&id).expect("waiting request exists");
-            if !self.pool.grow_to(&mut req.block_ids, need, s.page_size) {
+            let req = self.slab[slot].as_mut().expect("waiting request is live");
+            if !self
+                .pool
+                .grow_to(&mut req.block_ids, (q + lookahead).min(max_len), page)
+            {
                 break;
             }
             req.status = RequestStatus::Running;
             self.waiting.pop_front();
-            self.running.push(id);
-            batch.rows.push(self.make_row(id, q, 0));
+            self.running.push(slot);
+            self.push_row(batch, slot, q, 0);
         }
     }
 
-    fn make_row(&self, id: u64, q: usize, nd: usize) -> ScheduledRow {
-        let req = &self.requests[&id];
-        let start = req.num_computed_tokens;
-        let committed = q - nd;
-        let mut token_ids: Vec<u32> = (start..start + committed)
-            .map(|p| req.token_at(p))
-            .collect();
-        token_ids.extend_from_slice(&req.drafts[..nd]);
-        let end = start + committed;
-        let samples = end == req.num_tokens();
-        ScheduledRow {
-            req_id: id,
-            num_computed_tokens: start,
-            num_scheduled_tokens: q,
-            token_ids,
-            num_draft_tokens: nd,
-            samples,
-            next_prompt_token: (!samples).then(|| req.token_at(end)),
-            block_ids: req.block_ids.clone(),
-        }
+    fn push_row(&mut self, batch: &mut ScheduledBatch, slot: usize, q: usize, nd: usize) {
+        self.step_tokens += q;
+        batch.rows.push(make_row(self.req(slot), q, nd));
     }
 
     /// Applies verification results: advances progress, appends tokens, advances grammar
     /// state, finishes requests, and rolls back blocks that only held rejected tokens
     /// (keeping the drafter's lookahead).
     pub fn commit(&mut self, commits: &[Commit]) {
-        let s = self.cfg.scheduler.clone();
+        let (page, max_len) = (
+            self.cfg.scheduler.page_size,
+            self.cfg.scheduler.max_model_len,
+        );
         let k = self.lookahead_tokens();
         for c in commits {
-            let Some(req) = self.requests.get_mut(&c.req_id) else {
+            let Some(&slot) = self.index.get(&c.req_id) else {
                 continue;
             };
+            let req = self.slab[slot].as_mut().expect("indexed slot is live");
             let accepted = c.new_tokens.len().saturating_sub(1);
             req.num_computed_tokens += c.num_scheduled_tokens - c.num_draft_tokens + accepted;
             req.drafts.clear();
@@ -281,24 +309,24 @@ impl Scheduler {
                 }
                 req.output.push(t);
             }
-            let done =
-                req.output.len() >= req.max_new_tokens || req.num_tokens() >= s.max_model_len;
-            if done {
+            if req.output.len() >= req.max_new_tokens || req.num_tokens() >= max_len {
                 req.output.truncate(req.max_new_tokens);
-                self.finish(c.req_id);
+                self.finish(slot);
             } else {
-                let keep = (req.num_computed_tokens + k).min(s.max_model_len);
-                self.pool.shrink_to(&mut req.block_ids, keep, s.page_size);
+                let keep = (req.num_computed_tokens + k).min(max_len);
+                self.pool.shrink_to(&mut req.block_ids, keep, page);
             }
         }
     }
 
-    fn finish(&mut self, id: u64) {
-        let mut req = self.requests.remove(&id).expect("finishing a live request");
+    fn finish(&mut self, slot: usize) {
+        let mut req = self.slab[slot].take().expect("finishing a live request");
         self.pool.release(&mut req.block_ids);
-        self.running.retain(|&r| r != id);
+        self.running.retain(|&r| r != slot);
+        self.index.remove(&req.id);
+        self.free_slots.push(slot);
         self.finished.push(FinishedRequest {
-            id,
+            id: req.id,
             prompt_len: req.prompt.len(),
             output: req.output,
             num_preemptions: req.num_preemptions,
@@ -309,13 +337,35 @@ impl Scheduler {
     /// below `max_model_len`.
     pub fn set_drafts(&mut self, req_id: u64, mut drafts: Vec<u32>, mut probs: Vec<Vec<f32>>) {
         let max_len = self.cfg.scheduler.max_model_len;
-        if let Some(req) = self.requests.get_mut(&req_id) {
-            let room = max_len.saturating_sub(req.num_tokens() + 1);
-            drafts.truncate(room);
-            probs.truncate(room);
-            req.drafts = drafts;
-            req.draft_probs = probs;
-        }
+        let Some(&slot) = self.index.get(&req_id) else {
+            return;
+        };
+        let req = self.req_mut(slot);
+        let room = max_len.saturating_sub(req.num_tokens() + 1);
+        drafts.truncate(room);
+        probs.truncate(room);
+        req.drafts = drafts;
+        req.draft_probs = probs;
+    }
+}
+
+fn make_row(req: &Request, q: usize, nd: usize) -> ScheduledRow {
+    let start = req.num_computed_tokens;
+    let committed = q - nd;
+    let mut token_ids = Vec::with_capacity(q);
+    token_ids.extend((start..start + committed).map(|p| req.token_at(p)));
+    token_ids.extend_from_slice(&req.drafts[..nd]);
+    let end = start + committed;
+    let samples = end == req.num_tokens();
+    ScheduledRow {
+        req_id: req.id,
+        num_computed_tokens: start,
+        num_scheduled_tokens: q,
+        token_ids,
+        num_draft_tokens: nd,
+        samples,
+        next_prompt_token: (!samples).then(|| req.token_at(end)),
+        block_ids: req.block_ids.clone(),
     }
 }
 
