@@ -122,7 +122,8 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         model: ModelDims::deepseek_v3(),
         spec,
         scheduler: SchedulerConfig {
-            max_num_seqs: f.rows.len(),
+            // vLLM's default, so capture sizes are those an engine would capture.
+            max_num_seqs: f.rows.len().max(256),
             max_num_batched_tokens: f.rows.iter().map(|r| r.1).sum(),
             max_model_len,
             page_size: page,

@@ -17,7 +17,12 @@ use specmla_sim::scenarios;
 /// metadata invariants, spec output == plain greedy, agreement with an f64 oracle,
 /// padded == compacted drafter proposals and decode-first == extend-first outputs.
 #[derive(Parser)]
-#[command(name = "sim", version, args_conflicts_with_subcommands = true)]
+#[command(
+    name = "sim",
+    version,
+    args_conflicts_with_subcommands = true,
+    allow_negative_numbers = true
+)]
 struct Cli {
     #[command(subcommand)]
     command: Option<Command>,

@@ -186,6 +186,12 @@ proptest! {
                 prop_assert_eq!(c.slot_mapping[t], ref_slot(&b.block_ids, pos, page, cfg.scheduler.max_model_len));
             }
         }
+        if let (Some(size), true) = (want_size, tokens_total > tokens) {
+            // Negative control: a live slot on a padding token is reported.
+            let mut bad = plan.clone();
+            bad.common.slot_mapping[size - 1] = 0;
+            prop_assert!(!check_plan(&cfg, &batch, &bad, &sizes).is_empty());
+        }
         if want_size.is_some() {
             let d = plan.mla.decode.as_ref().expect("a graph runs the decode kernel");
             prop_assert_eq!(d.rows.clone(), 0..rows_total);

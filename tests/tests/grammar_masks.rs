@@ -17,7 +17,7 @@ use specmla_core::batch::ScheduledBatch;
 use specmla_core::config::{BackendProfile, EngineConfig, QueryLenSupport, RowLayout};
 use specmla_core::cudagraph::capture_sizes;
 use specmla_core::grammar::{GrammarState, TokenAutomaton};
-use specmla_core::invariants::{check_grammar_masks, check_plan};
+use specmla_core::invariants::{check_grammar_masks, check_plan, Rule};
 use specmla_core::plan::{build_step_plan, StepPlan};
 use specmla_tests::{
     build_batch, engine_config, planned_row, ref_slot, req_id_of, validated, RowSpec,
@@ -279,5 +279,18 @@ fn f8_f9_extend_plus_two_verify_rows() {
             check_plan(&cfg, &batch, &plan, &capture_sizes(&cfg)),
             vec![]
         );
+
+        // Negative controls: the checkers report F8 and F9 when they are injected.
+        let mut f8 = plan.clone();
+        f8.mla.decode.as_mut().unwrap().plan_seq_lens = f8.common.seq_lens.clone();
+        let v = check_plan(&cfg, &batch, &f8, &capture_sizes(&cfg));
+        assert!(v.iter().any(|v| v.rule == Rule::DecodeRows), "{v:?}");
+        // F9: a mask taken from another request's (unconstrained) position.
+        let mut f9 = plan.clone();
+        let other = planned_row(&plan, req_id_of(2));
+        let x = plan.row_samples(r).start;
+        f9.grammar_masks[x] = f9.grammar_masks[plan.row_samples(other).start].clone();
+        let v = check_grammar_masks(&batch, &f9, &lookup);
+        assert!(v.iter().any(|v| v.rule == Rule::Sampling), "{v:?}");
     }
 }

@@ -220,14 +220,6 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         ids.sort_unstable();
         ids.dedup();
         prop_assert_eq!(ids.len(), batch.rows.len(), "a request appears twice");
-        if !batch.preempted.is_empty() {
-            eprintln!("PREEMPT");
-        }
-        if batch.rows.iter().any(|r| r.num_draft_tokens > 0)
-            && batch.rows.iter().any(|r| r.num_computed_tokens == 0)
-        {
-            eprintln!("MIXED");
-        }
         for p in &batch.preempted {
             prop_assert!(!ids.contains(p), "request {} preempted and scheduled", p);
             shadow.get_mut(p).unwrap().drafts.clear();
@@ -337,7 +329,6 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             }
         }
     }
-    eprintln!("CASE steps={steps}");
     for (id, sh) in &shadow {
         prop_assert!(sh.finished, "request {} never finished", id);
     }

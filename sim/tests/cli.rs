@@ -1,0 +1,297 @@
+//! The `sim` binary's contract: exit 0 on success, 2 with one clear line on bad input
+//! or impossible configs (never a panic), and the keys of `sim plan`'s JSON.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(args)
+        .output()
+        .expect("sim runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Exit 2, no panic, and the message mentions every `needle`.
+fn assert_bad_input(args: &[&str], needles: &[&str]) {
+    let o = sim(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "args {args:?}: stderr {err}");
+    assert!(!err.contains("panicked"), "args {args:?} panicked: {err}");
+    for n in needles {
+        assert!(err.contains(n), "args {args:?}: {n:?} missing from {err:?}");
+    }
+}
+
+fn temp_file(name: &str, text: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("specmla-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn default_run_passes_and_summarizes() {
+    let o = sim(&["--requests", "6"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    for key in [
+        "scenario mixed_mtp",
+        "mean acceptance len",
+        "spec == greedy",
+        "oracle agreement",
+        "PASS",
+    ] {
+        assert!(out.contains(key), "{key:?} missing from summary:\n{out}");
+    }
+}
+
+#[test]
+fn json_summary_is_machine_readable() {
+    let o = sim(&["--scenario", "graphs", "--requests", "5", "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
+    assert_eq!(v["scenario"], "graphs");
+    assert_eq!(v["num_failures"], 0);
+    assert!(
+        v["stats"]["graph_steps"].as_u64().unwrap() > 0,
+        "graphs scenario replayed no graph"
+    );
+}
+
+#[test]
+fn list_names_scenarios_and_profiles() {
+    let o = sim(&["list"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0));
+    for name in [
+        "mixed_mtp",
+        "cutlass_mtp",
+        "padded_eagle",
+        "dflash",
+        "graphs",
+        "grammar_mixed",
+    ] {
+        assert!(out.contains(name), "{name} missing");
+    }
+    for name in [
+        "flashmla",
+        "flashinfer-mla",
+        "cutlass-mla",
+        "flashattn-mla",
+        "triton-mla",
+    ] {
+        assert!(out.contains(name), "{name} missing");
+    }
+}
+
+#[test]
+fn unknown_values_list_the_valid_ones() {
+    assert_bad_input(&["--scenario", "nope"], &["mixed_mtp", "dflash"]);
+    assert_bad_input(&["--backend", "nope"], &["flashmla", "triton-mla"]);
+    assert_bad_input(&["--drafter-batch", "sideways"], &["padded", "compacted"]);
+    assert_bad_input(&["--seed", "-3"], &["--seed"]);
+    assert_bad_input(&["--frobnicate"], &["--frobnicate"]);
+}
+
+#[test]
+fn impossible_configs_fail_at_start_up_with_one_line() {
+    assert_bad_input(
+        &["--scenario", "dflash", "--backend", "flashmla"],
+        &["non-causal", "flashmla"],
+    );
+    assert_bad_input(
+        &["--scenario", "dflash", "--drafter-batch", "padded"],
+        &["compacted"],
+    );
+    assert_bad_input(&["--num-spec-tokens", "0"], &["num-spec-tokens", "0"]);
+    assert_bad_input(&["--workspace-tokens", "8"], &["workspace", "page"]);
+    assert_bad_input(&["--acceptance-rate", "1.5"], &["acceptance-rate"]);
+    assert_bad_input(&["--temperature", "-1"], &["temperature"]);
+    assert_bad_input(&["--page-size", "0"], &["page size"]);
+    assert_bad_input(&["--max-model-len", "1"], &["max_model_len"]);
+    let o = sim(&["--scenario", "dflash", "--backend", "cutlass-mla"]);
+    assert_eq!(
+        stderr(&o).lines().count(),
+        1,
+        "more than one line: {}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn plan_explains_a_batch() {
+    let f = temp_file(
+        "batch.json",
+        r#"{"page_size": 64, "rows": [
+            {"num_computed_tokens": 0, "num_scheduled_tokens": 300},
+            {"num_computed_tokens": 100, "num_scheduled_tokens": 4},
+            {"num_computed_tokens": 900, "num_scheduled_tokens": 4},
+            {"num_computed_tokens": 50, "num_scheduled_tokens": 2}]}"#,
+    );
+    let o = sim(&[
+        "plan",
+        "--batch",
+        f.to_str().unwrap(),
+        "--backend",
+        "flashinfer-mla",
+        "--num-spec-tokens",
+        "3",
+        "--workspace-tokens",
+        "256",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    for key in [
+        "threshold",
+        "require_uniform",
+        "order",
+        "num_decodes",
+        "num_decode_tokens",
+        "num_prefills",
+        "query_start_loc",
+        "seq_lens",
+        "prefill_chunks",
+        "cudagraph",
+    ] {
+        assert!(v.get(key).is_some(), "{key} missing");
+    }
+    assert_eq!(v["threshold"], 4);
+    assert_eq!(v["order"], serde_json::json!([1, 2, 3, 0]));
+    assert_eq!(
+        v["num_decodes"], 2,
+        "the q=2 row breaks the uniform run of q=4 rows"
+    );
+    assert_eq!(v["num_decode_tokens"], 8);
+    assert_eq!(v["query_start_loc"], serde_json::json!([0, 4, 8, 10, 310]));
+    // One prefill row with context (50 tokens): a 256-token chunk covers it in one go.
+    assert_eq!(v["prefill_chunks"]["chunks"][0]["rows"][0]["len"], 50);
+    assert!(v["cudagraph"]["graph"].is_null());
+}
+
+#[test]
+fn plan_on_single_only_sends_verify_rows_to_prefill() {
+    let f = temp_file(
+        "verify.json",
+        r#"{"page_size": 16, "rows": [{"num_computed_tokens": 40, "num_scheduled_tokens": 4}, {"num_computed_tokens": 70, "num_scheduled_tokens": 4}]}"#,
+    );
+    let o = sim(&[
+        "plan",
+        "--batch",
+        f.to_str().unwrap(),
+        "--backend",
+        "cutlass-mla",
+        "--num-spec-tokens",
+        "3",
+        "--workspace-tokens",
+        "64",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["threshold"], 1);
+    assert_eq!(v["num_decodes"], 0);
+    assert_eq!(v["num_prefills"], 2);
+    assert_eq!(v["prefill_chunks"]["chunk_size_tokens"], 32);
+    assert_eq!(v["prefill_chunks"]["chunks"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn plan_dispatches_uniform_verify_batches_onto_graphs() {
+    let f = temp_file(
+        "graph.json",
+        r#"{"page_size": 64, "rows": [{"num_computed_tokens": 40, "num_scheduled_tokens": 4}, {"num_computed_tokens": 70, "num_scheduled_tokens": 4}, {"num_computed_tokens": 9, "num_scheduled_tokens": 4}]}"#,
+    );
+    let o = sim(&[
+        "plan",
+        "--batch",
+        f.to_str().unwrap(),
+        "--backend",
+        "flashmla",
+        "--num-spec-tokens",
+        "3",
+    ]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["cudagraph"]["graph"]["num_tokens"], 16);
+    assert_eq!(v["cudagraph"]["padding_rows"], 1);
+}
+
+#[test]
+fn malformed_batches_name_the_field() {
+    let cases = [
+        ("{", "not valid JSON"),
+        (r#"{"rows": []}"#, "page_size"),
+        (
+            r#"{"page_size": 0, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": 1}]}"#,
+            "page_size",
+        ),
+        (r#"{"page_size": 16, "rows": []}"#, "rows"),
+        (
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1}]}"#,
+            "rows[0].num_scheduled_tokens",
+        ),
+        (
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": -1, "num_scheduled_tokens": 1}]}"#,
+            "rows[0].num_computed_tokens",
+        ),
+        (
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": 0}]}"#,
+            "rows[0].num_scheduled_tokens",
+        ),
+        (
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": 1, "x": 1}]}"#,
+            "rows[0].x",
+        ),
+        (
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 99999999999, "num_scheduled_tokens": 1}]}"#,
+            "out of range",
+        ),
+    ];
+    for (i, (text, field)) in cases.iter().enumerate() {
+        let f = temp_file(&format!("bad{i}.json"), text);
+        assert_bad_input(
+            &[
+                "plan",
+                "--batch",
+                f.to_str().unwrap(),
+                "--backend",
+                "flashmla",
+                "--num-spec-tokens",
+                "1",
+            ],
+            &[field],
+        );
+    }
+    assert_bad_input(
+        &[
+            "plan",
+            "--batch",
+            "/nonexistent/x.json",
+            "--backend",
+            "flashmla",
+            "--num-spec-tokens",
+            "1",
+        ],
+        &["/nonexistent/x.json"],
+    );
+    let f = temp_file(
+        "ws.json",
+        r#"{"page_size": 64, "rows": [{"num_computed_tokens": 10, "num_scheduled_tokens": 5}, {"num_computed_tokens": 10, "num_scheduled_tokens": 5}]}"#,
+    );
+    assert_bad_input(
+        &[
+            "plan",
+            "--batch",
+            f.to_str().unwrap(),
+            "--backend",
+            "cutlass-mla",
+            "--num-spec-tokens",
+            "1",
+            "--workspace-tokens",
+            "64",
+        ],
+        &["workspace"],
+    );
+}
