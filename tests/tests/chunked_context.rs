@@ -12,7 +12,7 @@ fn page() -> impl Strategy<Value = usize> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     #[test]
     fn chunks_fit_the_workspace_and_cover_each_context(

@@ -45,7 +45,7 @@ fn graph_config(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     #[test]
     fn capture_sizes_are_multiples_within_bounds(

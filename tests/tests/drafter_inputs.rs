@@ -219,7 +219,7 @@ fn check_pass0(
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(512))]
 
     /// Padded and compacted pass 0 against the reference, then K - 1 single-token
     /// passes fed the same proposals: both modes agree on every input the drafter's

@@ -188,7 +188,7 @@ fn case() -> impl Strategy<
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn layouts_agree_and_masks_follow_each_rows_drafts(

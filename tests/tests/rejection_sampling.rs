@@ -65,7 +65,7 @@ fn first_token_counts(p: &[f32], q: &[f32], seed: u64) -> Vec<usize> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(24))]
+    #![proptest_config(ProptestConfig::with_cases(32))]
 
     #[test]
     fn first_token_follows_the_target(

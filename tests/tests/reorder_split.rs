@@ -71,7 +71,7 @@ fn layout_strategy() -> impl Strategy<Value = RowLayout> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(512))]
+    #![proptest_config(ProptestConfig::with_cases(1024))]
 
     /// The structural properties of SPEC section 4, each checked on its own so a
     /// failure names the rule, then the whole result against the reference.
@@ -220,7 +220,7 @@ mod plan_level {
     use super::*;
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(256))]
+        #![proptest_config(ProptestConfig::with_cases(512))]
 
         #[test]
         fn plan_split_matches_the_reference(

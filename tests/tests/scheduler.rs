@@ -336,7 +336,7 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(192))]
+    #![proptest_config(ProptestConfig::with_cases(384))]
 
     #[test]
     fn scheduler_respects_limits_and_conserves_blocks(c in case()) {

@@ -1,0 +1,250 @@
+//! End-to-end properties of the CPU reference backend driven by the core: on random
+//! configs every check passes (spec == greedy, f64 oracle agreement, padded == compacted,
+//! decode-first == extend-first, invariants); the checks do fail when a backend lies;
+//! and the same seed gives the same run.
+
+use std::sync::Arc;
+
+use proptest::prelude::*;
+use specmla_core::backend::{Backend, DrafterOutput, TargetOutput};
+use specmla_core::config::*;
+use specmla_core::cudagraph::GraphShape;
+use specmla_core::drafter::{DFlashPass, DrafterPass};
+use specmla_core::engine::{Engine, EngineOptions};
+use specmla_core::plan::StepPlan;
+use specmla_sim::backend::{CpuBackend, CpuBackendError};
+use specmla_sim::checks::{CheckKind, SimChecker};
+use specmla_sim::model::{DrafterModel, TargetModel};
+use specmla_sim::oracle::Oracle;
+use specmla_sim::runner::run;
+use specmla_sim::scenarios::{self, generate_workload, Scenario, WorkloadShape};
+
+/// A lie a wrapped backend tells.
+#[derive(Clone, Copy, Debug)]
+enum Lie {
+    /// Adds `delta` to one logit of the first sampled token of the first step that
+    /// samples anything (once).
+    Logit { token: usize, delta: f32 },
+    /// Perturbs hidden states by the row's position in the batch (layout-dependent math).
+    RowDependentHidden,
+    /// Perturbs the padded drafter's later passes only.
+    PaddedDrafter,
+}
+
+struct Liar {
+    inner: CpuBackend,
+    lie: Lie,
+    step: u64,
+    /// The step the logit lie was told at.
+    lied_at: Option<u64>,
+}
+
+impl Backend for Liar {
+    type Error = CpuBackendError;
+    fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
+        self.inner.capture_graphs(shapes)
+    }
+    fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput, Self::Error> {
+        let mut out = self.inner.forward_target(plan)?;
+        match self.lie {
+            Lie::Logit { token, delta } if self.lied_at.is_none() && !out.logits.is_empty() => {
+                out.logits[token] += delta;
+                self.lied_at = Some(plan.step);
+            }
+            Lie::RowDependentHidden if plan.layout == RowLayout::ExtendFirst => {
+                if let Some(h) = out.hidden.first_mut() {
+                    *h += 1e-3;
+                }
+            }
+            _ => {}
+        }
+        self.step = plan.step;
+        Ok(out)
+    }
+    fn forward_drafter(&mut self, pass: &DrafterPass, t: &TargetOutput, prev: Option<&DrafterOutput>) -> Result<DrafterOutput, Self::Error> {
+        let mut out = self.inner.forward_drafter(pass, t, prev)?;
+        if matches!(self.lie, Lie::PaddedDrafter) && pass.mode == DrafterBatch::Padded && pass.pass > 0 {
+            for r in 0..pass.num_rows() {
+                let row = &mut out.logits[r * out.vocab_size..(r + 1) * out.vocab_size];
+                row[(r + self.step as usize) % out.vocab_size] += 100.0;
+            }
+        }
+        Ok(out)
+    }
+    fn forward_dflash(&mut self, pass: &DFlashPass, t: &TargetOutput) -> Result<DrafterOutput, Self::Error> {
+        self.inner.forward_dflash(pass, t)
+    }
+}
+
+/// Runs `s` on a lying backend; returns the checker and the step of a logit lie.
+fn run_with_lie(s: &Scenario, seed: u64, lie: Lie) -> (SimChecker, Option<u64>) {
+    let cfg = s.cfg.clone();
+    let workload = generate_workload(&s.workload, &cfg, seed);
+    let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
+    let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
+    let oracle = Arc::new(Oracle::new(&target));
+    // Acceptance 0: drafts come from the drafter itself, so a drafter lie changes them.
+    let rate = if matches!(lie, Lie::PaddedDrafter) { 0.0 } else { s.acceptance_rate };
+    let mut checker = SimChecker::new(oracle, &workload, seed, rate, true);
+    let opts = EngineOptions { check_layouts: s.check_layouts, check_drafter_batches: s.check_drafter_batches, seed };
+    let backend = Liar { inner: CpuBackend::new(&cfg, target, drafter), lie, step: 0, lied_at: None };
+    let mut engine = Engine::new(cfg, opts, workload, backend).unwrap();
+    while let Some(o) = engine.step(&mut checker).unwrap() {
+        checker.check_step(&o, opts.check_layouts, opts.check_drafter_batches);
+    }
+    let lied_at = engine.backend().lied_at;
+    (checker, lied_at)
+}
+
+fn failed(c: &SimChecker, kind: CheckKind) -> bool {
+    c.tallies.get(&kind).is_some_and(|t| t.passed < t.run)
+}
+
+fn small(name: &str, n: usize) -> Scenario {
+    let mut s = scenarios::by_name(name).unwrap();
+    s.workload.num_requests = n;
+    s
+}
+
+#[test]
+fn every_scenario_passes_every_check_on_two_seeds() {
+    for s in scenarios::all() {
+        for seed in [1, 2] {
+            let mut s = s.clone();
+            s.workload.num_requests = s.workload.num_requests.min(8);
+            let sum = run(&s, seed, |_| {}).unwrap();
+            assert!(sum.passed(), "{} seed {seed}: {:?}", s.name, sum.failures);
+            assert!(!sum.hit_step_limit, "{} seed {seed} did not finish", s.name);
+            assert!(sum.checks.iter().all(|(_, t)| t.run > 0), "{}: a check never ran: {:?}", s.name, sum.checks);
+        }
+    }
+}
+
+#[test]
+fn a_perturbed_logit_fails_oracle_agreement_and_spec_equals_greedy() {
+    let mut s = small("mixed_mtp", 4);
+    // The shadow layout forward runs first; keep it off so the lie hits the primary.
+    s.check_layouts = false;
+    // +50 makes token 3 the argmax of the first sampled position.
+    let (c, lied_at) = run_with_lie(&s, 0, Lie::Logit { token: 3, delta: 50.0 });
+    assert!(failed(&c, CheckKind::OracleAgreement), "{:?}", c.tallies);
+    assert!(failed(&c, CheckKind::SpecEqualsGreedy), "{:?}", c.tallies);
+    let f = &c.failures[0];
+    assert_eq!(Some(f.step), lied_at, "the first failure names the step of the lie: {f:?}");
+    // A perturbation far below the tolerance passes: the tolerance is not zero-width.
+    let (c, _) = run_with_lie(&s, 0, Lie::Logit { token: 3, delta: 1e-4 });
+    assert!(!failed(&c, CheckKind::OracleAgreement));
+}
+
+#[test]
+fn layout_dependent_math_fails_the_layout_check() {
+    let (c, _) = run_with_lie(&small("mixed_mtp", 4), 0, Lie::RowDependentHidden);
+    assert!(failed(&c, CheckKind::Layouts), "{:?}", c.tallies);
+}
+
+#[test]
+fn a_padded_only_drafter_difference_fails_padded_equals_compacted() {
+    let (c, _) = run_with_lie(&small("padded_eagle", 4), 0, Lie::PaddedDrafter);
+    assert!(failed(&c, CheckKind::DrafterBatches), "{:?}", c.tallies);
+    // Spec output is still the greedy output: bad drafts only lower acceptance.
+    assert!(!failed(&c, CheckKind::SpecEqualsGreedy), "{:?}", c.failures);
+}
+
+#[test]
+fn same_seed_same_run_different_seed_different_run() {
+    let s = small("grammar_mixed", 6);
+    let a = serde_json::to_string(&run(&s, 5, |_| {}).unwrap()).unwrap();
+    let b = serde_json::to_string(&run(&s, 5, |_| {}).unwrap()).unwrap();
+    let c = serde_json::to_string(&run(&s, 6, |_| {}).unwrap()).unwrap();
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
+
+#[test]
+fn acceptance_rate_controls_acceptance_length() {
+    let mut s = small("mixed_mtp", 6);
+    let mut lens = Vec::new();
+    for rate in [0.0, 0.5, 1.0] {
+        s.acceptance_rate = rate;
+        let sum = run(&s, 3, |_| {}).unwrap();
+        assert!(sum.passed(), "{:?}", sum.failures);
+        lens.push(sum.mean_acceptance_length);
+    }
+    assert!(lens[0] < lens[1] && lens[1] < lens[2], "{lens:?}");
+    // Rate 1 proposes the oracle's greedy chain: every draft is accepted (barring near-ties).
+    assert!(lens[2] > 3.9, "{lens:?}");
+}
+
+#[test]
+fn temperature_sampling_runs_with_rejection_sampling() {
+    let mut s = small("mixed_mtp", 4);
+    s.cfg.spec.temperature = 0.8;
+    let sum = run(&s, 1, |_| {}).unwrap();
+    assert!(sum.passed(), "{:?}", sum.failures);
+    assert!(sum.checks.iter().all(|(k, _)| *k != CheckKind::SpecEqualsGreedy));
+    assert!(sum.stats.accepted_drafts > 0);
+}
+
+fn profile() -> impl Strategy<Value = BackendProfile> {
+    prop::sample::select(BackendProfile::ALL.to_vec())
+}
+
+prop_compose! {
+    /// A random small but complete scenario.
+    fn random_scenario()(
+        profile in profile(), k in 1usize..=5, dflash in any::<bool>(), padded in any::<bool>(),
+        extend_first in any::<bool>(), page in prop::sample::select(vec![1usize, 4, 16]),
+        mixed in any::<bool>(), graphs in any::<bool>(), chunk in prop::sample::select(vec![8usize, 32]),
+        rate in 0.0f64..=1.0, requests in 2usize..6, max_len in 48usize..128,
+    ) -> Scenario {
+        let non_causal = profile.capabilities().non_causal;
+        let spec = if dflash && non_causal { SpecConfig::dflash(k) } else {
+            SpecConfig::multi_step(k, if padded { DrafterBatch::Padded } else { DrafterBatch::Compacted })
+        };
+        let max_num_seqs = 4;
+        let cfg = EngineConfig {
+            model: ModelDims::tiny(),
+            spec,
+            scheduler: SchedulerConfig {
+                max_num_seqs,
+                max_num_batched_tokens: 40,
+                max_model_len: max_len,
+                page_size: page,
+                num_gpu_blocks: 3 * max_len.div_ceil(page),
+                chunked_prefill: true,
+                prefill_chunk_tokens: chunk,
+                mixed_batches: mixed,
+                row_layout: if extend_first { RowLayout::ExtendFirst } else { RowLayout::DecodeFirst },
+                workspace_tokens: max_num_seqs * page * 2,
+            },
+            backends: vec![profile],
+            cuda_graphs: graphs,
+            max_capture_size_tokens: 24,
+            decode_split_tokens: 16usize.div_ceil(page) * page,
+        };
+        Scenario {
+            name: "random",
+            description: "proptest",
+            cfg,
+            workload: WorkloadShape { num_requests: requests, prompt_len: (1, 60), max_new_tokens: (1, 40), arrival_steps: 6, grammar_fraction: 0.3 },
+            acceptance_rate: rate,
+            max_steps: 5_000,
+            check_layouts: true,
+            check_drafter_batches: true,
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    /// The headline property: whatever the profile, K, page size, layout, drafter batch,
+    /// graphs and mixing, every check passes on the reference backend.
+    #[test]
+    fn every_check_passes_on_random_configs(s in random_scenario(), seed in 0u64..1000) {
+        s.cfg.validate().unwrap();
+        let sum = run(&s, seed, |_| {}).unwrap();
+        prop_assert!(sum.passed(), "{:?}", sum.failures);
+        prop_assert!(!sum.hit_step_limit);
+    }
+}
