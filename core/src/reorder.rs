@@ -83,51 +83,51 @@ impl ReorderSplit {
     }
 }
 
-/// Reorders rows given as `(num_computed_tokens, q_len)` and splits them.
-///
-/// Regions are stable partitions: decode, extend, prefill. With `require_uniform`, the
-/// decode kernel takes the run of decode-region rows whose q equals the first one's (or
-/// 0, a padding row) up to the first mismatch; the rest of the decode region joins the
-/// prefill path. Decode-first puts the decode rows first (vLLM); extend-first puts them
-/// last (TokenSpeed `num_extends`).
+/// The SPEC's reorder: a stable partition of rows given as `(num_computed_tokens,
+/// q_len)` into the decode, extend and prefill regions. A permutation, and idempotent.
+pub fn reorder(rows: &[(usize, usize)], threshold: usize) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..rows.len()).collect();
+    order.sort_by_key(|&i| region(rows[i].0, rows[i].1, threshold));
+    order
+}
+
+/// The split over reordered rows: how many leading rows the decode kernel takes. With
+/// `require_uniform`, the leading decode-region rows whose q equals the first one's (or
+/// 0, a padding row) up to the first mismatch; otherwise the whole decode region.
+pub fn split(rows_in_order: &[(usize, usize)], threshold: usize, require_uniform: bool) -> usize {
+    let decode_region = rows_in_order
+        .iter()
+        .take_while(|&&(c, q)| region(c, q, threshold) == Region::Decode)
+        .map(|&(_, q)| q);
+    if require_uniform {
+        uniform_prefix_len(decode_region)
+    } else {
+        decode_region.count()
+    }
+}
+
+/// Reorders, splits and lays out rows given as `(num_computed_tokens, q_len)`.
+/// Decode-first keeps the reorder as is (vLLM: decodes are a prefix). Extend-first
+/// (TokenSpeed `num_extends`) moves the same decode rows to the end, so both layouts
+/// send exactly the same rows down each path.
 pub fn reorder_and_split(
     rows: &[(usize, usize)],
     threshold: usize,
     require_uniform: bool,
     layout: RowLayout,
 ) -> ReorderSplit {
-    let by_region = |want: Region| {
-        rows.iter()
-            .enumerate()
-            .filter(move |(_, &(c, q))| region(c, q, threshold) == want)
-            .map(|(i, _)| i)
-    };
-    let decode_region: Vec<usize> = by_region(Region::Decode).collect();
-    let num_decodes = if require_uniform {
-        uniform_prefix_len(decode_region.iter().map(|&i| rows[i].1))
-    } else {
-        decode_region.len()
-    };
-    let (decodes, spilled) = decode_region.split_at(num_decodes);
-    let mut order = Vec::with_capacity(rows.len());
+    let mut order = reorder(rows, threshold);
+    let in_order: Vec<(usize, usize)> = order.iter().map(|&i| rows[i]).collect();
+    let num_decodes = split(&in_order, threshold, require_uniform);
     let n = rows.len();
     match layout {
-        RowLayout::DecodeFirst => {
-            order.extend_from_slice(decodes);
-            order.extend_from_slice(spilled);
-            order.extend(by_region(Region::Extend));
-            order.extend(by_region(Region::Prefill));
-            ReorderSplit {
-                order,
-                decode_rows: 0..num_decodes,
-                prefill_rows: num_decodes..n,
-            }
-        }
+        RowLayout::DecodeFirst => ReorderSplit {
+            order,
+            decode_rows: 0..num_decodes,
+            prefill_rows: num_decodes..n,
+        },
         RowLayout::ExtendFirst => {
-            order.extend_from_slice(spilled);
-            order.extend(by_region(Region::Extend));
-            order.extend(by_region(Region::Prefill));
-            order.extend_from_slice(decodes);
+            order.rotate_left(num_decodes);
             let ne = n - num_decodes;
             ReorderSplit {
                 order,

@@ -410,3 +410,38 @@ fn f5_f6_dflash_block_at_the_end_of_the_model_length() {
         assert_eq!(check_dflash(&cfg, &batch, &plan, &outcomes, &p), vec![]);
     }
 }
+
+/// SPEC section 6: a backend without non-causal attention is refused at start-up with
+/// a clear error naming it, and so is a padded DFlash batch.
+#[test]
+fn dflash_is_refused_on_causal_only_backends() {
+    // Non-causal support per the SPEC section 4 table.
+    let table = [
+        (BackendProfile::FlashMla, false),
+        (BackendProfile::FlashInferMla, true),
+        (BackendProfile::CutlassMla, false),
+        (BackendProfile::FlashAttnMla, true),
+        (BackendProfile::TritonMla, true),
+    ];
+    for (profile, non_causal) in table {
+        let mut cfg = engine_config(BackendProfile::FlashInferMla, 3, 16);
+        cfg.spec = SpecConfig::dflash(3);
+        cfg.backends = vec![BackendProfile::FlashInferMla, profile];
+        match cfg.validate() {
+            Ok(()) => assert!(non_causal, "{profile:?} accepted for DFlash"),
+            Err(e) => {
+                assert!(!non_causal, "{profile:?} refused: {e}");
+                let msg = e.to_string();
+                assert!(
+                    msg.contains("non-causal") && msg.contains(profile.name()),
+                    "{msg}"
+                );
+                assert!(!msg.contains('\n'), "one-line message: {msg}");
+            }
+        }
+    }
+    let mut cfg = engine_config(BackendProfile::FlashInferMla, 3, 16);
+    cfg.spec = SpecConfig::dflash(3);
+    cfg.spec.drafter_batch = DrafterBatch::Padded;
+    assert!(cfg.validate().is_err());
+}

@@ -61,9 +61,17 @@ impl Backend for Liar {
         self.step = plan.step;
         Ok(out)
     }
-    fn forward_drafter(&mut self, pass: &DrafterPass, t: &TargetOutput, prev: Option<&DrafterOutput>) -> Result<DrafterOutput, Self::Error> {
+    fn forward_drafter(
+        &mut self,
+        pass: &DrafterPass,
+        t: &TargetOutput,
+        prev: Option<&DrafterOutput>,
+    ) -> Result<DrafterOutput, Self::Error> {
         let mut out = self.inner.forward_drafter(pass, t, prev)?;
-        if matches!(self.lie, Lie::PaddedDrafter) && pass.mode == DrafterBatch::Padded && pass.pass > 0 {
+        if matches!(self.lie, Lie::PaddedDrafter)
+            && pass.mode == DrafterBatch::Padded
+            && pass.pass > 0
+        {
             for r in 0..pass.num_rows() {
                 let row = &mut out.logits[r * out.vocab_size..(r + 1) * out.vocab_size];
                 row[(r + self.step as usize) % out.vocab_size] += 100.0;
@@ -71,7 +79,11 @@ impl Backend for Liar {
         }
         Ok(out)
     }
-    fn forward_dflash(&mut self, pass: &DFlashPass, t: &TargetOutput) -> Result<DrafterOutput, Self::Error> {
+    fn forward_dflash(
+        &mut self,
+        pass: &DFlashPass,
+        t: &TargetOutput,
+    ) -> Result<DrafterOutput, Self::Error> {
         self.inner.forward_dflash(pass, t)
     }
 }
@@ -84,10 +96,23 @@ fn run_with_lie(s: &Scenario, seed: u64, lie: Lie) -> (SimChecker, Option<u64>) 
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
     let oracle = Arc::new(Oracle::new(&target));
     // Acceptance 0: drafts come from the drafter itself, so a drafter lie changes them.
-    let rate = if matches!(lie, Lie::PaddedDrafter) { 0.0 } else { s.acceptance_rate };
+    let rate = if matches!(lie, Lie::PaddedDrafter) {
+        0.0
+    } else {
+        s.acceptance_rate
+    };
     let mut checker = SimChecker::new(oracle, &workload, seed, rate, true);
-    let opts = EngineOptions { check_layouts: s.check_layouts, check_drafter_batches: s.check_drafter_batches, seed };
-    let backend = Liar { inner: CpuBackend::new(&cfg, target, drafter), lie, step: 0, lied_at: None };
+    let opts = EngineOptions {
+        check_layouts: s.check_layouts,
+        check_drafter_batches: s.check_drafter_batches,
+        seed,
+    };
+    let backend = Liar {
+        inner: CpuBackend::new(&cfg, target, drafter),
+        lie,
+        step: 0,
+        lied_at: None,
+    };
     let mut engine = Engine::new(cfg, opts, workload, backend).unwrap();
     while let Some(o) = engine.step(&mut checker).unwrap() {
         checker.check_step(&o, opts.check_layouts, opts.check_drafter_batches);
@@ -115,7 +140,12 @@ fn every_scenario_passes_every_check_on_two_seeds() {
             let sum = run(&s, seed, |_| {}).unwrap();
             assert!(sum.passed(), "{} seed {seed}: {:?}", s.name, sum.failures);
             assert!(!sum.hit_step_limit, "{} seed {seed} did not finish", s.name);
-            assert!(sum.checks.iter().all(|(_, t)| t.run > 0), "{}: a check never ran: {:?}", s.name, sum.checks);
+            assert!(
+                sum.checks.iter().all(|(_, t)| t.run > 0),
+                "{}: a check never ran: {:?}",
+                s.name,
+                sum.checks
+            );
         }
     }
 }
@@ -126,13 +156,31 @@ fn a_perturbed_logit_fails_oracle_agreement_and_spec_equals_greedy() {
     // The shadow layout forward runs first; keep it off so the lie hits the primary.
     s.check_layouts = false;
     // +50 makes token 3 the argmax of the first sampled position.
-    let (c, lied_at) = run_with_lie(&s, 0, Lie::Logit { token: 3, delta: 50.0 });
+    let (c, lied_at) = run_with_lie(
+        &s,
+        0,
+        Lie::Logit {
+            token: 3,
+            delta: 50.0,
+        },
+    );
     assert!(failed(&c, CheckKind::OracleAgreement), "{:?}", c.tallies);
     assert!(failed(&c, CheckKind::SpecEqualsGreedy), "{:?}", c.tallies);
     let f = &c.failures[0];
-    assert_eq!(Some(f.step), lied_at, "the first failure names the step of the lie: {f:?}");
+    assert_eq!(
+        Some(f.step),
+        lied_at,
+        "the first failure names the step of the lie: {f:?}"
+    );
     // A perturbation far below the tolerance passes: the tolerance is not zero-width.
-    let (c, _) = run_with_lie(&s, 0, Lie::Logit { token: 3, delta: 1e-4 });
+    let (c, _) = run_with_lie(
+        &s,
+        0,
+        Lie::Logit {
+            token: 3,
+            delta: 1e-4,
+        },
+    );
     assert!(!failed(&c, CheckKind::OracleAgreement));
 }
 
@@ -181,7 +229,10 @@ fn temperature_sampling_runs_with_rejection_sampling() {
     s.cfg.spec.temperature = 0.8;
     let sum = run(&s, 1, |_| {}).unwrap();
     assert!(sum.passed(), "{:?}", sum.failures);
-    assert!(sum.checks.iter().all(|(k, _)| *k != CheckKind::SpecEqualsGreedy));
+    assert!(sum
+        .checks
+        .iter()
+        .all(|(k, _)| *k != CheckKind::SpecEqualsGreedy));
     assert!(sum.stats.accepted_drafts > 0);
 }
 
