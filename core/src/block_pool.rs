@@ -7,6 +7,10 @@ use std::collections::VecDeque;
 /// `slot_mapping` value meaning "do not write this token".
 pub const PAD_SLOT: i64 = -1;
 
+/// Block-table entry past a row's allocation. vLLM leaves 0 there, which aliases a live
+/// block; a sentinel turns a read past the allocation into PAD (or NaN) instead.
+pub const NO_BLOCK: u32 = u32::MAX;
+
 /// A pool of fixed-size KV blocks with deterministic (FIFO) reuse order.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
@@ -70,8 +74,8 @@ pub fn slot_for(block_ids: &[u32], pos: usize, page_size: usize, max_model_len: 
         return PAD_SLOT;
     }
     match block_ids.get(pos / page_size) {
-        Some(&b) => b as i64 * page_size as i64 + (pos % page_size) as i64,
-        None => PAD_SLOT,
+        Some(&b) if b != NO_BLOCK => b as i64 * page_size as i64 + (pos % page_size) as i64,
+        _ => PAD_SLOT,
     }
 }
 

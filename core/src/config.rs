@@ -377,7 +377,7 @@ impl EngineConfig {
                 "num_speculative_tokens {k} is above the supported maximum of 16"
             ));
         }
-        if self.spec.enabled() && s.max_num_batched_tokens < s.max_num_seqs.min(1) * (1 + k) {
+        if self.spec.enabled() && s.max_num_batched_tokens < 1 + k {
             return bad("max_num_batched_tokens cannot hold one verify row of 1 + K tokens".into());
         }
         if !(self.spec.temperature >= 0.0 && self.spec.temperature.is_finite()) {

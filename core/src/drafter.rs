@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::block_pool::{slot_for, PAD_SLOT};
+use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
 use crate::config::{DrafterBatch, EngineConfig};
 use crate::plan::StepPlan;
 
@@ -198,7 +198,10 @@ pub fn dflash_slot(block_row: &[u32], pos: usize, page_size: usize, max_model_le
         return PAD_SLOT;
     }
     let block = (pos / page_size).min(block_row.len() - 1);
-    block_row[block] as i64 * page_size as i64 + (pos % page_size) as i64
+    match block_row[block] {
+        NO_BLOCK => PAD_SLOT,
+        b => b as i64 * page_size as i64 + (pos % page_size) as i64,
+    }
 }
 
 /// Builds the DFlash pass for every planned row.

@@ -38,7 +38,8 @@ pub struct DraftQuery<'a> {
 }
 
 /// Controls acceptance in simulation by forcing some draft tokens (e.g. the greedy
-/// token of an oracle with a seeded probability). Must be a pure function of its query.
+/// token of an oracle with a seeded probability). Must be deterministic: the same query
+/// after the same history of steps gives the same answer, whatever the batch.
 pub trait DraftOracle {
     fn forced_draft(&mut self, query: DraftQuery<'_>) -> Option<u32>;
 }
@@ -153,12 +154,15 @@ impl<B: Backend> Engine<B> {
             return Ok(Some(self.empty_outcome(batch)));
         }
         let plan = self.plan(&batch, self.cfg.scheduler.row_layout)?;
-        let mut violations = invariants::check_plan(&self.cfg, &batch, &plan, &self.capture_sizes);
-        let layout_mismatches = self.shadow_layout(&batch, &plan, &mut violations)?;
+        let mut violations = self.check_plan(&batch, &plan);
+        let shadow = self.shadow_layout(&batch, &plan, &mut violations)?;
         let target = self
             .backend
             .forward_target(&plan)
             .map_err(EngineError::Backend)?;
+        let layout_mismatches = shadow
+            .map(|(alt, alt_out)| compare_layouts(&plan, &target, &alt, &alt_out))
+            .unwrap_or_default();
         let (verifies, outcomes) = self.verify(&plan, &target);
         let drafts = self.draft(&plan, &target, &verifies, &outcomes, oracle)?;
         for p in &drafts.passes {
@@ -218,37 +222,41 @@ impl<B: Backend> Engine<B> {
         build_step_plan(&self.cfg, batch, &self.capture_sizes, layout, &lookup)
     }
 
-    /// Runs the other layout first (KV writes are idempotent: the same values land in
-    /// the same slots) and compares each request's logits and hidden states bit for bit.
+    /// Every plan-level invariant, grammar masks included.
+    fn check_plan(&self, batch: &ScheduledBatch, plan: &StepPlan) -> Vec<Violation> {
+        let sched = &self.scheduler;
+        let lookup = |id: u64| {
+            let g = sched.request(id)?.grammar.as_ref()?;
+            Some((&*g.automaton, g.state))
+        };
+        let mut v = invariants::check_plan(&self.cfg, batch, plan, &self.capture_sizes);
+        v.extend(invariants::check_grammar_masks(batch, plan, &lookup));
+        v
+    }
+
+    /// Runs the other layout before the primary (KV writes are idempotent: the same
+    /// values land in the same slots, and the primary's land last). Returns the other
+    /// plan and its output for a bit-for-bit comparison with the primary's.
     fn shadow_layout(
         &mut self,
         batch: &ScheduledBatch,
         plan: &StepPlan,
         violations: &mut Vec<Violation>,
-    ) -> StepResult<Vec<u64>, B> {
+    ) -> StepResult<Option<(StepPlan, TargetOutput)>, B> {
         if !self.opts.check_layouts {
-            return Ok(Vec::new());
+            return Ok(None);
         }
         let other = match plan.layout {
             RowLayout::DecodeFirst => RowLayout::ExtendFirst,
             RowLayout::ExtendFirst => RowLayout::DecodeFirst,
         };
         let alt = self.plan(batch, other)?;
-        violations.extend(invariants::check_plan(
-            &self.cfg,
-            batch,
-            &alt,
-            &self.capture_sizes,
-        ));
+        violations.extend(self.check_plan(batch, &alt));
         let alt_out = self
             .backend
             .forward_target(&alt)
             .map_err(EngineError::Backend)?;
-        let primary = self
-            .backend
-            .forward_target(plan)
-            .map_err(EngineError::Backend)?;
-        Ok(compare_layouts(plan, &primary, &alt, &alt_out))
+        Ok(Some((alt, alt_out)))
     }
 
     fn verify(

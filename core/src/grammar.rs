@@ -4,8 +4,7 @@
 
 use std::sync::Arc;
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 /// A deterministic finite automaton over token ids: `next[state * vocab + token]` is the
@@ -45,8 +44,7 @@ impl TokenAutomaton {
     /// A random automaton: each state allows roughly `allowed_fraction` of the vocab
     /// (at least one token) and moves to a random state.
     pub fn random(num_states: usize, vocab_size: usize, allowed_fraction: f64, seed: u64) -> Self {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        rng.set_stream(7);
+        let mut rng = crate::rng::stream_rng(seed, crate::rng::Stream::Grammar);
         let mut next = vec![-1i32; num_states * vocab_size];
         for s in 0..num_states {
             let row = &mut next[s * vocab_size..(s + 1) * vocab_size];

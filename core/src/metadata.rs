@@ -16,7 +16,7 @@ pub struct CommonAttentionMetadata {
     pub query_start_loc: Vec<u32>,
     pub seq_lens: Vec<u32>,
     pub num_computed_tokens: Vec<u32>,
-    /// Row-major `[num_rows, block_table_width]`; unused entries are 0.
+    /// Row-major `[num_rows, block_table_width]`; unused entries are `NO_BLOCK`.
     pub block_table: Vec<u32>,
     pub block_table_width: usize,
     /// One slot per token; -1 (PAD) means "do not write".

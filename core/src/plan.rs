@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::batch::ScheduledBatch;
-use crate::block_pool::{slot_for, PAD_SLOT};
+use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
 use crate::chunked_context::{plan_context_chunks, ChunkError};
 use crate::config::{EngineConfig, RowLayout};
 use crate::cudagraph::{dispatch, GraphDispatch};
@@ -148,7 +148,7 @@ fn build_common(
         query_start_loc: Vec::with_capacity(n + 1),
         seq_lens: Vec::with_capacity(n),
         num_computed_tokens: Vec::with_capacity(n),
-        block_table: vec![0; n * width],
+        block_table: vec![NO_BLOCK; n * width],
         block_table_width: width,
         slot_mapping: Vec::with_capacity(num_tokens + pad_tokens),
         positions: Vec::with_capacity(num_tokens + pad_tokens),

@@ -9,6 +9,8 @@ use rand_chacha::ChaCha8Rng;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u64)]
 pub enum Stream {
+    TargetWeights = 1,
+    DrafterWeights = 2,
     Workload = 10,
     Acceptance = 11,
     Verify = 12,

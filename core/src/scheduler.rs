@@ -369,31 +369,49 @@ fn make_row(req: &Request, q: usize, nd: usize) -> ScheduledRow {
     }
 }
 
+/// Why a workload cannot run under a config.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum WorkloadError {
+    #[error("request ids must be unique (id {0} repeats)")]
+    DuplicateId(u64),
+    #[error("request {id} has a prompt of {len} tokens; it must be 1..={max} (max_model_len - 1)")]
+    PromptLength { id: u64, len: usize, max: usize },
+    #[error("request {0} asks for 0 new tokens")]
+    NoNewTokens(u64),
+    #[error("request {id} has token {token} outside the vocabulary of {vocab}")]
+    TokenOutOfVocab { id: u64, token: u32, vocab: usize },
+}
+
 /// Checks a workload against a config: unique ids, non-empty prompts that leave room
-/// for at least one output token.
-pub fn validate_workload(cfg: &EngineConfig, workload: &[RequestSpec]) -> Result<(), String> {
+/// for at least one output token, tokens inside the vocabulary.
+pub fn validate_workload(
+    cfg: &EngineConfig,
+    workload: &[RequestSpec],
+) -> Result<(), WorkloadError> {
     let mut ids: Vec<u64> = workload.iter().map(|r| r.id).collect();
     ids.sort_unstable();
-    if ids.windows(2).any(|w| w[0] == w[1]) {
-        return Err("request ids must be unique".into());
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(WorkloadError::DuplicateId(w[0]));
     }
+    let max = cfg.scheduler.max_model_len - 1;
     for r in workload {
-        if r.prompt.is_empty() || r.prompt.len() >= cfg.scheduler.max_model_len {
-            return Err(format!(
-                "request {} has a prompt of {} tokens; it must be 1..{} (max_model_len - 1)",
-                r.id,
-                r.prompt.len(),
-                cfg.scheduler.max_model_len - 1
-            ));
+        if r.prompt.is_empty() || r.prompt.len() > max {
+            return Err(WorkloadError::PromptLength {
+                id: r.id,
+                len: r.prompt.len(),
+                max,
+            });
         }
         if r.max_new_tokens == 0 {
-            return Err(format!("request {} asks for 0 new tokens", r.id));
+            return Err(WorkloadError::NoNewTokens(r.id));
         }
-        if r.prompt.iter().any(|&t| t as usize >= cfg.model.vocab_size) {
-            return Err(format!(
-                "request {} has a token outside the vocabulary",
-                r.id
-            ));
+        let vocab = cfg.model.vocab_size;
+        if let Some(&token) = r.prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(WorkloadError::TokenOutOfVocab {
+                id: r.id,
+                token,
+                vocab,
+            });
         }
     }
     Ok(())

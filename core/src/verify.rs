@@ -10,7 +10,8 @@ use crate::grammar::{masked_argmax, TokenMask};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RowVerify {
     pub req_id: u64,
-    /// Target's choice at each verify position (1 + drafts).
+    /// Greedy: the target's choice at each verify position (1 + drafts). Rejection
+    /// sampling: the emitted tokens (a choice past the first rejection is never drawn).
     pub sampled: Vec<u32>,
     pub num_accepted: usize,
     /// Accepted drafts then the bonus token.

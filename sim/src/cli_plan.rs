@@ -1,4 +1,4 @@
-//! `sim plan`: explains how one hand-written batch is reordered, split, chunked and
+//! `sim plan` (part of the binary): explains how one hand-written batch is reordered, split, chunked and
 //! dispatched onto a graph, as JSON. Input errors name the field and the reason.
 
 use std::path::PathBuf;
@@ -36,6 +36,9 @@ pub struct PlanArgs {
     #[arg(long)]
     pub extend_first: bool,
 }
+
+/// Bounds the block table `sim plan` allocates, so no input can exhaust memory.
+const MAX_TABLE_ENTRIES: usize = 1 << 26;
 
 struct BatchFile {
     page_size: usize,
@@ -118,6 +121,13 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         .iter()
         .map(|&(c, q)| (c + q + k + 1).div_ceil(page))
         .sum();
+    let table_entries = f.rows.len().max(256) * max_model_len.div_ceil(page);
+    if table_entries > MAX_TABLE_ENTRIES {
+        bail!(
+            "batch too large to plan: its block table would hold {table_entries} entries \
+             (limit {MAX_TABLE_ENTRIES}); use a larger page_size or shorter rows"
+        );
+    }
     Ok(EngineConfig {
         model: ModelDims::deepseek_v3(),
         spec,

@@ -1,4 +1,4 @@
-//! `sim run`: flags that override a scenario, the progress bar, and the summary table
+//! `sim run` (part of the binary, so anyhow stays out of the library): flags that override a scenario, the progress bar, and the summary table
 //! or JSON at the end.
 
 use std::io::IsTerminal;
@@ -9,8 +9,8 @@ use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use specmla_core::config::{BackendProfile, DrafterBatch, RowLayout, SpecMethod};
 
-use crate::runner::{run, RunSummary};
-use crate::scenarios::{self, Scenario};
+use specmla_sim::runner::{run, RunSummary};
+use specmla_sim::scenarios::{self, Scenario};
 
 /// Drafter batch mode on the command line.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -158,13 +158,22 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
     bar.set_style(
         ProgressStyle::with_template("{spinner} step {pos} {msg}").expect("static template"),
     );
-    let summary = run(&s, a.seed, |st| {
+    let progress = |st: &specmla_sim::runner::RunStats| {
         bar.set_position(st.steps);
         bar.set_message(format!(
             "{} / {} requests finished",
             st.finished, st.requests
         ));
-    })?;
+    };
+    let summary = match run(&s, a.seed, progress) {
+        Ok(summary) => summary,
+        Err(e) if e.is_engine_failure() => {
+            bar.finish_and_clear();
+            eprintln!("FAIL: {e}");
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e.into()),
+    };
     bar.finish_and_clear();
     if a.json {
         println!("{}", serde_json::to_string_pretty(&summary)?);
@@ -196,6 +205,10 @@ fn print_summary(s: &RunSummary) {
     );
     println!("  mean acceptance len {:.3}", s.mean_acceptance_length);
     println!("  preemptions         {}", st.preemptions);
+    println!(
+        "  drafter PAD slots   {} (positions at or past max_model_len)",
+        st.drafter_pad_slots
+    );
     println!(
         "  max |logit - f64|   {:.2e} (tolerance {:.0e})",
         s.max_logit_error, s.tolerances.logit_abs

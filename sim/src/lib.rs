@@ -5,8 +5,6 @@
 pub mod attention;
 pub mod backend;
 pub mod checks;
-pub mod cli_plan;
-pub mod cli_run;
 pub mod kv_cache;
 pub mod model;
 pub mod oracle;

@@ -7,8 +7,11 @@ use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
 use specmla_core::config::BackendProfile;
-use specmla_sim::cli_plan::{run_plan, PlanArgs};
-use specmla_sim::cli_run::{run_scenario, RunArgs};
+mod cli_plan;
+mod cli_run;
+
+use cli_plan::{run_plan, PlanArgs};
+use cli_run::{run_scenario, RunArgs};
 use specmla_sim::scenarios;
 
 /// Deterministic simulator for speculative decoding on MLA models.

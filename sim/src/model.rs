@@ -12,10 +12,10 @@ use rand_chacha::ChaCha8Rng;
 use specmla_core::config::ModelDims;
 
 /// ChaCha8 stream of the target model's weights.
-pub const TARGET_STREAM: u64 = 1;
+pub const TARGET_STREAM: u64 = specmla_core::rng::Stream::TargetWeights as u64;
 /// ChaCha8 stream of the drafter's weights, so a drafter built from the same seed as the
 /// target shares no random draws with it.
-pub const DRAFTER_STREAM: u64 = 2;
+pub const DRAFTER_STREAM: u64 = specmla_core::rng::Stream::DrafterWeights as u64;
 /// RMSNorm epsilon.
 pub const RMS_EPS: f32 = 1e-6;
 /// Gain on the LM head's init range. Unit-variance logits leave argmax margins so thin that

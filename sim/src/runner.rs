@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
-use specmla_core::scheduler::validate_workload;
+use specmla_core::scheduler::{validate_workload, WorkloadError};
 
 use crate::backend::{CpuBackend, CpuBackendError};
 use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tally, Tolerances};
@@ -19,9 +19,22 @@ pub enum RunError {
     #[error(transparent)]
     Config(#[from] specmla_core::error::ConfigError),
     #[error("invalid workload: {0}")]
-    Workload(String),
+    Workload(#[from] WorkloadError),
+    #[error("the KV caches would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or the block count")]
+    CacheTooLarge(u64),
     #[error(transparent)]
     Engine(#[from] EngineError<CpuBackendError>),
+}
+
+/// Largest cache the CPU backend allocates, so no flag can make it abort on memory.
+pub const CACHE_LIMIT_BYTES: u64 = 4 << 30;
+
+impl RunError {
+    /// Whether the error is the engine's own fault (a failed run: exit 1) rather than
+    /// bad input (exit 2).
+    pub fn is_engine_failure(&self) -> bool {
+        matches!(self, RunError::Engine(_))
+    }
 }
 
 /// Counters of a run.
@@ -40,6 +53,8 @@ pub struct RunStats {
     pub padding_rows: u64,
     pub preemptions: u64,
     pub chunked_context_steps: u64,
+    /// Drafter writes skipped because their position is at or past max_model_len.
+    pub drafter_pad_slots: u64,
 }
 
 impl RunStats {
@@ -66,6 +81,19 @@ impl RunStats {
             m.prefill
                 .as_ref()
                 .is_some_and(|p| p.chunked_context.is_some()) as u64;
+        let pad = specmla_core::block_pool::PAD_SLOT;
+        self.drafter_pad_slots += o
+            .drafter_passes
+            .iter()
+            .flat_map(|p| &p.slot_mapping)
+            .filter(|&&s| s == pad)
+            .count() as u64;
+        self.drafter_pad_slots += o
+            .dflash
+            .iter()
+            .flat_map(|d| &d.block_slots)
+            .filter(|&&s| s == pad)
+            .count() as u64;
         for (row, v) in o.plan.rows.iter().zip(&o.verifies) {
             let Some(v) = v else { continue };
             self.generated_tokens += v.new_tokens.len() as u64;
@@ -110,7 +138,13 @@ pub fn run(
     let cfg = scenario.cfg.clone();
     cfg.validate()?;
     let workload = generate_workload(&scenario.workload, &cfg, seed);
-    validate_workload(&cfg, &workload).map_err(RunError::Workload)?;
+    validate_workload(&cfg, &workload)?;
+    let m = &cfg.model;
+    let slots = (cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size) as u64;
+    let cache_bytes = (m.num_layers as u64 + 1) * slots * m.latent_dim() as u64 * 4;
+    if cache_bytes > CACHE_LIMIT_BYTES {
+        return Err(RunError::CacheTooLarge(cache_bytes));
+    }
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
     let oracle = Arc::new(Oracle::new(&target));

@@ -287,7 +287,10 @@ prop_compose! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(48))]
+    // 48 cases in CI; SPECMLA_E2E_CASES=N hunts longer.
+    #![proptest_config(ProptestConfig::with_cases(
+        std::env::var("SPECMLA_E2E_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48)
+    ))]
 
     /// The headline property: whatever the profile, K, page size, layout, drafter batch,
     /// graphs and mixing, every check passes on the reference backend.
