@@ -92,7 +92,7 @@ impl ModelDims {
                 )));
             }
         }
-        if self.qk_rope_head_dim == 0 || self.qk_rope_head_dim % 2 != 0 {
+        if self.qk_rope_head_dim == 0 || !self.qk_rope_head_dim.is_multiple_of(2) {
             return Err(ConfigError::Invalid(
                 "qk_rope_head_dim must be a positive even number (RoPE rotates pairs)".into(),
             ));
@@ -352,7 +352,7 @@ impl EngineConfig {
                 s.max_num_seqs * s.page_size
             ));
         }
-        if self.decode_split_tokens == 0 || self.decode_split_tokens % s.page_size != 0 {
+        if self.decode_split_tokens == 0 || !self.decode_split_tokens.is_multiple_of(s.page_size) {
             return bad(format!(
                 "decode split size {} must be a positive multiple of the page size {}",
                 self.decode_split_tokens, s.page_size

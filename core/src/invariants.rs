@@ -663,3 +663,96 @@ pub fn check_dflash(
     }
     s.out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::ScheduledRow;
+    use crate::config::*;
+    use crate::plan::build_step_plan;
+
+    fn cfg() -> EngineConfig {
+        EngineConfig {
+            model: ModelDims::tiny(),
+            spec: SpecConfig::multi_step(3, DrafterBatch::Padded),
+            scheduler: SchedulerConfig {
+                max_num_seqs: 8,
+                max_num_batched_tokens: 256,
+                max_model_len: 512,
+                page_size: 16,
+                num_gpu_blocks: 256,
+                chunked_prefill: true,
+                prefill_chunk_tokens: 48,
+                mixed_batches: true,
+                row_layout: RowLayout::DecodeFirst,
+                workspace_tokens: 512,
+            },
+            backends: vec![BackendProfile::FlashMla],
+            cuda_graphs: false,
+            max_capture_size_tokens: 64,
+            decode_split_tokens: 64,
+        }
+    }
+
+    fn row(id: u64, computed: usize, q: usize, first_block: u32) -> ScheduledRow {
+        ScheduledRow {
+            req_id: id,
+            num_computed_tokens: computed,
+            num_scheduled_tokens: q,
+            token_ids: vec![1; q],
+            num_draft_tokens: if q == 4 { 3 } else { 0 },
+            samples: q == 4,
+            next_prompt_token: (q != 4).then_some(2),
+            block_ids: (first_block..first_block + 16).collect(),
+        }
+    }
+
+    /// Found by `sim` on mixed_mtp seed 0, step 6. Postmortem: `check_split` flagged every
+    /// spilled decode-region row whose q matched the first decode row, but vLLM's uniform
+    /// split stops at the *first* mismatch, so a later matching row legitimately spills.
+    #[test]
+    fn a_matching_row_after_the_first_mismatch_may_spill() {
+        let cfg = cfg();
+        // FlashMLA's threshold is 128, so 48-token chunks with context are decode-region.
+        let rows = vec![
+            row(3, 113, 4, 0),
+            row(5, 96, 48, 16),
+            row(10, 96, 48, 32),
+            row(13, 91, 4, 48),
+        ];
+        let batch = ScheduledBatch {
+            step: 6,
+            rows,
+            preempted: Vec::new(),
+        };
+        for layout in [RowLayout::DecodeFirst, RowLayout::ExtendFirst] {
+            let plan = build_step_plan(&cfg, &batch, &[], layout, &|_| None).unwrap();
+            assert_eq!(
+                plan.mla.num_decodes, 1,
+                "only the leading q=4 row is uniform"
+            );
+            let v = check_plan(&cfg, &batch, &plan, &[]);
+            assert!(v.is_empty(), "{layout:?}: {v:?}");
+        }
+    }
+
+    /// The maximality rule still fires when the split stops early without a mismatch.
+    #[test]
+    fn a_split_that_stops_before_a_mismatch_is_flagged() {
+        let cfg = cfg();
+        let rows = vec![row(3, 113, 4, 0), row(13, 91, 4, 48)];
+        let batch = ScheduledBatch {
+            step: 0,
+            rows,
+            preempted: Vec::new(),
+        };
+        let mut plan =
+            build_step_plan(&cfg, &batch, &[], RowLayout::DecodeFirst, &|_| None).unwrap();
+        plan.rows[1].is_decode = false;
+        let v = check_plan(&cfg, &batch, &plan, &[]);
+        assert!(
+            v.iter().any(|v| v.rule == Rule::Split && v.row == Some(1)),
+            "{v:?}"
+        );
+    }
+}

@@ -61,7 +61,7 @@ proptest! {
         prop_assert_eq!(&next, &ctx);
         // The fewest chunks: ceil(max ctx / chunk).
         let max = *ctx.iter().max().unwrap();
-        prop_assert_eq!(plan.chunks.len(), (max + chunk - 1) / chunk);
+        prop_assert_eq!(plan.chunks.len(), max.div_ceil(chunk));
     }
 
     /// W / n < page: a structured error naming the sizes, not a panic or a zero chunk.

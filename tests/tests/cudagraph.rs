@@ -80,7 +80,7 @@ proptest! {
             prop_assert!(!sizes.contains(&8), "K = 2 captured 8 tokens (F3)");
         }
         // Exactly the ladder rounded up to multiples of q, within the maximum.
-        let mut want: Vec<usize> = ladder(max).into_iter().map(|s| (s + q - 1) / q * q).filter(|&s| s <= max).collect();
+        let mut want: Vec<usize> = ladder(max).into_iter().map(|s| s.div_ceil(q) * q).filter(|&s| s <= max).collect();
         want.sort_unstable();
         want.dedup();
         prop_assert_eq!(&sizes, &want);

@@ -162,6 +162,7 @@ fn view(plan: &StepPlan, req: u64, nblocks: usize) -> RowView {
     }
 }
 
+#[allow(clippy::type_complexity)]
 fn case() -> impl Strategy<
     Value = (
         BackendProfile,

@@ -136,7 +136,13 @@ fn identical_distributions_accept_everything() {
     let mut rng = ChaCha8Rng::seed_from_u64(9);
     for _ in 0..2000 {
         let d = draw(&p, &mut rng);
-        let v = verify_rejection(1, &[d], &[p.clone(), p.clone()], &[p.clone()], &mut rng);
+        let v = verify_rejection(
+            1,
+            &[d],
+            &[p.clone(), p.clone()],
+            std::slice::from_ref(&p),
+            &mut rng,
+        );
         assert_eq!(v.num_accepted, 1);
         assert_eq!(v.new_tokens[0], d);
     }
