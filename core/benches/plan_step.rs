@@ -5,8 +5,9 @@
 use criterion::{black_box, criterion_group, criterion_main, BatchSize, Criterion};
 use specmla_core::config::*;
 use specmla_core::cudagraph::capture_sizes;
-use specmla_core::drafter::{first_pass, next_pass, RowOutcome};
+use specmla_core::drafter::{first_pass, next_pass, DrafterPass, RowOutcome};
 use specmla_core::plan::build_step_plan;
+use specmla_core::plan::StepPlan;
 use specmla_core::request::RequestSpec;
 use specmla_core::scheduler::{Commit, Scheduler};
 
@@ -103,6 +104,25 @@ fn steady_state(cfg: &EngineConfig) -> Scheduler {
     s
 }
 
+/// Outcomes where every row accepted at most one draft.
+fn accept_one(plan: &StepPlan) -> Vec<RowOutcome> {
+    plan.rows
+        .iter()
+        .map(|r| RowOutcome {
+            valid: r.query_len.min(2),
+            next_token: 5,
+            num_rejected: r.num_draft_tokens.saturating_sub(1),
+        })
+        .collect()
+}
+
+/// The padded drafter's K = 3 passes.
+fn drafter_passes(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome]) -> DrafterPass {
+    let p0 = first_pass(cfg, plan, outcomes, DrafterBatch::Padded);
+    let p1 = next_pass(cfg, &p0, &vec![3; p0.num_rows()]);
+    next_pass(cfg, &p1, &vec![4; p1.num_rows()])
+}
+
 fn bench(c: &mut Criterion) {
     let cfg = config();
     let sizes = capture_sizes(&cfg);
@@ -120,19 +140,9 @@ fn bench(c: &mut Criterion) {
                 let batch = s.schedule();
                 let plan = build_step_plan(&cfg, &batch, &sizes, RowLayout::DecodeFirst, &|_| None)
                     .unwrap();
-                let outcomes: Vec<RowOutcome> = plan
-                    .rows
-                    .iter()
-                    .map(|r| RowOutcome {
-                        valid: r.query_len.min(2),
-                        next_token: 5,
-                        num_rejected: r.num_draft_tokens.saturating_sub(1),
-                    })
-                    .collect();
-                let p0 = first_pass(&cfg, &plan, &outcomes, DrafterBatch::Padded);
-                let p1 = next_pass(&cfg, &p0, &vec![3; p0.num_rows()]);
-                let p2 = next_pass(&cfg, &p1, &vec![4; p1.num_rows()]);
-                black_box((plan, p2));
+                let outcomes = accept_one(&plan);
+                let passes = drafter_passes(&cfg, &plan, &outcomes);
+                black_box((plan, passes));
             },
             BatchSize::LargeInput,
         )
@@ -146,15 +156,7 @@ fn bench_parts(c: &mut Criterion) {
     let state = steady_state(&cfg);
     let batch = state.clone().schedule();
     let plan = build_step_plan(&cfg, &batch, &sizes, RowLayout::DecodeFirst, &|_| None).unwrap();
-    let outcomes: Vec<RowOutcome> = plan
-        .rows
-        .iter()
-        .map(|r| RowOutcome {
-            valid: r.query_len.min(2),
-            next_token: 5,
-            num_rejected: r.num_draft_tokens.saturating_sub(1),
-        })
-        .collect();
+    let outcomes = accept_one(&plan);
     c.bench_function("part_schedule", |b| {
         b.iter_batched_ref(|| state.clone(), |s| s.schedule(), BatchSize::LargeInput)
     });
@@ -171,11 +173,7 @@ fn bench_parts(c: &mut Criterion) {
         })
     });
     c.bench_function("part_drafter_inputs", |b| {
-        b.iter(|| {
-            let p0 = first_pass(&cfg, black_box(&plan), &outcomes, DrafterBatch::Padded);
-            let p1 = next_pass(&cfg, &p0, &vec![3; p0.num_rows()]);
-            next_pass(&cfg, &p1, &vec![4; p1.num_rows()])
-        })
+        b.iter(|| drafter_passes(&cfg, black_box(&plan), &outcomes))
     });
 }
 
