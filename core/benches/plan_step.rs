@@ -31,6 +31,7 @@ fn config() -> EngineConfig {
         cuda_graphs: true,
         max_capture_size_tokens: 1024,
         decode_split_tokens: 512,
+        faults: Default::default(),
     }
 }
 

@@ -316,6 +316,9 @@ pub struct EngineConfig {
     pub max_capture_size_tokens: usize,
     /// Fixed split-KV size of the decode kernel (a multiple of the page size).
     pub decode_split_tokens: usize,
+    /// Known-bug switches (SPEC section 9); all off unless asked for.
+    #[serde(default)]
+    pub faults: crate::fault::Faults,
 }
 
 impl EngineConfig {

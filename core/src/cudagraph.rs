@@ -4,6 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::config::{CudaGraphSupport, EngineConfig};
+use crate::fault::Fault;
 
 /// The shape frozen when a graph is captured; a replay must run exactly this shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -62,8 +63,11 @@ pub fn capture_sizes(cfg: &EngineConfig) -> Vec<usize> {
         .into_iter()
         .chain((8..256).step_by(8))
         .chain((256..=max.max(256)).step_by(16));
+    // F3: the ladder taken as is, so a size like 8 with K = 2 makes a dummy batch
+    // [3, 3, 2] whose last row is a prefill inside the decode graph.
+    let round = !cfg.faults.has(Fault::F3);
     let mut sizes: Vec<usize> = ladder
-        .map(|s| s.div_ceil(q) * q)
+        .map(|s| if round { s.div_ceil(q) * q } else { s })
         .filter(|&s| s <= max)
         .collect();
     sizes.sort_unstable();
@@ -95,7 +99,14 @@ pub fn dispatch(
     sizes: &[usize],
 ) -> Option<GraphDispatch> {
     let q = cfg.spec.uniform_decode_query_len();
-    if rows.is_empty() || !rows.iter().all(|&(c, len)| len == q && c > 0) {
+    // F7 drops the computed-context test, so a fresh 1 + K token prompt aliases onto
+    // the verify graph.
+    let needs_context = !cfg.faults.has(Fault::F7);
+    if rows.is_empty()
+        || !rows
+            .iter()
+            .all(|&(c, len)| len == q && (c > 0 || !needs_context))
+    {
         return None;
     }
     let num_tokens = rows.len() * q;

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
 use crate::config::{DrafterBatch, EngineConfig};
+use crate::fault::{Fault, Faults};
 use crate::plan::StepPlan;
 
 /// What this step settled for one planned row.
@@ -154,7 +155,12 @@ pub fn next_pass(cfg: &EngineConfig, prev: &DrafterPass, proposals: &[u32]) -> D
     };
     for r in 0..n {
         let pos = prev.positions[prev.token_indices_to_sample[r] as usize] + 1;
-        let seq_len = prev.seq_lens[r] - prev.num_rejected[r] + 1;
+        let n_rej = if cfg.faults.has(Fault::F4) {
+            0
+        } else {
+            prev.num_rejected[r]
+        };
+        let seq_len = prev.seq_lens[r] - n_rej + 1;
         p.positions.push(pos);
         p.seq_lens.push(seq_len);
         p.slot_mapping.push(slot_for(
@@ -187,6 +193,8 @@ pub struct DFlashPass {
     pub block_tokens: Vec<Option<u32>>,
     pub block_positions: Vec<u32>,
     pub block_slots: Vec<i64>,
+    /// Block-table index each block position was looked up at (must be < width).
+    pub block_indices: Vec<u32>,
     pub block_table: Vec<u32>,
     pub block_table_width: usize,
 }
@@ -201,6 +209,36 @@ pub fn dflash_slot(block_row: &[u32], pos: usize, page_size: usize, max_model_le
     match block_row[block] {
         NO_BLOCK => PAD_SLOT,
         b => b as i64 * page_size as i64 + (pos % page_size) as i64,
+    }
+}
+
+/// The slot lookup as the DFlash kernel does it, over the flat `[rows, width]` table:
+/// returns the block index it read and the slot. Without faults it equals
+/// [`dflash_slot`] on the row. F5 drops the clamp, so the index runs past the row into
+/// the next one; F6 drops the PAD rule at or past `max_model_len`.
+#[allow(clippy::too_many_arguments)]
+pub fn dflash_lookup(
+    table: &[u32],
+    width: usize,
+    row: usize,
+    pos: usize,
+    page_size: usize,
+    max_model_len: usize,
+    faults: Faults,
+) -> (u32, i64) {
+    let mut block = pos / page_size;
+    if !faults.has(Fault::F5) {
+        block = block.min(width - 1);
+    }
+    if pos >= max_model_len && !faults.has(Fault::F6) {
+        return (block as u32, PAD_SLOT);
+    }
+    match table.get(row * width + block) {
+        Some(&b) if b != NO_BLOCK => (
+            block as u32,
+            b as i64 * page_size as i64 + (pos % page_size) as i64,
+        ),
+        _ => (block as u32, PAD_SLOT),
     }
 }
 
@@ -221,6 +259,7 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
         block_tokens: Vec::with_capacity(n * (1 + k)),
         block_positions: Vec::with_capacity(n * (1 + k)),
         block_slots: Vec::with_capacity(n * (1 + k)),
+        block_indices: Vec::with_capacity(n * (1 + k)),
         block_table: c.block_table[..n * width].to_vec(),
         block_table_width: width,
     };
@@ -239,12 +278,17 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
             let pos = last_valid + 1 + i;
             p.block_tokens.push((i == 0).then_some(o.next_token));
             p.block_positions.push(pos as u32);
-            p.block_slots.push(dflash_slot(
-                c.block_row(r),
+            let (block, slot) = dflash_lookup(
+                &c.block_table,
+                width,
+                r,
                 pos,
                 cfg.scheduler.page_size,
                 cfg.scheduler.max_model_len,
-            ));
+                cfg.faults,
+            );
+            p.block_indices.push(block);
+            p.block_slots.push(slot);
         }
     }
     p

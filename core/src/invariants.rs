@@ -656,6 +656,10 @@ pub fn check_dflash(
                 || format!("block offset {i} at position {pos}"),
             );
             let want = slot_for(&b.block_ids, pos, sc.page_size, sc.max_model_len);
+            let idx = p.block_indices[j] as usize;
+            s.check(idx < p.block_table_width, Rule::DFlashSlots, Some(r), || {
+                format!("block offset {i} position {pos} read block-table index {idx} past the width {}", p.block_table_width)
+            });
             s.check(p.block_slots[j] == want, Rule::DFlashSlots, Some(r), || {
                 format!("block offset {i} position {pos} slot {} (expected {want}; PAD at or past max_model_len {})", p.block_slots[j], sc.max_model_len)
             });
@@ -691,6 +695,7 @@ mod tests {
             cuda_graphs: false,
             max_capture_size_tokens: 64,
             decode_split_tokens: 64,
+            faults: Default::default(),
         }
     }
 

@@ -13,6 +13,7 @@ pub mod cudagraph;
 pub mod drafter;
 pub mod engine;
 pub mod error;
+pub mod fault;
 pub mod grammar;
 pub mod invariants;
 pub mod metadata;

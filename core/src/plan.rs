@@ -9,6 +9,7 @@ use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
 use crate::chunked_context::{plan_context_chunks, ChunkError};
 use crate::config::{EngineConfig, RowLayout};
 use crate::cudagraph::{dispatch, GraphDispatch};
+use crate::fault::Fault;
 use crate::grammar::{GrammarState, TokenAutomaton, TokenMask};
 use crate::metadata::{
     decode_split_plan, CommonAttentionMetadata, MlaDecodeMetadata, MlaMetadata, MlaPrefillMetadata,
@@ -90,7 +91,9 @@ pub fn build_step_plan(
         .iter()
         .map(|r| (r.num_computed_tokens, r.num_scheduled_tokens))
         .collect();
-    let split = reorder_and_split(&cq, threshold, uniform, layout);
+    // F10: the split ignores uniformity while the kernel stays uniform.
+    let split_uniform = uniform && !cfg.faults.has(Fault::F10);
+    let split = reorder_and_split(&cq, threshold, split_uniform, layout);
     let ordered: Vec<(usize, usize)> = split.order.iter().map(|&i| cq[i]).collect();
     let cudagraph = dispatch(cfg, &ordered, capture_sizes);
     let rows: Vec<PlannedRow> = split
@@ -114,7 +117,11 @@ pub fn build_step_plan(
     let (common, token_ids) = build_common(cfg, batch, &split.order, cudagraph.as_ref());
     let mla = build_mla(cfg, &common, &split, cudagraph.as_ref(), uniform)?;
     let (logits_indices, sample_start) = logits_layout(&rows, &common);
-    let grammar_masks = grammar_masks(&rows, &common, &token_ids, grammar);
+    let decode_layout_q = cfg
+        .faults
+        .has(Fault::F9)
+        .then(|| cfg.spec.uniform_decode_query_len());
+    let grammar_masks = grammar_masks(&rows, &common, &token_ids, grammar, decode_layout_q);
     Ok(StepPlan {
         step: batch.step,
         threshold,
@@ -207,7 +214,13 @@ fn build_mla(
         dec.clone()
     };
     let decode = (!dec_rows.is_empty()).then(|| {
-        let plan_seq_lens = common.seq_lens[dec_rows.clone()].to_vec();
+        // F8: the split planner sees every row's seq_len, not the decode rows'.
+        let planned = if cfg.faults.has(Fault::F8) {
+            0..n_rows
+        } else {
+            dec_rows.clone()
+        };
+        let plan_seq_lens = common.seq_lens[planned].to_vec();
         MlaDecodeMetadata {
             tokens: qsl[dec_rows.start] as usize..qsl[dec_rows.end] as usize,
             uniform_query_len: uniform.then(|| common.query_len(dec_rows.start)),
@@ -270,13 +283,18 @@ fn grammar_masks(
     common: &CommonAttentionMetadata,
     token_ids: &[u32],
     lookup: GrammarLookup<'_>,
+    decode_layout_q: Option<usize>,
 ) -> Vec<Option<TokenMask>> {
     let mut out = Vec::new();
     for (r, row) in rows.iter().enumerate() {
         if !row.samples {
             continue;
         }
-        let end = common.query_start_loc[r + 1] as usize;
+        let end = match decode_layout_q {
+            // F9: row r assumed at [r * (1 + K), (r + 1) * (1 + K)), as in a pure decode batch.
+            Some(q) => ((r + 1) * q).clamp(row.num_draft_tokens, token_ids.len()),
+            None => common.query_start_loc[r + 1] as usize,
+        };
         let drafts = &token_ids[end - row.num_draft_tokens..end];
         match lookup(row.req_id) {
             Some((a, state)) => out.extend(a.verify_masks(state, drafts).into_iter().map(Some)),

@@ -9,6 +9,7 @@ use specmla_core::backend::{Backend, DrafterOutput, TargetOutput};
 use specmla_core::config::EngineConfig;
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
+use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 
 use crate::attention::{
@@ -72,7 +73,24 @@ impl Backend for CpuBackend {
     type Error = CpuBackendError;
 
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
-        self.graphs = shapes.to_vec();
+        // F2: capture builds decode-only metadata with max_query_len 1, so the frozen
+        // graph runs one token per row whatever q the step has.
+        let q1 = self.cfg.faults.has(Fault::F2);
+        self.graphs = shapes
+            .iter()
+            .map(|&s| {
+                if q1 {
+                    GraphShape {
+                        num_rows: s.num_tokens,
+                        query_len: 1,
+                        max_query_len: 1,
+                        ..s
+                    }
+                } else {
+                    s
+                }
+            })
+            .collect();
         Ok(())
     }
 
@@ -224,6 +242,20 @@ impl Backend for CpuBackend {
     }
 }
 
+/// F1: the new tokens' LSE, laid out `[heads, tokens]`, read as if it were
+/// `[tokens, heads]` (the shape flash-attn's varlen path returned). With one token or
+/// one head the two layouts coincide, and with no context the merge ignores the LSE,
+/// which is why the bug needed a prefill row with context and q >= 2 to show.
+fn transposed_lse(mut a: AttnOutput, m: usize, heads: usize) -> AttnOutput {
+    let original = a.lse.clone();
+    for h in 0..heads {
+        for t in 0..m {
+            a.lse[h * m + t] = original[t * heads + h];
+        }
+    }
+    a
+}
+
 fn block_row(pass: &DFlashPass, r: usize) -> &[u32] {
     &pass.block_table[r * pass.block_table_width..(r + 1) * pass.block_table_width]
 }
@@ -332,6 +364,11 @@ impl CpuBackend {
                 let part = materialized_attention(&self.dims, layer, &q, m, &keys, len, Mask::Full);
                 ctx = merge_attention_states(&ctx, &part, m, &self.dims);
             }
+            let new = if self.cfg.faults.has(Fault::F1) {
+                transposed_lse(new, m, self.dims.heads)
+            } else {
+                new
+            };
             let merged = merge_attention_states(&ctx, &new, m, &self.dims);
             let width = self.dims.heads * self.dims.v;
             for (k, t) in toks.enumerate() {

@@ -152,6 +152,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         cuda_graphs: true,
         max_capture_size_tokens: a.max_capture_size,
         decode_split_tokens: page,
+        faults: Default::default(),
     })
 }
 

@@ -8,6 +8,7 @@ use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use specmla_core::config::{BackendProfile, DrafterBatch, RowLayout, SpecMethod};
+use specmla_core::fault::Fault;
 
 use specmla_sim::runner::{run, RunSummary};
 use specmla_sim::scenarios::{self, Scenario};
@@ -74,9 +75,16 @@ pub struct RunArgs {
     /// Disable (emulated) CUDA graphs.
     #[arg(long)]
     pub no_graphs: bool,
+    /// Turn on a known-bug switch (F1..F10, repeatable; see README).
+    #[arg(long = "fault", value_name = "ID", value_parser = fault_ids())]
+    pub faults: Vec<String>,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
+}
+
+fn fault_ids() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(Fault::ALL.map(|f| f.id()))
 }
 
 fn scenario_names() -> clap::builder::PossibleValuesParser {
@@ -143,6 +151,11 @@ pub fn resolve_scenario(a: &RunArgs) -> Result<Scenario> {
         let page = s.cfg.scheduler.page_size.max(1);
         s.cfg.scheduler.num_gpu_blocks = s.cfg.scheduler.num_gpu_blocks.max(m.div_ceil(page));
     }
+    s.cfg.faults = a
+        .faults
+        .iter()
+        .map(|id| Fault::from_id(id).expect("clap checked the id"))
+        .collect();
     s.cfg.scheduler.mixed_batches &= !a.no_mixed;
     s.cfg.cuda_graphs &= !a.no_graphs;
     Ok(s)

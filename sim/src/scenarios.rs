@@ -59,6 +59,7 @@ fn base_config(profile: BackendProfile, spec: SpecConfig) -> EngineConfig {
         cuda_graphs: true,
         max_capture_size_tokens: 64,
         decode_split_tokens: 64,
+        faults: Default::default(),
     }
 }
 
@@ -134,9 +135,9 @@ pub fn all() -> Vec<Scenario> {
         },
         Scenario {
             name: "graphs",
-            description: "uniform-decode graphs with capture sizes and q=0 padding rows",
+            description: "uniform-decode graphs: capture sizes, q=0 padding rows, 1+K-token prompts arriving mid-decode",
             cfg: graphs_cfg,
-            workload: workload(13, (8, 40), (24, 64), 4),
+            workload: workload(13, (4, 8), (24, 64), 16),
             acceptance_rate: 0.7,
             max_steps: 2_000,
             check_layouts: true,

@@ -272,6 +272,7 @@ prop_compose! {
             cuda_graphs: graphs,
             max_capture_size_tokens: 24,
             decode_split_tokens: 16usize.div_ceil(page) * page,
+            faults: Default::default(),
         };
         Scenario {
             name: "random",

@@ -1,0 +1,124 @@
+//! Fault switches: the known-bug catalog of SPEC section 9. Each switch re-introduces a
+//! bug that shipped in a real engine, in the place where it lived (core or a backend),
+//! and is off by default. The harness must catch every one.
+
+use serde::{Deserialize, Serialize};
+
+/// One known bug.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum Fault {
+    /// LSE [tokens, heads] read as [heads, tokens] in the context merge (CPU backend).
+    F1,
+    /// Graph captured with max_query_len 1, replayed with q = 1 + K (CPU backend).
+    F2,
+    /// Capture sizes not rounded to multiples of 1 + K (core: cudagraph).
+    F3,
+    /// Padded drafter keeps the rejected tokens' seq_lens in passes 2..K (core: drafter).
+    F4,
+    /// DFlash block index not clamped to the block-table width (core: drafter).
+    F5,
+    /// DFlash position >= max_model_len gets a live slot instead of PAD (core: drafter).
+    F6,
+    /// A fresh 1 + K token prompt dispatched onto the verify graph (core: cudagraph).
+    F7,
+    /// Decode split planner built over all rows of a mixed batch (core: plan).
+    F8,
+    /// Grammar masks read drafts from a pure-decode token layout (core: plan).
+    F9,
+    /// Non-uniform decode rows sent to a uniform kernel (core: reorder/plan).
+    F10,
+}
+
+impl Fault {
+    pub const ALL: [Fault; 10] = [
+        Fault::F1,
+        Fault::F2,
+        Fault::F3,
+        Fault::F4,
+        Fault::F5,
+        Fault::F6,
+        Fault::F7,
+        Fault::F8,
+        Fault::F9,
+        Fault::F10,
+    ];
+
+    /// The catalog id, e.g. "F1".
+    pub fn id(self) -> &'static str {
+        match self {
+            Fault::F1 => "F1",
+            Fault::F2 => "F2",
+            Fault::F3 => "F3",
+            Fault::F4 => "F4",
+            Fault::F5 => "F5",
+            Fault::F6 => "F6",
+            Fault::F7 => "F7",
+            Fault::F8 => "F8",
+            Fault::F9 => "F9",
+            Fault::F10 => "F10",
+        }
+    }
+
+    /// Parses "F1".."F10" (case-insensitive).
+    pub fn from_id(id: &str) -> Option<Fault> {
+        Self::ALL
+            .into_iter()
+            .find(|f| f.id().eq_ignore_ascii_case(id))
+    }
+
+    /// The real bug it mirrors.
+    pub fn mirrors(self) -> &'static str {
+        match self {
+            Fault::F1 => {
+                "vLLM #26042 (fixed in #26063): transposed LSE in the chunked-prefill merge"
+            }
+            Fault::F2 => {
+                "vLLM #21505: MLA graph captured for max_query_len 1, replayed with MTP q = 2"
+            }
+            Fault::F3 => "vLLM #28207: capture size not a multiple of 1 + K",
+            Fault::F4 => "vLLM #26191 (fixed in #29845): padded drafter keeps rejected seq_lens",
+            Fault::F5 => "vLLM DFlash PR review: block number not clamped to the table width",
+            Fault::F6 => "vLLM DFlash PR review: position >= max_model_len not mapped to PAD",
+            Fault::F7 => "vLLM #49918: fresh 1 + K token prompt replayed on the verify graph",
+            Fault::F8 => "TokenSpeed mixed batching part 3: FlashMLA planner over all rows",
+            Fault::F9 => "TokenSpeed mixed batching part 3: grammar masks from a decode layout",
+            Fault::F10 => "FlashInfer-MLA fallback: non-uniform decode rows on a uniform kernel",
+        }
+    }
+}
+
+/// A set of fault switches (all off by default).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Faults(u16);
+
+impl Faults {
+    /// No fault.
+    pub fn none() -> Self {
+        Self(0)
+    }
+
+    /// Whether `f` is on.
+    pub fn has(self, f: Fault) -> bool {
+        self.0 >> (f as u16) & 1 == 1
+    }
+
+    /// The set with `f` turned on.
+    pub fn with(self, f: Fault) -> Self {
+        Self(self.0 | 1 << (f as u16))
+    }
+
+    /// The switches that are on, in catalog order.
+    pub fn iter(self) -> impl Iterator<Item = Fault> {
+        Fault::ALL.into_iter().filter(move |&f| self.has(f))
+    }
+
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl FromIterator<Fault> for Faults {
+    fn from_iter<I: IntoIterator<Item = Fault>>(iter: I) -> Self {
+        iter.into_iter().fold(Faults::none(), Faults::with)
+    }
+}
