@@ -9,7 +9,7 @@ use crate::batch::ScheduledBatch;
 use crate::config::{DrafterBatch, EngineConfig, RowLayout, SpecMethod};
 use crate::cudagraph::{capture_sizes, graph_shapes};
 use crate::drafter::{dflash_pass, first_pass, next_pass, DFlashPass, DrafterPass, RowOutcome};
-use crate::grammar::masked_argmax;
+use crate::grammar::{masked_argmax, GrammarState, TokenAutomaton};
 use crate::invariants::{self, Violation};
 use crate::plan::{build_step_plan, PlanError, StepPlan};
 use crate::request::RequestSpec;
@@ -72,6 +72,8 @@ pub struct StepOutcome {
     pub outcomes: Vec<RowOutcome>,
     /// Per planned row: drafts proposed for the next step.
     pub proposals: Vec<Vec<u32>>,
+    /// Per planned row: the drafter's probabilities for each proposal (temperature > 0).
+    pub proposal_probs: Vec<Vec<Vec<f32>>>,
     pub drafter_passes: Vec<DrafterPass>,
     pub dflash: Option<DFlashPass>,
     pub violations: Vec<Violation>,
@@ -92,34 +94,53 @@ pub enum EngineError<E: std::error::Error + 'static> {
     Stalled(u64),
 }
 
-/// The engine: one scheduler, one backend.
-pub struct Engine<B: Backend> {
+/// What a batch needs from the requests behind it: grammar state and the drafter's
+/// probabilities for the drafts being verified. The scheduler provides it while
+/// running; a replay provides it from the trace.
+pub trait BatchContext {
+    /// The request's grammar and its committed state.
+    fn grammar(&self, req_id: u64) -> Option<(&TokenAutomaton, GrammarState)>;
+    /// The drafter's probabilities for the request's drafts (temperature > 0 only).
+    fn draft_probs(&self, req_id: u64) -> &[Vec<f32>];
+}
+
+impl BatchContext for Scheduler {
+    fn grammar(&self, req_id: u64) -> Option<(&TokenAutomaton, GrammarState)> {
+        let g = self.request(req_id)?.grammar.as_ref()?;
+        Some((&*g.automaton, g.state))
+    }
+    fn draft_probs(&self, req_id: u64) -> &[Vec<f32>] {
+        self.request(req_id).map_or(&[], |r| &r.draft_probs)
+    }
+}
+
+/// Executes scheduled batches on a backend: plan, invariants, target forward, verify,
+/// drafter. Holds no request state, so a replay can drive it with recorded batches.
+pub struct Executor<B: Backend> {
     cfg: EngineConfig,
     opts: EngineOptions,
-    scheduler: Scheduler,
     backend: B,
     capture_sizes: Vec<usize>,
 }
 
+/// The engine: one scheduler feeding one executor.
+pub struct Engine<B: Backend> {
+    exec: Executor<B>,
+    scheduler: Scheduler,
+}
+
 type StepResult<T, B> = Result<T, EngineError<<B as Backend>::Error>>;
 
-impl<B: Backend> Engine<B> {
-    /// Builds the engine and captures the graphs. `cfg` must have passed validation.
-    pub fn new(
-        cfg: EngineConfig,
-        opts: EngineOptions,
-        workload: Vec<RequestSpec>,
-        mut backend: B,
-    ) -> StepResult<Self, B> {
+impl<B: Backend> Executor<B> {
+    /// Captures the graphs of `cfg` on `backend`. `cfg` must have passed validation.
+    pub fn new(cfg: EngineConfig, opts: EngineOptions, mut backend: B) -> StepResult<Self, B> {
         backend
             .capture_graphs(&graph_shapes(&cfg))
             .map_err(EngineError::Backend)?;
         let capture_sizes = capture_sizes(&cfg);
-        let scheduler = Scheduler::new(cfg.clone(), workload);
         Ok(Self {
             cfg,
             opts,
-            scheduler,
             backend,
             capture_sizes,
         })
@@ -127,9 +148,6 @@ impl<B: Backend> Engine<B> {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
-    }
-    pub fn scheduler(&self) -> &Scheduler {
-        &self.scheduler
     }
     pub fn backend(&self) -> &B {
         &self.backend
@@ -141,21 +159,19 @@ impl<B: Backend> Engine<B> {
         &self.capture_sizes
     }
 
-    /// Runs one step; `None` once every request has finished.
-    pub fn step(&mut self, oracle: &mut dyn DraftOracle) -> StepResult<Option<StepOutcome>, B> {
-        if self.scheduler.is_done() {
-            return Ok(None);
-        }
-        let batch = self.scheduler.schedule();
+    /// Executes one scheduled batch; nothing is committed (`finished` is empty).
+    pub fn execute(
+        &mut self,
+        batch: ScheduledBatch,
+        ctx: &dyn BatchContext,
+        oracle: &mut dyn DraftOracle,
+    ) -> StepResult<StepOutcome, B> {
+        let plan = self.plan(&batch, self.cfg.scheduler.row_layout, ctx)?;
         if batch.rows.is_empty() {
-            if self.scheduler.requests().next().is_some() {
-                return Err(EngineError::Stalled(batch.step));
-            }
-            return Ok(Some(self.empty_outcome(batch)));
+            return Ok(empty_outcome(batch, plan));
         }
-        let plan = self.plan(&batch, self.cfg.scheduler.row_layout)?;
-        let mut violations = self.check_plan(&batch, &plan);
-        let shadow = self.shadow_layout(&batch, &plan, &mut violations)?;
+        let mut violations = self.check_plan(&batch, &plan, ctx);
+        let shadow = self.shadow_layout(&batch, &plan, ctx, &mut violations)?;
         let target = self
             .backend
             .forward_target(&plan)
@@ -163,7 +179,7 @@ impl<B: Backend> Engine<B> {
         let layout_mismatches = shadow
             .map(|(alt, alt_out)| compare_layouts(&plan, &target, &alt, &alt_out))
             .unwrap_or_default();
-        let (verifies, outcomes) = self.verify(&plan, &target);
+        let (verifies, outcomes) = self.verify(&plan, &target, ctx);
         let drafts = self.draft(&plan, &target, &verifies, &outcomes, oracle)?;
         for p in &drafts.passes {
             violations.extend(invariants::check_drafter_pass(
@@ -175,60 +191,42 @@ impl<B: Backend> Engine<B> {
                 &self.cfg, &batch, &plan, &outcomes, d,
             ));
         }
-        self.commit(&plan, &verifies, &drafts.proposals, &drafts.probs);
-        Ok(Some(StepOutcome {
+        Ok(StepOutcome {
             batch,
             plan,
             target,
             verifies,
             outcomes,
             proposals: drafts.proposals,
+            proposal_probs: drafts.probs,
             drafter_passes: drafts.passes,
             dflash: drafts.dflash,
             violations,
             layout_mismatches,
             drafter_mismatches: drafts.mismatches,
-            finished: self.scheduler.take_finished(),
-        }))
-    }
-
-    fn empty_outcome(&mut self, batch: ScheduledBatch) -> StepOutcome {
-        let plan = self
-            .plan(&batch, self.cfg.scheduler.row_layout)
-            .expect("empty batch plans");
-        StepOutcome {
-            batch,
-            plan,
-            target: TargetOutput::default(),
-            verifies: Vec::new(),
-            outcomes: Vec::new(),
-            proposals: Vec::new(),
-            drafter_passes: Vec::new(),
-            dflash: None,
-            violations: Vec::new(),
-            layout_mismatches: Vec::new(),
-            drafter_mismatches: Vec::new(),
-            finished: self.scheduler.take_finished(),
-        }
+            finished: Vec::new(),
+        })
     }
 
     /// Builds the plan of `batch` with `layout`.
-    pub fn plan(&self, batch: &ScheduledBatch, layout: RowLayout) -> Result<StepPlan, PlanError> {
-        let sched = &self.scheduler;
-        let lookup = |id: u64| {
-            let g = sched.request(id)?.grammar.as_ref()?;
-            Some((&*g.automaton, g.state))
-        };
+    pub fn plan(
+        &self,
+        batch: &ScheduledBatch,
+        layout: RowLayout,
+        ctx: &dyn BatchContext,
+    ) -> Result<StepPlan, PlanError> {
+        let lookup = |id: u64| ctx.grammar(id);
         build_step_plan(&self.cfg, batch, &self.capture_sizes, layout, &lookup)
     }
 
     /// Every plan-level invariant, grammar masks included.
-    fn check_plan(&self, batch: &ScheduledBatch, plan: &StepPlan) -> Vec<Violation> {
-        let sched = &self.scheduler;
-        let lookup = |id: u64| {
-            let g = sched.request(id)?.grammar.as_ref()?;
-            Some((&*g.automaton, g.state))
-        };
+    fn check_plan(
+        &self,
+        batch: &ScheduledBatch,
+        plan: &StepPlan,
+        ctx: &dyn BatchContext,
+    ) -> Vec<Violation> {
+        let lookup = |id: u64| ctx.grammar(id);
         let mut v = invariants::check_plan(&self.cfg, batch, plan, &self.capture_sizes);
         v.extend(invariants::check_grammar_masks(batch, plan, &lookup));
         v
@@ -241,6 +239,7 @@ impl<B: Backend> Engine<B> {
         &mut self,
         batch: &ScheduledBatch,
         plan: &StepPlan,
+        ctx: &dyn BatchContext,
         violations: &mut Vec<Violation>,
     ) -> StepResult<Option<(StepPlan, TargetOutput)>, B> {
         if !self.opts.check_layouts {
@@ -250,8 +249,8 @@ impl<B: Backend> Engine<B> {
             RowLayout::DecodeFirst => RowLayout::ExtendFirst,
             RowLayout::ExtendFirst => RowLayout::DecodeFirst,
         };
-        let alt = self.plan(batch, other)?;
-        violations.extend(self.check_plan(batch, &alt));
+        let alt = self.plan(batch, other, ctx)?;
+        violations.extend(self.check_plan(batch, &alt, ctx));
         let alt_out = self
             .backend
             .forward_target(&alt)
@@ -263,6 +262,7 @@ impl<B: Backend> Engine<B> {
         &self,
         plan: &StepPlan,
         target: &TargetOutput,
+        ctx: &dyn BatchContext,
     ) -> (Vec<Option<RowVerify>>, Vec<RowOutcome>) {
         let mut verifies = Vec::with_capacity(plan.rows.len());
         let mut outcomes = Vec::with_capacity(plan.rows.len());
@@ -278,7 +278,7 @@ impl<B: Backend> Engine<B> {
                 });
                 continue;
             }
-            let v = self.verify_row(plan, target, r);
+            let v = self.verify_row(plan, target, r, ctx);
             let nd = row.num_draft_tokens;
             outcomes.push(RowOutcome {
                 valid: row.query_len - nd + v.num_accepted,
@@ -290,7 +290,13 @@ impl<B: Backend> Engine<B> {
         (verifies, outcomes)
     }
 
-    fn verify_row(&self, plan: &StepPlan, target: &TargetOutput, r: usize) -> RowVerify {
+    fn verify_row(
+        &self,
+        plan: &StepPlan,
+        target: &TargetOutput,
+        r: usize,
+        ctx: &dyn BatchContext,
+    ) -> RowVerify {
         let row = &plan.rows[r];
         let samples = plan.row_samples(r);
         let end = plan.common.query_start_loc[r + 1] as usize;
@@ -306,32 +312,74 @@ impl<B: Backend> Engine<B> {
             .zip(&masks)
             .map(|(l, m)| probs(l, temperature, *m))
             .collect();
-        let req = self
-            .scheduler
-            .request(row.req_id)
-            .expect("sampling row is live");
         let position = (row.num_computed_tokens + row.query_len - row.num_draft_tokens) as u64;
         let mut rng = keyed_rng(self.opts.seed, Stream::Verify, row.req_id, position);
-        verify_rejection(
-            row.req_id,
-            drafts,
-            &target_probs,
-            &req.draft_probs,
-            &mut rng,
-        )
+        let draft_probs = ctx.draft_probs(row.req_id);
+        // Drafts without recorded probabilities (none should exist) verify greedily.
+        if draft_probs.len() < drafts.len() {
+            return verify_greedy(row.req_id, drafts, &logits, &masks);
+        }
+        verify_rejection(row.req_id, drafts, &target_probs, draft_probs, &mut rng)
+    }
+}
+
+impl<B: Backend> Engine<B> {
+    /// Builds the engine and captures the graphs. `cfg` must have passed validation.
+    pub fn new(
+        cfg: EngineConfig,
+        opts: EngineOptions,
+        workload: Vec<RequestSpec>,
+        backend: B,
+    ) -> StepResult<Self, B> {
+        let scheduler = Scheduler::new(cfg.clone(), workload);
+        Ok(Self {
+            exec: Executor::new(cfg, opts, backend)?,
+            scheduler,
+        })
     }
 
-    fn commit(
-        &mut self,
-        plan: &StepPlan,
-        verifies: &[Option<RowVerify>],
-        proposals: &[Vec<u32>],
-        probs: &[Vec<Vec<f32>>],
-    ) {
-        let commits: Vec<Commit> = plan
+    pub fn config(&self) -> &EngineConfig {
+        &self.exec.cfg
+    }
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+    pub fn backend(&self) -> &B {
+        &self.exec.backend
+    }
+    pub fn backend_mut(&mut self) -> &mut B {
+        &mut self.exec.backend
+    }
+    pub fn capture_sizes(&self) -> &[usize] {
+        &self.exec.capture_sizes
+    }
+
+    /// Builds the plan of `batch` with `layout` against the live requests.
+    pub fn plan(&self, batch: &ScheduledBatch, layout: RowLayout) -> Result<StepPlan, PlanError> {
+        self.exec.plan(batch, layout, &self.scheduler)
+    }
+
+    /// Runs one step; `None` once every request has finished.
+    pub fn step(&mut self, oracle: &mut dyn DraftOracle) -> StepResult<Option<StepOutcome>, B> {
+        if self.scheduler.is_done() {
+            return Ok(None);
+        }
+        let batch = self.scheduler.schedule();
+        if batch.rows.is_empty() && self.scheduler.requests().next().is_some() {
+            return Err(EngineError::Stalled(batch.step));
+        }
+        let mut out = self.exec.execute(batch, &self.scheduler, oracle)?;
+        self.commit(&out);
+        out.finished = self.scheduler.take_finished();
+        Ok(Some(out))
+    }
+
+    fn commit(&mut self, o: &StepOutcome) {
+        let commits: Vec<Commit> = o
+            .plan
             .rows
             .iter()
-            .zip(verifies)
+            .zip(&o.verifies)
             .map(|(row, v)| Commit {
                 req_id: row.req_id,
                 num_scheduled_tokens: row.query_len,
@@ -340,13 +388,31 @@ impl<B: Backend> Engine<B> {
             })
             .collect();
         self.scheduler.commit(&commits);
-        for (r, row) in plan.rows.iter().enumerate() {
-            if row.samples && !proposals.is_empty() && !proposals[r].is_empty() {
-                let p = probs.get(r).cloned().unwrap_or_default();
+        for (r, row) in o.plan.rows.iter().enumerate() {
+            if row.samples && o.proposals.get(r).is_some_and(|p| !p.is_empty()) {
+                let p = o.proposal_probs.get(r).cloned().unwrap_or_default();
                 self.scheduler
-                    .set_drafts(row.req_id, proposals[r].clone(), p);
+                    .set_drafts(row.req_id, o.proposals[r].clone(), p);
             }
         }
+    }
+}
+
+fn empty_outcome(batch: ScheduledBatch, plan: StepPlan) -> StepOutcome {
+    StepOutcome {
+        batch,
+        plan,
+        target: TargetOutput::default(),
+        verifies: Vec::new(),
+        outcomes: Vec::new(),
+        proposals: Vec::new(),
+        proposal_probs: Vec::new(),
+        drafter_passes: Vec::new(),
+        dflash: None,
+        violations: Vec::new(),
+        layout_mismatches: Vec::new(),
+        drafter_mismatches: Vec::new(),
+        finished: Vec::new(),
     }
 }
 
@@ -392,7 +458,7 @@ struct Drafts {
     mismatches: Vec<DrafterMismatch>,
 }
 
-impl<B: Backend> Engine<B> {
+impl<B: Backend> Executor<B> {
     fn draft(
         &mut self,
         plan: &StepPlan,
