@@ -1,0 +1,149 @@
+//! The serializable trace types: one header, one record per engine step, one footer.
+//!
+//! These mirror engine state but are owned here, not borrowed from specmla-core, so the
+//! on-disk format only changes when this file does. Any change to a field (added,
+//! removed, reordered, retyped) changes the postcard encoding and must bump
+//! [`crate::FORMAT_VERSION`].
+
+use serde::{Deserialize, Serialize};
+
+/// What a run was: everything needed to replay it from scratch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceHeader {
+    /// Format version of the file; the writer stamps [`crate::FORMAT_VERSION`].
+    pub format_version: u32,
+    /// specmla version that wrote the trace (informational, never checked).
+    pub tool_version: String,
+    /// Scenario name the run used.
+    pub scenario: String,
+    /// Seed of the run.
+    pub seed: u64,
+    /// The full engine config as JSON; opaque to this crate.
+    pub config_json: String,
+    /// Fault switch ids that were on while recording, e.g. `["F1"]`.
+    pub faults: Vec<String>,
+    /// Controlled acceptance rate of the drafter.
+    pub acceptance_rate: f64,
+    /// Whether records carry full per-layer attention outputs in [`StepRecord::tensors`].
+    pub trace_tensors: bool,
+    /// The requests of the run, in submission order.
+    pub workload: Vec<TraceRequest>,
+}
+
+/// One request of the workload.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceRequest {
+    /// Request id.
+    pub id: u64,
+    /// Prompt token ids.
+    pub prompt: Vec<u32>,
+    /// Generation budget.
+    pub max_new_tokens: u64,
+    /// Engine step at which the request arrives.
+    pub arrival_step: u64,
+    /// Seed of the request's grammar, if it is constrained.
+    pub grammar_seed: Option<u64>,
+}
+
+/// Which attention kernel path a row took.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum RowPath {
+    /// Absorbed decode path (split-KV).
+    Decode,
+    /// Materialized prefill path (causal plus chunked context).
+    Prefill,
+}
+
+/// One scheduled row of a step's batch.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceRow {
+    /// Request id.
+    pub req_id: u64,
+    /// Tokens already in the KV cache before this step.
+    pub num_computed_tokens: u64,
+    /// Tokens scheduled this step (`q_len`).
+    pub num_scheduled_tokens: u64,
+    /// The scheduled token ids.
+    pub token_ids: Vec<u32>,
+    /// How many of the scheduled tokens are drafts.
+    pub num_draft_tokens: u64,
+    /// Whether the row samples this step.
+    pub samples: bool,
+    /// Next prompt token for a chunked prefill row that does not sample.
+    pub next_prompt_token: Option<u32>,
+    /// The row's KV block ids.
+    pub block_ids: Vec<u32>,
+    /// Committed grammar state before this step (`None`: unconstrained or dead).
+    pub grammar_state: Option<u32>,
+    /// Which kernel path the row took.
+    pub path: RowPath,
+}
+
+/// Digests of one layer's attention outputs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerDigest {
+    /// Layer index.
+    pub layer: u32,
+    /// Rows that took the decode path.
+    pub decode_rows: u64,
+    /// Rows that took the prefill path.
+    pub prefill_rows: u64,
+    /// [`crate::digest_f32`] of each planned row's attention output.
+    pub per_row: Vec<u64>,
+}
+
+/// A draft token the acceptance controller forced.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ForcedDraft {
+    /// Request id.
+    pub req_id: u64,
+    /// Token position the draft is for.
+    pub position: u64,
+    /// The forced token.
+    pub token: u32,
+}
+
+/// Everything observable about one engine step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepRecord {
+    /// Engine step index.
+    pub step: u64,
+    /// The batch as scheduled (scheduler order).
+    pub rows: Vec<TraceRow>,
+    /// Planned row -> scheduled row index.
+    pub order: Vec<u32>,
+    /// Requests preempted this step.
+    pub preempted: Vec<u64>,
+    /// Hash of the plan's metadata.
+    pub metadata_digest: u64,
+    /// Sampled tokens per planned row (empty for non-sampling rows).
+    pub sampled: Vec<Vec<u32>>,
+    /// Accepted drafts per planned row.
+    pub num_accepted: Vec<u32>,
+    /// Tokens committed per planned row.
+    pub new_tokens: Vec<Vec<u32>>,
+    /// Drafts proposed for the next step, per planned row.
+    pub proposals: Vec<Vec<u32>>,
+    /// What the acceptance controller forced this step.
+    pub forced_drafts: Vec<ForcedDraft>,
+    /// Digest of the target logits.
+    pub logits_digest: u64,
+    /// Digest of the target hidden states.
+    pub hidden_digest: u64,
+    /// Per-layer attention digests.
+    pub layers: Vec<LayerDigest>,
+    /// Digest of the drafter's outputs.
+    pub drafter_digest: u64,
+    /// With `trace_tensors`: per layer, the attention output as `[tokens, heads * v]`
+    /// flattened row-major.
+    pub tensors: Option<Vec<Vec<f32>>>,
+}
+
+/// Closes a complete trace; its absence means the run was cut short.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceFooter {
+    /// Number of record blocks in the file.
+    pub num_records: u64,
+    /// FNV-1a-64 over the concatenated postcard payloads of all record blocks.
+    pub records_digest: u64,
+}
