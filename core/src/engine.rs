@@ -65,6 +65,8 @@ pub struct DrafterMismatch {
 #[derive(Clone, Debug)]
 pub struct StepOutcome {
     pub batch: ScheduledBatch,
+    /// Per scheduled row: the request's committed grammar state before this step.
+    pub grammar_states: Vec<Option<GrammarState>>,
     pub plan: StepPlan,
     pub target: TargetOutput,
     /// Per planned row: the verification of a sampling row.
@@ -191,8 +193,14 @@ impl<B: Backend> Executor<B> {
                 &self.cfg, &batch, &plan, &outcomes, d,
             ));
         }
+        let grammar_states = batch
+            .rows
+            .iter()
+            .map(|r| ctx.grammar(r.req_id).map(|g| g.1))
+            .collect();
         Ok(StepOutcome {
             batch,
+            grammar_states,
             plan,
             target,
             verifies,
@@ -401,6 +409,7 @@ impl<B: Backend> Engine<B> {
 fn empty_outcome(batch: ScheduledBatch, plan: StepPlan) -> StepOutcome {
     StepOutcome {
         batch,
+        grammar_states: Vec::new(),
         plan,
         target: TargetOutput::default(),
         verifies: Vec::new(),

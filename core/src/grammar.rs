@@ -14,6 +14,8 @@ pub struct TokenAutomaton {
     pub num_states: usize,
     pub vocab_size: usize,
     next: Vec<i32>,
+    /// The seed it was drawn from, so a trace can rebuild it.
+    pub seed: u64,
 }
 
 /// A bitset over the vocabulary: bit t set means token t is allowed.
@@ -60,6 +62,7 @@ impl TokenAutomaton {
             num_states,
             vocab_size,
             next,
+            seed,
         }
     }
 

@@ -105,6 +105,8 @@ pub struct SimChecker {
     pub num_failures: u64,
     pub near_ties: Vec<NearTie>,
     pub max_logit_error: f64,
+    /// Drafts forced this step as (request, position, token), for traces.
+    pub forced_log: Vec<(u64, usize, u32)>,
 }
 
 impl SimChecker {
@@ -141,6 +143,7 @@ impl SimChecker {
             num_failures: 0,
             near_ties: Vec::new(),
             max_logit_error: 0.0,
+            forced_log: Vec::new(),
         }
     }
 
@@ -379,6 +382,7 @@ impl DraftOracle for SimChecker {
         let (token, _) = masked_argmax_f64(&logits, state);
         let req = self.reqs.get_mut(&q.req_id).expect("known request");
         req.tokens.truncate(saved);
+        self.forced_log.push((q.req_id, q.position, token));
         Some(token)
     }
 }

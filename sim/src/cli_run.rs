@@ -10,7 +10,9 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use specmla_core::config::{BackendProfile, DrafterBatch, RowLayout, SpecMethod};
 use specmla_core::fault::Fault;
 
-use specmla_sim::runner::{run, RunSummary};
+use anyhow::Context;
+use specmla_sim::record::TraceSink;
+use specmla_sim::runner::{run_with, RunSummary, StepSink};
 use specmla_sim::scenarios::{self, Scenario};
 
 /// Drafter batch mode on the command line.
@@ -78,6 +80,15 @@ pub struct RunArgs {
     /// Turn on a known-bug switch (F1..F10, repeatable; see README).
     #[arg(long = "fault", value_name = "ID", value_parser = fault_ids())]
     pub faults: Vec<String>,
+    /// Record every step into a trace file (replay it with `replay`).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<std::path::PathBuf>,
+    /// Also store every layer's full attention outputs in the trace.
+    #[arg(long, requires = "trace")]
+    pub trace_tensors: bool,
+    /// Run twice and name the first step whose trace record differs.
+    #[arg(long, conflicts_with = "trace")]
+    pub check_determinism: bool,
     /// Print the summary as JSON.
     #[arg(long)]
     pub json: bool,
@@ -178,7 +189,27 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
             st.finished, st.requests
         ));
     };
-    let summary = match run(&s, a.seed, progress) {
+    if a.check_determinism {
+        return check_determinism(&s, a.seed);
+    }
+    let mut sink = match &a.trace {
+        Some(path) => {
+            let file = std::fs::File::create(path)
+                .with_context(|| format!("--trace {}", path.display()))?;
+            Some(TraceSink::new(
+                std::io::BufWriter::new(file),
+                a.trace_tensors,
+            ))
+        }
+        None => None,
+    };
+    let result = run_with(
+        &s,
+        a.seed,
+        sink.as_mut().map(|x| x as &mut dyn StepSink),
+        progress,
+    );
+    let summary = match result {
         Ok(summary) => summary,
         Err(e) if e.is_engine_failure() => {
             bar.finish_and_clear();
@@ -266,4 +297,37 @@ fn print_summary(s: &RunSummary) {
             f.detail
         );
     }
+}
+
+/// Runs the scenario twice into memory and compares the traces record by record.
+fn check_determinism(s: &Scenario, seed: u64) -> Result<ExitCode> {
+    let mut traces = Vec::new();
+    for _ in 0..2 {
+        let mut sink = TraceSink::new(Vec::new(), false);
+        run_with(s, seed, Some(&mut sink), |_| {})?;
+        traces.push(sink.into_inner().expect("the run ended"));
+    }
+    if traces[0] == traces[1] {
+        println!(
+            "deterministic: two runs wrote identical traces ({} bytes)",
+            traces[0].len()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let read = |b: &Vec<u8>| specmla_traces::read_all_from(b.as_slice(), Some(b.len() as u64));
+    let (ha, ra, _) = read(&traces[0])?;
+    let (hb, rb, _) = read(&traces[1])?;
+    if ha != hb {
+        println!("FAIL: the trace headers differ");
+        return Ok(ExitCode::from(1));
+    }
+    match ra.iter().zip(&rb).position(|(x, y)| x != y) {
+        Some(i) => println!("FAIL: the runs differ first at step {}", ra[i].step),
+        None => println!(
+            "FAIL: the runs differ in length ({} vs {} records)",
+            ra.len(),
+            rb.len()
+        ),
+    }
+    Ok(ExitCode::from(1))
 }

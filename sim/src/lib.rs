@@ -8,5 +8,6 @@ pub mod checks;
 pub mod kv_cache;
 pub mod model;
 pub mod oracle;
+pub mod record;
 pub mod runner;
 pub mod scenarios;

@@ -11,7 +11,9 @@ use crate::backend::{CpuBackend, CpuBackendError};
 use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tally, Tolerances};
 use crate::model::{DrafterModel, TargetModel};
 use crate::oracle::Oracle;
+use crate::record::trace_header;
 use crate::scenarios::{generate_workload, Scenario};
+use specmla_traces::TraceHeader;
 
 /// Why a run could not start or continue (bad input or environment: exit 2).
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +26,18 @@ pub enum RunError {
     CacheTooLarge(u64),
     #[error(transparent)]
     Engine(#[from] EngineError<CpuBackendError>),
+    #[error("trace: {0}")]
+    Trace(#[from] specmla_traces::TraceError),
+}
+
+/// Receives every step of a run (a trace writer, a determinism check).
+pub trait StepSink {
+    /// Called once before the first step.
+    fn begin(&mut self, header: TraceHeader) -> Result<(), RunError>;
+    /// Called after every step with the drafts the acceptance controller forced.
+    fn step(&mut self, o: &StepOutcome, forced: &[(u64, usize, u32)]) -> Result<(), RunError>;
+    /// Called once after the last step.
+    fn end(&mut self) -> Result<(), RunError>;
 }
 
 /// Largest cache the CPU backend allocates, so no flag can make it abort on memory.
@@ -133,6 +147,16 @@ impl RunSummary {
 pub fn run(
     scenario: &Scenario,
     seed: u64,
+    on_step: impl FnMut(&RunStats),
+) -> Result<RunSummary, RunError> {
+    run_with(scenario, seed, None, on_step)
+}
+
+/// [`run`], also feeding every step to `sink` (trace recording).
+pub fn run_with(
+    scenario: &Scenario,
+    seed: u64,
+    mut sink: Option<&mut dyn StepSink>,
     mut on_step: impl FnMut(&RunStats),
 ) -> Result<RunSummary, RunError> {
     let cfg = scenario.cfg.clone();
@@ -156,6 +180,9 @@ pub fn run(
             && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep,
         seed,
     };
+    if let Some(sink) = sink.as_deref_mut() {
+        sink.begin(trace_header(scenario, &cfg, seed, &workload, false))?;
+    }
     let backend = CpuBackend::new(&cfg, target, drafter);
     let mut engine = Engine::new(cfg, opts, workload.clone(), backend)?;
     let mut stats = RunStats {
@@ -167,8 +194,15 @@ pub fn run(
             break;
         };
         checker.check_step(&outcome, opts.check_layouts, opts.check_drafter_batches);
+        let forced = std::mem::take(&mut checker.forced_log);
+        if let Some(sink) = sink.as_deref_mut() {
+            sink.step(&outcome, &forced)?;
+        }
         stats.absorb(&outcome);
         on_step(&stats);
+    }
+    if let Some(sink) = sink.as_deref_mut() {
+        sink.end()?;
     }
     Ok(RunSummary {
         scenario: scenario.name.to_string(),

@@ -171,6 +171,15 @@ pub fn by_name(name: &str) -> Option<Scenario> {
     all().into_iter().find(|s| s.name == name)
 }
 
+/// The grammar a workload request carries, rebuilt from its seed (traces store only the
+/// seed).
+pub fn grammar_from_seed(vocab_size: usize, grammar_seed: u64) -> RequestGrammar {
+    RequestGrammar {
+        automaton: Arc::new(TokenAutomaton::random(6, vocab_size, 0.3, grammar_seed)),
+        state: GrammarState::Live(0),
+    }
+}
+
 /// Generates the workload of `shape` for `cfg` from `seed`.
 pub fn generate_workload(shape: &WorkloadShape, cfg: &EngineConfig, seed: u64) -> Vec<RequestSpec> {
     let mut rng = stream_rng(seed, Stream::Workload);
@@ -186,18 +195,9 @@ pub fn generate_workload(shape: &WorkloadShape, cfg: &EngineConfig, seed: u64) -
                 .gen_range(shape.max_new_tokens.0..=shape.max_new_tokens.1)
                 .max(1);
             let arrival_step = rng.gen_range(0..shape.arrival_steps.max(1));
-            let grammar = rng.gen_bool(shape.grammar_fraction).then(|| {
-                let g_seed = rng.gen::<u64>() ^ seed;
-                RequestGrammar {
-                    automaton: Arc::new(TokenAutomaton::random(
-                        6,
-                        cfg.model.vocab_size,
-                        0.3,
-                        g_seed,
-                    )),
-                    state: GrammarState::Live(0),
-                }
-            });
+            let grammar = rng
+                .gen_bool(shape.grammar_fraction)
+                .then(|| grammar_from_seed(cfg.model.vocab_size, rng.gen::<u64>() ^ seed));
             RequestSpec {
                 id,
                 prompt,

@@ -1,0 +1,239 @@
+//! Conversion of engine steps into trace records (the trace format is its own set of
+//! types, so it stays stable while the core changes): the batch as scheduled, what each
+//! row sampled and accepted, and digests of the exact bits of the metadata, every
+//! layer's attention output per row, the logits, hidden states and drafter inputs.
+
+use specmla_core::config::EngineConfig;
+use specmla_core::engine::StepOutcome;
+use specmla_core::grammar::GrammarState;
+use specmla_core::plan::StepPlan;
+use specmla_core::request::RequestSpec;
+use specmla_traces::format::encode_payload;
+use specmla_traces::{
+    digest_f32, Fnv1a64, ForcedDraft, LayerDigest, RowPath, StepRecord, TraceHeader, TraceRequest,
+    TraceRow, FORMAT_VERSION,
+};
+
+use crate::scenarios::Scenario;
+
+/// The trace header of a run of `scenario` (with `cfg`, flags applied) on `workload`.
+pub fn trace_header(
+    s: &Scenario,
+    cfg: &EngineConfig,
+    seed: u64,
+    workload: &[RequestSpec],
+    tensors: bool,
+) -> TraceHeader {
+    TraceHeader {
+        format_version: FORMAT_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        scenario: s.name.to_string(),
+        seed,
+        config_json: serde_json::to_string(cfg).expect("configs serialize"),
+        faults: cfg.faults.iter().map(|f| f.id().to_string()).collect(),
+        acceptance_rate: s.acceptance_rate,
+        trace_tensors: tensors,
+        workload: workload
+            .iter()
+            .map(|r| TraceRequest {
+                id: r.id,
+                prompt: r.prompt.clone(),
+                max_new_tokens: r.max_new_tokens as u64,
+                arrival_step: r.arrival_step,
+                grammar_seed: r.grammar.as_ref().map(|g| g.automaton.seed),
+            })
+            .collect(),
+    }
+}
+
+/// The record of one executed step; `forced` is what the acceptance controller forced.
+pub fn step_record(o: &StepOutcome, forced: &[(u64, usize, u32)], tensors: bool) -> StepRecord {
+    let plan = &o.plan;
+    let rows = o
+        .batch
+        .rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let planned = plan
+                .order
+                .iter()
+                .position(|&x| x == i)
+                .expect("every row is planned");
+            TraceRow {
+                req_id: r.req_id,
+                num_computed_tokens: r.num_computed_tokens as u64,
+                num_scheduled_tokens: r.num_scheduled_tokens as u64,
+                token_ids: r.token_ids.clone(),
+                num_draft_tokens: r.num_draft_tokens as u64,
+                samples: r.samples,
+                next_prompt_token: r.next_prompt_token,
+                block_ids: r.block_ids.clone(),
+                grammar_state: grammar_state_id(o.grammar_states.get(i).copied().flatten()),
+                path: if plan.rows[planned].is_decode {
+                    RowPath::Decode
+                } else {
+                    RowPath::Prefill
+                },
+            }
+        })
+        .collect();
+    let per_row = |f: &dyn Fn(&specmla_core::verify::RowVerify) -> Vec<u32>| -> Vec<Vec<u32>> {
+        o.verifies
+            .iter()
+            .map(|v| v.as_ref().map(f).unwrap_or_default())
+            .collect()
+    };
+    StepRecord {
+        step: plan.step,
+        rows,
+        order: plan.order.iter().map(|&i| i as u32).collect(),
+        preempted: o.batch.preempted.clone(),
+        metadata_digest: metadata_digest(plan),
+        sampled: per_row(&|v| v.sampled.clone()),
+        num_accepted: o
+            .verifies
+            .iter()
+            .map(|v| v.as_ref().map_or(0, |v| v.num_accepted as u32))
+            .collect(),
+        new_tokens: per_row(&|v| v.new_tokens.clone()),
+        proposals: o.proposals.clone(),
+        forced_drafts: forced
+            .iter()
+            .map(|&(req_id, position, token)| ForcedDraft {
+                req_id,
+                position: position as u64,
+                token,
+            })
+            .collect(),
+        logits_digest: digest_f32(&o.target.logits),
+        hidden_digest: digest_f32(&o.target.hidden),
+        layers: layer_digests(o),
+        drafter_digest: drafter_digest(o),
+        tensors: tensors.then(|| o.target.attn_outputs.clone()),
+    }
+}
+
+/// A scheduled row's committed grammar state as a trace stores it.
+pub fn grammar_state_id(state: Option<GrammarState>) -> Option<u32> {
+    match state? {
+        GrammarState::Live(s) => Some(s),
+        GrammarState::Dead => None,
+    }
+}
+
+fn metadata_digest(plan: &StepPlan) -> u64 {
+    let mut h = Fnv1a64::new();
+    let parts = (
+        &plan.order,
+        &plan.common,
+        &plan.mla,
+        &plan.cudagraph,
+        &plan.logits_indices,
+        &plan.grammar_masks,
+    );
+    h.update(&encode_payload(&parts).expect("plans serialize"));
+    h.finish()
+}
+
+/// Per layer: one digest per planned row, and one over each path's rows.
+fn layer_digests(o: &StepOutcome) -> Vec<LayerDigest> {
+    let plan = &o.plan;
+    let n = plan.num_tokens();
+    if n == 0 {
+        return Vec::new();
+    }
+    let width = o.target.attn_outputs.first().map_or(0, |a| a.len() / n);
+    let tokens = |r: std::ops::Range<usize>| r.start.min(n) * width..r.end.min(n) * width;
+    o.target
+        .attn_outputs
+        .iter()
+        .enumerate()
+        .map(|(l, a)| LayerDigest {
+            layer: l as u32,
+            decode_rows: plan
+                .mla
+                .decode
+                .as_ref()
+                .map_or(0, |d| digest_f32(&a[tokens(d.tokens.clone())])),
+            prefill_rows: plan
+                .mla
+                .prefill
+                .as_ref()
+                .map_or(0, |p| digest_f32(&a[tokens(p.tokens.clone())])),
+            per_row: (0..plan.rows.len())
+                .map(|r| digest_f32(&a[tokens(plan.common.row_tokens(r))]))
+                .collect(),
+        })
+        .collect()
+}
+
+/// The drafter's inputs (tokens, positions, slots, seq_lens of every pass, DFlash
+/// block slots) and its proposals.
+fn drafter_digest(o: &StepOutcome) -> u64 {
+    let mut h = Fnv1a64::new();
+    for p in &o.drafter_passes {
+        h.update(
+            &encode_payload(&(&p.token_ids, &p.positions, &p.slot_mapping, &p.seq_lens))
+                .expect("passes serialize"),
+        );
+    }
+    if let Some(d) = &o.dflash {
+        h.update(
+            &encode_payload(&(&d.block_positions, &d.block_slots, &d.context_slots))
+                .expect("passes serialize"),
+        );
+    }
+    h.update(&encode_payload(&o.proposals).expect("proposals serialize"));
+    h.finish()
+}
+
+/// A [`StepSink`](crate::runner::StepSink) that writes a trace, flushing every record so
+/// a killed run leaves a readable prefix.
+pub struct TraceSink<W: std::io::Write> {
+    out: Option<W>,
+    writer: Option<specmla_traces::TraceWriter<W>>,
+    tensors: bool,
+    finished: Option<W>,
+}
+
+impl<W: std::io::Write> TraceSink<W> {
+    /// A sink writing to `out`; `tensors` also stores full attention outputs.
+    pub fn new(out: W, tensors: bool) -> Self {
+        Self {
+            out: Some(out),
+            writer: None,
+            tensors,
+            finished: None,
+        }
+    }
+
+    /// The output once the run ended.
+    pub fn into_inner(self) -> Option<W> {
+        self.finished
+    }
+}
+
+impl<W: std::io::Write> crate::runner::StepSink for TraceSink<W> {
+    fn begin(&mut self, mut header: TraceHeader) -> Result<(), crate::runner::RunError> {
+        header.trace_tensors = self.tensors;
+        let out = self.out.take().expect("begin is called once");
+        self.writer = Some(specmla_traces::TraceWriter::new(out, &header)?);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        o: &StepOutcome,
+        forced: &[(u64, usize, u32)],
+    ) -> Result<(), crate::runner::RunError> {
+        let w = self.writer.as_mut().expect("begin came first");
+        Ok(w.write_step(&step_record(o, forced, self.tensors))?)
+    }
+
+    fn end(&mut self) -> Result<(), crate::runner::RunError> {
+        let w = self.writer.take().expect("begin came first");
+        self.finished = Some(w.finish()?);
+        Ok(())
+    }
+}
