@@ -1,0 +1,128 @@
+//! Shrinks a diverging trace to a minimal reproducer: the steps up to the first
+//! divergence, and the fewest requests that still diverge (delta debugging over request
+//! sets). Every candidate is re-recorded clean, so the result replays on its own:
+//! identical without the faults, divergent with them.
+
+use std::collections::BTreeSet;
+
+use specmla_core::fault::Faults;
+use specmla_traces::{StepRecord, TraceHeader};
+
+use crate::replayer::{ReplayError, Replayer};
+use crate::{replay_records, ReplayReport};
+
+/// A trace in memory.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Trace {
+    pub header: TraceHeader,
+    pub records: Vec<StepRecord>,
+}
+
+impl Trace {
+    /// Requests that appear in any step.
+    pub fn requests(&self) -> BTreeSet<u64> {
+        self.records
+            .iter()
+            .flat_map(|r| r.rows.iter().map(|x| x.req_id))
+            .collect()
+    }
+
+    /// Rows across all steps.
+    pub fn num_rows(&self) -> usize {
+        self.records.iter().map(|r| r.rows.len()).sum()
+    }
+}
+
+/// The trace restricted to `keep` requests and its first `steps` records; empty steps
+/// are dropped. Expected values are stale until [`re_record`].
+fn restrict(t: &Trace, keep: &BTreeSet<u64>, steps: usize) -> Trace {
+    let mut header = t.header.clone();
+    header.workload.retain(|r| keep.contains(&r.id));
+    let records = t.records[..steps.min(t.records.len())]
+        .iter()
+        .filter_map(|rec| {
+            let mut rec = rec.clone();
+            rec.rows.retain(|r| keep.contains(&r.req_id));
+            rec.forced_drafts.retain(|f| keep.contains(&f.req_id));
+            rec.preempted.retain(|id| keep.contains(id));
+            (!rec.rows.is_empty()).then_some(rec)
+        })
+        .collect();
+    Trace { header, records }
+}
+
+/// Replays `t` without faults and keeps the replay's records as the expected values.
+pub fn re_record(t: &Trace) -> Result<Trace, ReplayError> {
+    let mut r = Replayer::new(&t.header, Faults::none())?;
+    let mut header = t.header.clone();
+    header.faults.clear();
+    let records = t
+        .records
+        .iter()
+        .map(|rec| r.step(rec))
+        .collect::<Result<_, _>>()?;
+    Ok(Trace { header, records })
+}
+
+/// Whether `t`, re-recorded clean, still diverges under `faults`; returns the report.
+fn diverges(t: &Trace, faults: Faults) -> Result<Option<(Trace, ReplayReport)>, ReplayError> {
+    let clean = re_record(t)?;
+    let report = replay_records(&clean.header, &clean.records, faults)?;
+    Ok(report.divergence.is_some().then_some((clean, report)))
+}
+
+/// Shrinks `t` (which must diverge under `faults`). `None` if it does not diverge.
+pub fn bisect(t: &Trace, faults: Faults) -> Result<Option<Trace>, ReplayError> {
+    let report = replay_records(&t.header, &t.records, faults)?;
+    let Some(d) = report.divergence else {
+        return Ok(None);
+    };
+    let steps = t
+        .records
+        .iter()
+        .position(|r| r.step == d.step)
+        .map_or(t.records.len(), |i| i + 1);
+    let mut keep: Vec<u64> = restrict(t, &t.requests(), steps)
+        .requests()
+        .into_iter()
+        .collect();
+    let Some((mut best, _)) =
+        diverges(&restrict(t, &keep.iter().copied().collect(), steps), faults)?
+    else {
+        return Ok(None);
+    };
+    let mut chunk = keep.len().div_ceil(2);
+    while chunk >= 1 && keep.len() > 1 {
+        let mut i = 0;
+        let mut removed_any = false;
+        while i < keep.len() && keep.len() > 1 {
+            let candidate: BTreeSet<u64> = keep
+                .iter()
+                .enumerate()
+                .filter(|&(j, _)| j < i || j >= i + chunk)
+                .map(|(_, &id)| id)
+                .collect();
+            if !candidate.is_empty() {
+                if let Some((clean, rep)) = diverges(&restrict(t, &candidate, steps), faults)? {
+                    keep = candidate.into_iter().collect();
+                    best = trim_after(clean, rep.divergence.as_ref().map(|d| d.step));
+                    removed_any = true;
+                    continue;
+                }
+            }
+            i += chunk;
+        }
+        if !removed_any {
+            chunk /= 2;
+        }
+    }
+    Ok(Some(best))
+}
+
+/// Drops the records after the divergent step.
+fn trim_after(mut t: Trace, step: Option<u64>) -> Trace {
+    if let Some(s) = step {
+        t.records.retain(|r| r.step <= s);
+    }
+    t
+}

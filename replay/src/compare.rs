@@ -1,0 +1,163 @@
+//! Comparison of a replayed step with its record: bit for bit through the digests, and
+//! when they differ, where: the first divergent layer, the rows and tokens that differ,
+//! and which path they took (decode rows, prefill rows, the context-chunk merge, the
+//! drafter).
+
+use serde::Serialize;
+use specmla_traces::{RowPath, StepRecord};
+
+/// One row whose outputs differ.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct DivergentRow {
+    /// Planned (execution-order) row.
+    pub row: usize,
+    pub req_id: u64,
+    /// "decode", "prefill" or "prefill+context" (the context-chunk LSE merge ran).
+    pub path: String,
+    pub q_len: u64,
+    pub context_len: u64,
+}
+
+/// Where inside a step the replay first differs from the record.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Divergence {
+    pub step: u64,
+    /// The plan's metadata (split, slots, chunks, graph, masks) differs.
+    pub metadata_differs: bool,
+    /// First layer whose attention output differs, and the rows that differ there.
+    pub first_layer: Option<u32>,
+    pub layer_rows: Vec<DivergentRow>,
+    /// Rows whose sampled or accepted tokens differ: (row, recorded, replayed).
+    pub token_rows: Vec<(usize, Vec<u32>, Vec<u32>)>,
+    /// The drafter's inputs or proposals differ.
+    pub drafter_differs: bool,
+    /// Requests whose proposals differ.
+    pub drafter_requests: Vec<u64>,
+    /// With stored tensors: the largest |difference| in the first divergent layer.
+    pub max_abs_diff: Option<f32>,
+}
+
+impl Divergence {
+    /// One line naming where it diverged.
+    pub fn headline(&self) -> String {
+        let mut parts = Vec::new();
+        if self.metadata_differs {
+            parts.push("metadata".to_string());
+        }
+        if let Some(l) = self.first_layer {
+            let mut paths: Vec<&str> = self.layer_rows.iter().map(|r| r.path.as_str()).collect();
+            paths.dedup();
+            parts.push(format!(
+                "layer {l} ({} rows: {})",
+                self.layer_rows.len(),
+                paths.join(", ")
+            ));
+        }
+        if !self.token_rows.is_empty() {
+            parts.push(format!("tokens of {} rows", self.token_rows.len()));
+        }
+        if self.drafter_differs {
+            parts.push("drafter".to_string());
+        }
+        format!("step {}: {}", self.step, parts.join("; "))
+    }
+}
+
+/// The first difference between a recorded step and its replay, or `None` if they are
+/// identical bit for bit.
+pub fn compare_step(rec: &StepRecord, got: &StepRecord) -> Option<Divergence> {
+    let metadata_differs = rec.metadata_digest != got.metadata_digest || rec.order != got.order;
+    let (first_layer, layer_rows) = first_layer(rec, got);
+    let token_rows: Vec<(usize, Vec<u32>, Vec<u32>)> =
+        (0..rec.new_tokens.len().max(got.new_tokens.len()))
+            .filter(|&r| {
+                rec.new_tokens.get(r) != got.new_tokens.get(r)
+                    || rec.sampled.get(r) != got.sampled.get(r)
+            })
+            .map(|r| {
+                (
+                    r,
+                    rec.new_tokens.get(r).cloned().unwrap_or_default(),
+                    got.new_tokens.get(r).cloned().unwrap_or_default(),
+                )
+            })
+            .collect();
+    let drafter_differs =
+        rec.drafter_digest != got.drafter_digest || rec.proposals != got.proposals;
+    let drafter_requests = planned_req_ids(rec)
+        .into_iter()
+        .enumerate()
+        .filter(|&(r, _)| rec.proposals.get(r) != got.proposals.get(r))
+        .map(|(_, id)| id)
+        .collect();
+    let outputs_same =
+        rec.logits_digest == got.logits_digest && rec.hidden_digest == got.hidden_digest;
+    if !metadata_differs
+        && first_layer.is_none()
+        && token_rows.is_empty()
+        && !drafter_differs
+        && outputs_same
+    {
+        return None;
+    }
+    let max_abs_diff = first_layer.and_then(|l| max_abs_diff(rec, got, l as usize));
+    Some(Divergence {
+        step: rec.step,
+        metadata_differs,
+        first_layer,
+        layer_rows,
+        token_rows,
+        drafter_differs,
+        drafter_requests,
+        max_abs_diff,
+    })
+}
+
+fn planned_req_ids(rec: &StepRecord) -> Vec<u64> {
+    rec.order
+        .iter()
+        .filter_map(|&i| rec.rows.get(i as usize).map(|r| r.req_id))
+        .collect()
+}
+
+fn first_layer(rec: &StepRecord, got: &StepRecord) -> (Option<u32>, Vec<DivergentRow>) {
+    for (a, b) in rec.layers.iter().zip(&got.layers) {
+        let rows: Vec<DivergentRow> = (0..a.per_row.len().max(b.per_row.len()))
+            .filter(|&r| a.per_row.get(r) != b.per_row.get(r))
+            .filter_map(|r| divergent_row(rec, r))
+            .collect();
+        if !rows.is_empty() {
+            return (Some(a.layer), rows);
+        }
+    }
+    (None, Vec::new())
+}
+
+fn divergent_row(rec: &StepRecord, r: usize) -> Option<DivergentRow> {
+    let row = rec.rows.get(*rec.order.get(r)? as usize)?;
+    let path = match row.path {
+        RowPath::Decode => "decode",
+        RowPath::Prefill if row.num_computed_tokens > 0 => "prefill+context",
+        RowPath::Prefill => "prefill",
+    };
+    Some(DivergentRow {
+        row: r,
+        req_id: row.req_id,
+        path: path.to_string(),
+        q_len: row.num_scheduled_tokens,
+        context_len: row.num_computed_tokens,
+    })
+}
+
+fn max_abs_diff(rec: &StepRecord, got: &StepRecord, layer: usize) -> Option<f32> {
+    let (a, b) = (
+        rec.tensors.as_ref()?.get(layer)?,
+        got.tensors.as_ref()?.get(layer)?,
+    );
+    Some(
+        a.iter()
+            .zip(b)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f32::max),
+    )
+}

@@ -1,0 +1,286 @@
+//! `replay`: re-execute a trace and compare it bit for bit, shrink a diverging trace, or
+//! print one. Exit codes: 0 identical, 1 diverged, 2 bad input or environment.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use specmla_core::fault::{Fault, Faults};
+use specmla_replay::bisect::{bisect, Trace};
+use specmla_replay::compare::Divergence;
+use specmla_replay::{replay_records, ReplayReport};
+use specmla_traces::{read_all, Completeness, RowPath, StepRecord, TraceWriter};
+
+/// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
+/// every step bit for bit with its record. On a divergence it names the first divergent
+/// step, then inside it the first divergent layer, the rows and tokens that differ and the
+/// path they took (decode rows, prefill rows, the context-chunk merge, the drafter).
+#[derive(Parser)]
+#[command(name = "replay", version, args_conflicts_with_subcommands = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print a trace for people (or scripts, with --json).
+    Show(ShowArgs),
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendArg {
+    /// The CPU reference backend.
+    Cpu,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// The trace to replay (written by `sim --trace`).
+    trace: Option<PathBuf>,
+    /// Backend to re-execute on.
+    #[arg(long, value_enum, default_value = "cpu")]
+    backend: BackendArg,
+    /// Turn on a known-bug switch while replaying (F1..F10, repeatable).
+    #[arg(long = "fault", value_name = "ID", value_parser = clap::builder::PossibleValuesParser::new(Fault::ALL.map(|f| f.id())))]
+    faults: Vec<String>,
+    /// Shrink a diverging trace to a minimal reproducer (needs -o).
+    #[arg(long, requires = "output")]
+    bisect: bool,
+    /// Where --bisect writes the minimal trace.
+    #[arg(short = 'o', long, value_name = "MIN.bin")]
+    output: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args)]
+struct ShowArgs {
+    /// The trace to print.
+    trace: PathBuf,
+    /// Print only this step, in detail.
+    #[arg(long)]
+    step: Option<u64>,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Some(Command::Show(a)) => show(&a),
+        None => run(&cli.run),
+    };
+    result.unwrap_or_else(|e| {
+        eprintln!("error: {e:#}");
+        ExitCode::from(2)
+    })
+}
+
+fn load(path: &Path) -> Result<Trace> {
+    let (header, records, completeness) =
+        read_all(path).with_context(|| format!("{}", path.display()))?;
+    if let Completeness::Truncated { records } = completeness {
+        eprintln!(
+            "note: {} is truncated after {records} records; using that prefix",
+            path.display()
+        );
+    }
+    Ok(Trace { header, records })
+}
+
+fn faults(ids: &[String]) -> Faults {
+    ids.iter()
+        .map(|id| Fault::from_id(id).expect("clap checked the id"))
+        .collect()
+}
+
+fn run(a: &RunArgs) -> Result<ExitCode> {
+    let Some(path) = &a.trace else {
+        bail!("a trace to replay is required (see --help)")
+    };
+    let BackendArg::Cpu = a.backend;
+    let t = load(path)?;
+    let f = faults(&a.faults);
+    if a.bisect {
+        return run_bisect(&t, f, a.output.as_deref().expect("clap requires -o"));
+    }
+    let report = replay_records(&t.header, &t.records, f)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_report(path, &t, &a.faults, &report);
+    }
+    Ok(if report.divergence.is_some() {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) {
+    let h = &t.header;
+    let faults = if fault_ids.is_empty() {
+        "none".to_string()
+    } else {
+        fault_ids.join(", ")
+    };
+    println!(
+        "replay {}: scenario {}, seed {}, {} steps, faults on replay: {faults}",
+        path.display(),
+        h.scenario,
+        h.seed,
+        r.steps_in_trace
+    );
+    match &r.divergence {
+        None => println!("IDENTICAL: {} steps replayed bit for bit", r.steps_replayed),
+        Some(d) => print_divergence(d, r.steps_replayed),
+    }
+}
+
+fn print_divergence(d: &Divergence, replayed: usize) {
+    println!(
+        "DIVERGED at {} (after replaying {replayed} steps)",
+        d.headline()
+    );
+    println!(
+        "  metadata     {}",
+        if d.metadata_differs {
+            "differs (split, slots, chunks, graph or masks)"
+        } else {
+            "identical"
+        }
+    );
+    match d.first_layer {
+        Some(l) => {
+            println!("  first layer  {l}: {} rows differ", d.layer_rows.len());
+            for r in d.layer_rows.iter().take(8) {
+                let via = if r.path == "prefill+context" {
+                    "  <- context-chunk LSE merge"
+                } else {
+                    ""
+                };
+                println!(
+                    "    row {:>3}  request {:>4}  {:<16} q {:>3}  context {:>4}{via}",
+                    r.row, r.req_id, r.path, r.q_len, r.context_len
+                );
+            }
+        }
+        None => println!("  layers       identical"),
+    }
+    if let Some(m) = d.max_abs_diff {
+        println!("  max |diff|   {m:.3e} in that layer");
+    }
+    for (row, want, got) in d.token_rows.iter().take(4) {
+        println!("  tokens       row {row}: recorded {want:?}, replayed {got:?}");
+    }
+    if d.drafter_differs {
+        println!(
+            "  drafter      inputs or proposals differ (requests {:?})",
+            d.drafter_requests
+        );
+    }
+}
+
+fn run_bisect(t: &Trace, f: Faults, out: &Path) -> Result<ExitCode> {
+    let bytes_before = encode(t)?.len();
+    let Some(min) = bisect(t, f)? else {
+        println!("the trace does not diverge under these faults; nothing to shrink");
+        return Ok(ExitCode::SUCCESS);
+    };
+    let bytes = encode(&min)?;
+    std::fs::write(out, &bytes).with_context(|| format!("-o {}", out.display()))?;
+    println!(
+        "before: {} steps, {} requests, {} rows, {} bytes",
+        t.records.len(),
+        t.requests().len(),
+        t.num_rows(),
+        bytes_before
+    );
+    println!(
+        "after:  {} steps, {} requests, {} rows, {} bytes -> {}",
+        min.records.len(),
+        min.requests().len(),
+        min.num_rows(),
+        bytes.len(),
+        out.display()
+    );
+    let report = replay_records(&min.header, &min.records, f)?;
+    if let Some(d) = &report.divergence {
+        print_divergence(d, report.steps_replayed);
+    }
+    Ok(ExitCode::from(1))
+}
+
+fn encode(t: &Trace) -> Result<Vec<u8>> {
+    let mut w = TraceWriter::new(Vec::new(), &t.header)?;
+    for r in &t.records {
+        w.write_step(r)?;
+    }
+    Ok(w.finish()?)
+}
+
+fn show(a: &ShowArgs) -> Result<ExitCode> {
+    let t = load(&a.trace)?;
+    let records: Vec<&StepRecord> = t
+        .records
+        .iter()
+        .filter(|r| a.step.is_none_or(|s| r.step == s))
+        .collect();
+    if let Some(s) = a.step {
+        if records.is_empty() {
+            bail!(
+                "--step {s}: the trace has no such step (steps {}..={})",
+                t.records.first().map_or(0, |r| r.step),
+                t.records.last().map_or(0, |r| r.step)
+            );
+        }
+    }
+    if a.json {
+        let mut header = serde_json::to_value(&t.header)?;
+        header["config"] = serde_json::from_str(&t.header.config_json)?;
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({"header": header, "steps": records}))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let h = &t.header;
+    println!("trace: scenario {}, seed {}, format {}, written by specmla {}, {} requests, {} steps, faults recorded: {:?}", h.scenario, h.seed, h.format_version, h.tool_version, h.workload.len(), t.records.len(), h.faults);
+    for r in records {
+        if a.step.is_some() {
+            print_step_detail(r);
+        } else {
+            print_step_line(r);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_step_line(r: &StepRecord) {
+    let decode = r.rows.iter().filter(|x| x.path == RowPath::Decode).count();
+    let tokens: u64 = r.rows.iter().map(|x| x.num_scheduled_tokens).sum();
+    let accepted: u32 = r.num_accepted.iter().sum();
+    println!("step {:>5}: {:>3} rows ({decode} decode, {} prefill), {tokens:>5} tokens, {accepted} drafts accepted", r.step, r.rows.len(), r.rows.len() - decode);
+}
+
+fn print_step_detail(r: &StepRecord) {
+    print_step_line(r);
+    for (p, &i) in r.order.iter().enumerate() {
+        let x = &r.rows[i as usize];
+        let path = match x.path {
+            RowPath::Decode => "decode",
+            RowPath::Prefill => "prefill",
+        };
+        println!(
+            "  row {p:>3}: request {:>4} {path:<7} context {:>5} q {:>3} drafts {} sampled {:?} accepted {} proposals {:?}",
+            x.req_id, x.num_computed_tokens, x.num_scheduled_tokens, x.num_draft_tokens,
+            r.sampled.get(p).cloned().unwrap_or_default(), r.num_accepted.get(p).copied().unwrap_or(0), r.proposals.get(p).cloned().unwrap_or_default()
+        );
+    }
+}

@@ -1,0 +1,227 @@
+//! Re-executes recorded steps: the recorded batches (not a new schedule) run through the
+//! core's executor on the CPU backend, with the recorded forced drafts and grammar
+//! states, and each step is re-recorded for comparison.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use specmla_core::batch::{ScheduledBatch, ScheduledRow};
+use specmla_core::config::EngineConfig;
+use specmla_core::engine::{
+    BatchContext, DraftOracle, DraftQuery, EngineError, EngineOptions, Executor,
+};
+use specmla_core::fault::Faults;
+use specmla_core::grammar::{GrammarState, TokenAutomaton};
+use specmla_sim::backend::{CpuBackend, CpuBackendError};
+use specmla_sim::model::{DrafterModel, TargetModel};
+use specmla_sim::record::step_record;
+use specmla_sim::scenarios::grammar_from_seed;
+use specmla_traces::{StepRecord, TraceHeader};
+
+/// Why a trace cannot be replayed.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("the trace's config does not parse: {0}")]
+    Config(String),
+    #[error("the trace's config is invalid: {0}")]
+    Invalid(#[from] specmla_core::error::ConfigError),
+    #[error("step {step}: {source}")]
+    Engine {
+        step: u64,
+        #[source]
+        source: EngineError<CpuBackendError>,
+    },
+    #[error("step {step}: {reason}")]
+    BadRecord { step: u64, reason: String },
+}
+
+/// Grammar automata of the trace's requests, their recorded states, and the drafter's
+/// probabilities from the previous replayed step.
+#[derive(Default)]
+struct ReplayContext {
+    automata: BTreeMap<u64, Arc<TokenAutomaton>>,
+    states: BTreeMap<u64, u32>,
+    draft_probs: BTreeMap<u64, Vec<Vec<f32>>>,
+}
+
+impl BatchContext for ReplayContext {
+    fn grammar(&self, req_id: u64) -> Option<(&TokenAutomaton, GrammarState)> {
+        let a = self.automata.get(&req_id)?;
+        Some((a, GrammarState::Live(*self.states.get(&req_id)?)))
+    }
+    fn draft_probs(&self, req_id: u64) -> &[Vec<f32>] {
+        self.draft_probs.get(&req_id).map_or(&[], |p| p.as_slice())
+    }
+}
+
+/// Forces exactly the drafts the recording forced.
+struct RecordedOracle(BTreeMap<(u64, u64), u32>);
+
+impl DraftOracle for RecordedOracle {
+    fn forced_draft(&mut self, q: DraftQuery<'_>) -> Option<u32> {
+        self.0.get(&(q.req_id, q.position as u64)).copied()
+    }
+}
+
+/// A CPU executor rebuilt from a trace header.
+pub struct Replayer {
+    exec: Executor<CpuBackend>,
+    ctx: ReplayContext,
+    tensors: bool,
+}
+
+impl Replayer {
+    /// Rebuilds config, weights and caches from `header`, with `faults` switched on
+    /// (replacing the recorded ones).
+    pub fn new(header: &TraceHeader, faults: Faults) -> Result<Self, ReplayError> {
+        let mut cfg = parse_config(header)?;
+        cfg.faults = faults;
+        let target = Arc::new(TargetModel::from_seed(&cfg.model, header.seed));
+        let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, header.seed));
+        let backend = CpuBackend::new(&cfg, target, drafter);
+        let opts = EngineOptions {
+            seed: header.seed,
+            ..Default::default()
+        };
+        let vocab = cfg.model.vocab_size;
+        let exec = Executor::new(cfg, opts, backend)
+            .map_err(|source| ReplayError::Engine { step: 0, source })?;
+        let automata = header
+            .workload
+            .iter()
+            .filter_map(|r| Some((r.id, grammar_from_seed(vocab, r.grammar_seed?).automaton)))
+            .collect();
+        Ok(Self {
+            exec,
+            ctx: ReplayContext {
+                automata,
+                ..Default::default()
+            },
+            tensors: header.trace_tensors,
+        })
+    }
+
+    /// The config the replay runs.
+    pub fn config(&self) -> &EngineConfig {
+        self.exec.config()
+    }
+
+    /// Re-executes one recorded step and returns its fresh record.
+    pub fn step(&mut self, rec: &StepRecord) -> Result<StepRecord, ReplayError> {
+        let batch = to_batch(rec, self.exec.config())?;
+        let vocab = self.exec.config().model.vocab_size;
+        if rec.forced_drafts.iter().any(|f| f.token as usize >= vocab) {
+            return Err(ReplayError::BadRecord {
+                step: rec.step,
+                reason: "a forced draft is outside the vocabulary".into(),
+            });
+        }
+        for r in &rec.rows {
+            let states = self
+                .ctx
+                .automata
+                .get(&r.req_id)
+                .map_or(0, |a| a.num_states as u32);
+            if r.grammar_state.is_some_and(|s| s >= states) {
+                return Err(ReplayError::BadRecord {
+                    step: rec.step,
+                    reason: format!("request {} has an unknown grammar state", r.req_id),
+                });
+            }
+            match r.grammar_state {
+                Some(s) => self.ctx.states.insert(r.req_id, s),
+                None => self.ctx.states.remove(&r.req_id),
+            };
+        }
+        let forced = rec
+            .forced_drafts
+            .iter()
+            .map(|f| ((f.req_id, f.position), f.token))
+            .collect();
+        let mut oracle = RecordedOracle(forced);
+        let out = self
+            .exec
+            .execute(batch, &self.ctx, &mut oracle)
+            .map_err(|source| ReplayError::Engine {
+                step: rec.step,
+                source,
+            })?;
+        for (row, probs) in out.plan.rows.iter().zip(&out.proposal_probs) {
+            self.ctx.draft_probs.insert(row.req_id, probs.clone());
+        }
+        let forced: Vec<(u64, usize, u32)> = rec
+            .forced_drafts
+            .iter()
+            .map(|f| (f.req_id, f.position as usize, f.token))
+            .collect();
+        Ok(step_record(&out, &forced, self.tensors))
+    }
+}
+
+/// The engine config stored in a trace header.
+pub fn parse_config(header: &TraceHeader) -> Result<EngineConfig, ReplayError> {
+    let cfg: EngineConfig = serde_json::from_str(&header.config_json)
+        .map_err(|e| ReplayError::Config(e.to_string()))?;
+    cfg.validate()?;
+    Ok(cfg)
+}
+
+/// The scheduled batch of a record, checked against the config so a damaged record is a
+/// clear error rather than a panic deep in the backend.
+fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, ReplayError> {
+    let bad = |reason: String| ReplayError::BadRecord {
+        step: rec.step,
+        reason,
+    };
+    let s = &cfg.scheduler;
+    let mut rows = Vec::with_capacity(rec.rows.len());
+    for (i, r) in rec.rows.iter().enumerate() {
+        let q = r.num_scheduled_tokens as usize;
+        let c = r.num_computed_tokens as usize;
+        if q == 0 || r.token_ids.len() != q || r.num_draft_tokens as usize >= q {
+            return Err(bad(format!(
+                "row {i}: q_len {q} does not match its {} tokens",
+                r.token_ids.len()
+            )));
+        }
+        if c + q > s.max_model_len || r.block_ids.iter().any(|&b| b as usize >= s.num_gpu_blocks) {
+            return Err(bad(format!(
+                "row {i}: positions or blocks outside the config"
+            )));
+        }
+        if r.block_ids.len() * s.page_size < c + q
+            || r.token_ids
+                .iter()
+                .any(|&t| t as usize >= cfg.model.vocab_size)
+        {
+            return Err(bad(format!(
+                "row {i}: blocks do not cover its tokens, or a token is outside the vocabulary"
+            )));
+        }
+        if !r.samples && r.next_prompt_token.is_none() {
+            return Err(bad(format!(
+                "row {i}: a partial chunk without its next prompt token"
+            )));
+        }
+        rows.push(ScheduledRow {
+            req_id: r.req_id,
+            num_computed_tokens: c,
+            num_scheduled_tokens: q,
+            token_ids: r.token_ids.clone(),
+            num_draft_tokens: r.num_draft_tokens as usize,
+            samples: r.samples,
+            next_prompt_token: r.next_prompt_token,
+            block_ids: r.block_ids.clone(),
+        });
+    }
+    let mut ids: Vec<u64> = rows.iter().map(|r| r.req_id).collect();
+    ids.sort_unstable();
+    if ids.windows(2).any(|w| w[0] == w[1]) || rows.len() > s.max_num_seqs {
+        return Err(bad("a request appears twice, or too many rows".into()));
+    }
+    Ok(ScheduledBatch {
+        step: rec.step,
+        rows,
+        preempted: rec.preempted.clone(),
+    })
+}
