@@ -35,9 +35,26 @@ pub struct Divergence {
     pub drafter_requests: Vec<u64>,
     /// With stored tensors: the largest |difference| in the first divergent layer.
     pub max_abs_diff: Option<f32>,
+    /// Invariants the replayed step violated (rule: detail).
+    pub violations: Vec<String>,
 }
 
 impl Divergence {
+    /// A step whose outputs match but whose replay broke an invariant.
+    pub fn invariants_only(step: u64) -> Self {
+        Self {
+            step,
+            metadata_differs: false,
+            first_layer: None,
+            layer_rows: Vec::new(),
+            token_rows: Vec::new(),
+            drafter_differs: false,
+            drafter_requests: Vec::new(),
+            max_abs_diff: None,
+            violations: Vec::new(),
+        }
+    }
+
     /// One line naming where it diverged.
     pub fn headline(&self) -> String {
         let mut parts = Vec::new();
@@ -58,6 +75,9 @@ impl Divergence {
         }
         if self.drafter_differs {
             parts.push("drafter".to_string());
+        }
+        if let Some(v) = self.violations.first() {
+            parts.push(format!("invariant {}", v.split(':').next().unwrap_or(v)));
         }
         format!("step {}: {}", self.step, parts.join("; "))
     }
@@ -110,6 +130,7 @@ pub fn compare_step(rec: &StepRecord, got: &StepRecord) -> Option<Divergence> {
         drafter_differs,
         drafter_requests,
         max_abs_diff,
+        violations: Vec::new(),
     })
 }
 

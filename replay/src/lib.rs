@@ -40,9 +40,17 @@ pub fn replay_records_with(
 ) -> Result<ReplayReport, ReplayError> {
     let mut r = Replayer::new(header, faults)?;
     for (i, rec) in records.iter().enumerate() {
-        let got = r.step(rec)?;
+        let (got, violations) = r.step_checked(rec)?;
         on_step(i + 1);
-        if let Some(d) = compare_step(rec, &got) {
+        let mut found = compare_step(rec, &got);
+        if !violations.is_empty() {
+            let d = found.get_or_insert_with(|| Divergence::invariants_only(rec.step));
+            d.violations = violations
+                .iter()
+                .map(|v| format!("{}: {}", v.rule.name(), v.detail))
+                .collect();
+        }
+        if let Some(d) = found {
             return Ok(ReplayReport {
                 steps_replayed: i + 1,
                 steps_in_trace: records.len(),

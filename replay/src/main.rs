@@ -185,6 +185,9 @@ fn print_divergence(d: &Divergence, replayed: usize) {
             d.drafter_requests
         );
     }
+    for v in d.violations.iter().take(3) {
+        println!("  invariant    {v}");
+    }
 }
 
 fn run_bisect(t: &Trace, f: Faults, out: &Path) -> Result<ExitCode> {

@@ -12,6 +12,7 @@ use specmla_core::engine::{
 };
 use specmla_core::fault::Faults;
 use specmla_core::grammar::{GrammarState, TokenAutomaton};
+use specmla_core::invariants::Violation;
 use specmla_sim::backend::{CpuBackend, CpuBackendError};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
@@ -108,6 +109,14 @@ impl Replayer {
 
     /// Re-executes one recorded step and returns its fresh record.
     pub fn step(&mut self, rec: &StepRecord) -> Result<StepRecord, ReplayError> {
+        Ok(self.step_checked(rec)?.0)
+    }
+
+    /// [`Replayer::step`], also returning the invariants the replayed step violated.
+    pub fn step_checked(
+        &mut self,
+        rec: &StepRecord,
+    ) -> Result<(StepRecord, Vec<Violation>), ReplayError> {
         let batch = to_batch(rec, self.exec.config())?;
         let vocab = self.exec.config().model.vocab_size;
         if rec.forced_drafts.iter().any(|f| f.token as usize >= vocab) {
@@ -154,7 +163,7 @@ impl Replayer {
             .iter()
             .map(|f| (f.req_id, f.position as usize, f.token))
             .collect();
-        Ok(step_record(&out, &forced, self.tensors))
+        Ok((step_record(&out, &forced, self.tensors), out.violations))
     }
 }
 

@@ -172,7 +172,9 @@ fn layer_digests(o: &StepOutcome) -> Vec<LayerDigest> {
 /// block slots) and its proposals.
 fn drafter_digest(o: &StepOutcome) -> u64 {
     let mut h = Fnv1a64::new();
-    for p in &o.drafter_passes {
+    // Shadow passes (the other batch mode, run first) are a check, not the step's output.
+    let primary = o.drafter_passes.last().map(|p| p.mode);
+    for p in o.drafter_passes.iter().filter(|p| Some(p.mode) == primary) {
         h.update(
             &encode_payload(&(&p.token_ids, &p.positions, &p.slot_mapping, &p.seq_lens))
                 .expect("passes serialize"),
