@@ -1,6 +1,17 @@
 //! `replay`: re-execute a trace and compare it bit for bit, shrink a diverging trace, or
 //! print one. Exit codes: 0 identical, 1 diverged, 2 bad input or environment.
 
+/// `println!` that ends the process quietly when stdout is gone (a closed pipe such as
+/// `| head`) instead of panicking.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -112,7 +123,7 @@ fn run(a: &RunArgs) -> Result<ExitCode> {
     }
     let report = replay_records(&t.header, &t.records, f)?;
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        say!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         print_report(path, &t, &a.faults, &report);
     }
@@ -130,7 +141,7 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
     } else {
         fault_ids.join(", ")
     };
-    println!(
+    say!(
         "replay {}: scenario {}, seed {}, {} steps, faults on replay: {faults}",
         path.display(),
         h.scenario,
@@ -138,17 +149,17 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
         r.steps_in_trace
     );
     match &r.divergence {
-        None => println!("IDENTICAL: {} steps replayed bit for bit", r.steps_replayed),
+        None => say!("IDENTICAL: {} steps replayed bit for bit", r.steps_replayed),
         Some(d) => print_divergence(d, r.steps_replayed),
     }
 }
 
 fn print_divergence(d: &Divergence, replayed: usize) {
-    println!(
+    say!(
         "DIVERGED at {} (after replaying {replayed} steps)",
         d.headline()
     );
-    println!(
+    say!(
         "  metadata     {}",
         if d.metadata_differs {
             "differs (split, slots, chunks, graph or masks)"
@@ -158,54 +169,58 @@ fn print_divergence(d: &Divergence, replayed: usize) {
     );
     match d.first_layer {
         Some(l) => {
-            println!("  first layer  {l}: {} rows differ", d.layer_rows.len());
+            say!("  first layer  {l}: {} rows differ", d.layer_rows.len());
             for r in d.layer_rows.iter().take(8) {
                 let via = if r.path == "prefill+context" {
                     "  <- context-chunk LSE merge"
                 } else {
                     ""
                 };
-                println!(
+                say!(
                     "    row {:>3}  request {:>4}  {:<16} q {:>3}  context {:>4}{via}",
-                    r.row, r.req_id, r.path, r.q_len, r.context_len
+                    r.row,
+                    r.req_id,
+                    r.path,
+                    r.q_len,
+                    r.context_len
                 );
             }
         }
-        None => println!("  layers       identical"),
+        None => say!("  layers       identical"),
     }
     if let Some(m) = d.max_abs_diff {
-        println!("  max |diff|   {m:.3e} in that layer");
+        say!("  max |diff|   {m:.3e} in that layer");
     }
     for (row, want, got) in d.token_rows.iter().take(4) {
-        println!("  tokens       row {row}: recorded {want:?}, replayed {got:?}");
+        say!("  tokens       row {row}: recorded {want:?}, replayed {got:?}");
     }
     if d.drafter_differs {
-        println!(
+        say!(
             "  drafter      inputs or proposals differ (requests {:?})",
             d.drafter_requests
         );
     }
     for v in d.violations.iter().take(3) {
-        println!("  invariant    {v}");
+        say!("  invariant    {v}");
     }
 }
 
 fn run_bisect(t: &Trace, f: Faults, out: &Path) -> Result<ExitCode> {
     let bytes_before = encode(t)?.len();
     let Some(min) = bisect(t, f)? else {
-        println!("the trace does not diverge under these faults; nothing to shrink");
+        say!("the trace does not diverge under these faults; nothing to shrink");
         return Ok(ExitCode::SUCCESS);
     };
     let bytes = encode(&min)?;
     std::fs::write(out, &bytes).with_context(|| format!("-o {}", out.display()))?;
-    println!(
+    say!(
         "before: {} steps, {} requests, {} rows, {} bytes",
         t.records.len(),
         t.requests().len(),
         t.num_rows(),
         bytes_before
     );
-    println!(
+    say!(
         "after:  {} steps, {} requests, {} rows, {} bytes -> {}",
         min.records.len(),
         min.requests().len(),
@@ -247,14 +262,14 @@ fn show(a: &ShowArgs) -> Result<ExitCode> {
     if a.json {
         let mut header = serde_json::to_value(&t.header)?;
         header["config"] = serde_json::from_str(&t.header.config_json)?;
-        println!(
+        say!(
             "{}",
             serde_json::to_string_pretty(&serde_json::json!({"header": header, "steps": records}))?
         );
         return Ok(ExitCode::SUCCESS);
     }
     let h = &t.header;
-    println!("trace: scenario {}, seed {}, format {}, written by specmla {}, {} requests, {} steps, faults recorded: {:?}", h.scenario, h.seed, h.format_version, h.tool_version, h.workload.len(), t.records.len(), h.faults);
+    say!("trace: scenario {}, seed {}, format {}, written by specmla {}, {} requests, {} steps, faults recorded: {:?}", h.scenario, h.seed, h.format_version, h.tool_version, h.workload.len(), t.records.len(), h.faults);
     for r in records {
         if a.step.is_some() {
             print_step_detail(r);
@@ -269,7 +284,7 @@ fn print_step_line(r: &StepRecord) {
     let decode = r.rows.iter().filter(|x| x.path == RowPath::Decode).count();
     let tokens: u64 = r.rows.iter().map(|x| x.num_scheduled_tokens).sum();
     let accepted: u32 = r.num_accepted.iter().sum();
-    println!("step {:>5}: {:>3} rows ({decode} decode, {} prefill), {tokens:>5} tokens, {accepted} drafts accepted", r.step, r.rows.len(), r.rows.len() - decode);
+    say!("step {:>5}: {:>3} rows ({decode} decode, {} prefill), {tokens:>5} tokens, {accepted} drafts accepted", r.step, r.rows.len(), r.rows.len() - decode);
 }
 
 fn print_step_detail(r: &StepRecord) {
@@ -280,7 +295,7 @@ fn print_step_detail(r: &StepRecord) {
             RowPath::Decode => "decode",
             RowPath::Prefill => "prefill",
         };
-        println!(
+        say!(
             "  row {p:>3}: request {:>4} {path:<7} context {:>5} q {:>3} drafts {} sampled {:?} accepted {} proposals {:?}",
             x.req_id, x.num_computed_tokens, x.num_scheduled_tokens, x.num_draft_tokens,
             r.sampled.get(p).cloned().unwrap_or_default(), r.num_accepted.get(p).copied().unwrap_or(0), r.proposals.get(p).cloned().unwrap_or_default()

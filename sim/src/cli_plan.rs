@@ -198,7 +198,7 @@ pub fn run_plan(a: &PlanArgs) -> Result<ExitCode> {
     let batch = synth_batch(&cfg, &f);
     let sizes = capture_sizes(&cfg);
     let plan = build_step_plan(&cfg, &batch, &sizes, cfg.scheduler.row_layout, &|_| None)?;
-    println!(
+    say!(
         "{}",
         serde_json::to_string_pretty(&explain(&cfg, &plan, &sizes))?
     );

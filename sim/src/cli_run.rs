@@ -220,7 +220,7 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
     };
     bar.finish_and_clear();
     if a.json {
-        println!("{}", serde_json::to_string_pretty(&summary)?);
+        say!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print_summary(&summary);
     }
@@ -233,33 +233,37 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
 
 fn print_summary(s: &RunSummary) {
     let st = &s.stats;
-    println!("scenario {}  seed {}", s.scenario, s.seed);
-    println!(
+    say!("scenario {}  seed {}", s.scenario, s.seed);
+    say!(
         "  requests            {} ({} finished)",
-        st.requests, st.finished
+        st.requests,
+        st.finished
     );
-    println!("  steps               {} ({} mixed, {} on graphs with {} padding rows, {} with chunked context)", st.steps, st.mixed_steps, st.graph_steps, st.padding_rows, st.chunked_context_steps);
-    println!(
+    say!("  steps               {} ({} mixed, {} on graphs with {} padding rows, {} with chunked context)", st.steps, st.mixed_steps, st.graph_steps, st.padding_rows, st.chunked_context_steps);
+    say!(
         "  tokens              {} scheduled, {} generated",
-        st.scheduled_tokens, st.generated_tokens
+        st.scheduled_tokens,
+        st.generated_tokens
     );
-    println!(
+    say!(
         "  drafts              {} proposed, {} accepted",
-        st.proposed_drafts, st.accepted_drafts
+        st.proposed_drafts,
+        st.accepted_drafts
     );
-    println!("  mean acceptance len {:.3}", s.mean_acceptance_length);
-    println!("  preemptions         {}", st.preemptions);
-    println!(
+    say!("  mean acceptance len {:.3}", s.mean_acceptance_length);
+    say!("  preemptions         {}", st.preemptions);
+    say!(
         "  drafter PAD slots   {} (positions at or past max_model_len)",
         st.drafter_pad_slots
     );
-    println!(
+    say!(
         "  max |logit - f64|   {:.2e} (tolerance {:.0e})",
-        s.max_logit_error, s.tolerances.logit_abs
+        s.max_logit_error,
+        s.tolerances.logit_abs
     );
-    println!("  checks:");
+    say!("  checks:");
     for (kind, t) in &s.checks {
-        println!(
+        say!(
             "    {:<30} {:>7} run {:>7} passed",
             kind.name(),
             t.run,
@@ -267,30 +271,33 @@ fn print_summary(s: &RunSummary) {
         );
     }
     if !s.near_ties.is_empty() {
-        println!(
+        say!(
             "  near-ties (margin < {:.0e}, reported not failed): {}",
             s.tolerances.near_tie_margin,
             s.near_ties.len()
         );
         for n in s.near_ties.iter().take(5) {
-            println!(
+            say!(
                 "    step {} request {} position {} margin {:.2e}",
-                n.step, n.req_id, n.position, n.margin
+                n.step,
+                n.req_id,
+                n.position,
+                n.margin
             );
         }
     }
     if s.hit_step_limit {
-        println!("  note: stopped at the step limit before every request finished");
+        say!("  note: stopped at the step limit before every request finished");
     }
     if s.passed() {
-        println!("PASS: all checks passed");
+        say!("PASS: all checks passed");
         return;
     }
-    println!("FAIL: {} check failures", s.num_failures);
+    say!("FAIL: {} check failures", s.num_failures);
     for f in s.failures.iter().take(10) {
         let row = f.row.map_or(String::new(), |r| format!(" row {r}"));
         let req = f.req_id.map_or(String::new(), |r| format!(" request {r}"));
-        println!(
+        say!(
             "  {} at step {}{row}{req}: {}",
             f.kind.name(),
             f.step,
@@ -308,7 +315,7 @@ fn check_determinism(s: &Scenario, seed: u64) -> Result<ExitCode> {
         traces.push(sink.into_inner().expect("the run ended"));
     }
     if traces[0] == traces[1] {
-        println!(
+        say!(
             "deterministic: two runs wrote identical traces ({} bytes)",
             traces[0].len()
         );
@@ -318,12 +325,12 @@ fn check_determinism(s: &Scenario, seed: u64) -> Result<ExitCode> {
     let (ha, ra, _) = read(&traces[0])?;
     let (hb, rb, _) = read(&traces[1])?;
     if ha != hb {
-        println!("FAIL: the trace headers differ");
+        say!("FAIL: the trace headers differ");
         return Ok(ExitCode::from(1));
     }
     match ra.iter().zip(&rb).position(|(x, y)| x != y) {
-        Some(i) => println!("FAIL: the runs differ first at step {}", ra[i].step),
-        None => println!(
+        Some(i) => say!("FAIL: the runs differ first at step {}", ra[i].step),
+        None => say!(
             "FAIL: the runs differ in length ({} vs {} records)",
             ra.len(),
             rb.len()

@@ -3,6 +3,17 @@
 //!
 //! Exit codes: 0 all checks passed, 1 a check failed, 2 bad input or environment.
 
+/// `println!` that ends the process quietly when stdout is gone (a closed pipe such as
+/// `| head`) instead of panicking.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        if writeln!(std::io::stdout(), $($t)*).is_err() {
+            std::process::exit(0);
+        }
+    }};
+}
+
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
@@ -74,21 +85,24 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
             "scenarios": all.iter().map(|s| serde_json::json!({"name": s.name, "description": s.description})).collect::<Vec<_>>(),
             "backends": BackendProfile::ALL.iter().map(|p| serde_json::json!({"name": p.name(), "capabilities": p.capabilities()})).collect::<Vec<_>>(),
         });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        say!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("scenarios:");
+    say!("scenarios:");
     for s in &all {
-        println!("  {:<14} {}", s.name, s.description);
+        say!("  {:<14} {}", s.name, s.description);
     }
-    println!("\nbackend profiles:");
-    println!(
+    say!("\nbackend profiles:");
+    say!(
         "  {:<16} {:<11} {:>9}  {:<25} non-causal",
-        "name", "query len", "threshold", "cuda graph"
+        "name",
+        "query len",
+        "threshold",
+        "cuda graph"
     );
     for p in BackendProfile::ALL {
         let c = p.capabilities();
-        println!(
+        say!(
             "  {:<16} {:<11} {:>9}  {:<25} {}",
             p.name(),
             format!("{:?}", c.query_len_support),

@@ -201,7 +201,7 @@ pub fn run_with(
         stats.absorb(&outcome);
         on_step(&stats);
     }
-    if let Some(sink) = sink.as_deref_mut() {
+    if let Some(sink) = sink {
         sink.end()?;
     }
     Ok(RunSummary {

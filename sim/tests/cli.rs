@@ -296,3 +296,21 @@ fn malformed_batches_name_the_field() {
         &["workspace"],
     );
 }
+
+#[test]
+fn trace_and_determinism_flags() {
+    let dir = std::env::temp_dir().join(format!("specmla-cli-trace-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = dir.join("mixed_mtp.bin");
+    let o = sim(&["--requests", "4", "--trace", t.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(std::fs::read(&t).unwrap().starts_with(b"SPECMLA\0"));
+    let o = sim(&["--requests", "4", "--check-determinism"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("identical traces"));
+    assert_bad_input(
+        &["--trace", "/nonexistent/dir/t.bin"],
+        &["/nonexistent/dir/t.bin"],
+    );
+    assert_bad_input(&["--trace-tensors"], &["--trace"]);
+}

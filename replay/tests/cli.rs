@@ -1,0 +1,169 @@
+//! The `replay` binary's contract: exit 0 identical, 1 diverged, 2 bad input with one
+//! clear line and never a panic, whatever the file holds.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn bin(name: &str, args: &[&str]) -> Output {
+    assert_eq!(name, "replay");
+    Command::new(env!("CARGO_BIN_EXE_replay"))
+        .args(args)
+        .output()
+        .expect("runs")
+}
+
+fn dir() -> PathBuf {
+    let d = std::env::temp_dir().join(format!("specmla-replay-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A trace of mixed_mtp with 6 requests, written through the library.
+fn trace() -> PathBuf {
+    let p = dir().join("t.bin");
+    if !p.exists() {
+        let mut s = specmla_sim::scenarios::by_name("mixed_mtp").unwrap();
+        s.workload.num_requests = 6;
+        let mut sink =
+            specmla_sim::record::TraceSink::new(std::fs::File::create(&p).unwrap(), false);
+        specmla_sim::runner::run_with(&s, 0, Some(&mut sink), |_| {}).unwrap();
+    }
+    p
+}
+
+fn assert_exit2(args: &[&str], needle: &str) {
+    let o = bin("replay", args);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: {needle:?} not in {err:?}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn identical_then_diverged_exit_codes() {
+    let t = trace();
+    let o = bin("replay", &[t.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let o = bin("replay", &[t.to_str().unwrap(), "--fault", "F1", "--json"]);
+    assert_eq!(o.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["divergence"]["first_layer"], 0);
+}
+
+#[test]
+fn show_prints_steps_and_json() {
+    let t = trace();
+    let o = bin("replay", &["show", t.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("step     0:"));
+    let o = bin(
+        "replay",
+        &["show", t.to_str().unwrap(), "--step", "3", "--json"],
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"][0]["step"], 3);
+    assert_eq!(v["header"]["config"]["spec"]["num_speculative_tokens"], 3);
+    assert_exit2(
+        &["show", t.to_str().unwrap(), "--step", "99999"],
+        "no such step",
+    );
+}
+
+#[test]
+fn bisect_writes_a_smaller_trace() {
+    let t = trace();
+    let min = dir().join("min.bin");
+    let o = bin(
+        "replay",
+        &[
+            "--bisect",
+            t.to_str().unwrap(),
+            "-o",
+            min.to_str().unwrap(),
+            "--fault",
+            "F1",
+        ],
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("before:") && out.contains("after:"), "{out}");
+    assert!(std::fs::metadata(&min).unwrap().len() < std::fs::metadata(&t).unwrap().len());
+    assert_eq!(
+        bin("replay", &[min.to_str().unwrap()]).status.code(),
+        Some(0)
+    );
+}
+
+#[test]
+fn damaged_files_are_one_line_errors() {
+    let t = trace();
+    let bytes = std::fs::read(&t).unwrap();
+    let d = dir();
+    let write = |name: &str, b: &[u8]| {
+        let p = d.join(name);
+        std::fs::write(&p, b).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    assert_exit2(
+        &[&write("magic.bin", b"NOTATRACE-at-all-padding")],
+        "not a specmla trace",
+    );
+    let mut v2 = bytes.clone();
+    v2[8] = 2;
+    assert_exit2(
+        &[&write("v2.bin", &v2)],
+        "written by format 2, this reads 1",
+    );
+    let mut flip = bytes.clone();
+    let mid = bytes.len() / 2;
+    flip[mid] ^= 0x10;
+    let o = bin("replay", &[&write("flip.bin", &flip)]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert_exit2(&["/nonexistent/trace.bin"], "/nonexistent/trace.bin");
+    assert_exit2(&[&write("empty.bin", b"")], "");
+    // A truncated trace replays its complete prefix.
+    let o = bin(
+        "replay",
+        &[&write("cut.bin", &bytes[..bytes.len() * 2 / 3])],
+    );
+    assert_eq!(o.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("truncated after"));
+}
+
+#[test]
+fn random_bytes_never_panic() {
+    let d = dir();
+    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
+    let header = std::fs::read(trace()).unwrap();
+    for i in 0..40 {
+        let len = (x % 4096) as usize;
+        let mut b: Vec<u8> = if i % 2 == 0 {
+            header[..header.len().min(40)].to_vec()
+        } else {
+            Vec::new()
+        };
+        for _ in 0..len {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            b.push(x as u8);
+        }
+        let p = d.join(format!("rand{i}.bin"));
+        std::fs::write(&p, &b).unwrap();
+        let o = bin("replay", &[p.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!err.contains("panicked"), "{err}");
+        assert!(matches!(o.status.code(), Some(0) | Some(2)), "{err}");
+    }
+}

@@ -1,0 +1,133 @@
+//! End to end: a clean trace of the scenario that exercises each known bug replays bit
+//! for bit; replayed with the fault on, it diverges at a named step and names the layer
+//! and path (or the violated invariant); bisection shrinks it to a small trace that
+//! replays on its own.
+
+use specmla_core::fault::{Fault, Faults};
+use specmla_replay::bisect::{bisect, Trace};
+use specmla_replay::compare::Divergence;
+use specmla_replay::replay_records;
+use specmla_sim::record::TraceSink;
+use specmla_sim::runner::run_with;
+use specmla_sim::scenarios;
+
+/// Records `scenario` (with at most `requests` requests) into memory.
+fn record(scenario: &str, requests: usize, seed: u64) -> (Trace, Vec<u8>) {
+    let mut s = scenarios::by_name(scenario).unwrap();
+    s.workload.num_requests = s.workload.num_requests.min(requests);
+    let mut sink = TraceSink::new(Vec::new(), false);
+    let sum = run_with(&s, seed, Some(&mut sink), |_| {}).unwrap();
+    assert!(sum.passed(), "{scenario}: {:?}", sum.failures);
+    let bytes = sink.into_inner().unwrap();
+    let (header, records, _) =
+        specmla_traces::read_all_from(bytes.as_slice(), Some(bytes.len() as u64)).unwrap();
+    (Trace { header, records }, bytes)
+}
+
+fn diverge(t: &Trace, f: Fault) -> Divergence {
+    let clean = replay_records(&t.header, &t.records, Faults::none()).unwrap();
+    assert!(
+        clean.divergence.is_none(),
+        "clean replay diverged: {:?}",
+        clean.divergence
+    );
+    let r = replay_records(&t.header, &t.records, Faults::none().with(f)).unwrap();
+    r.divergence
+        .unwrap_or_else(|| panic!("{f:?} went unnoticed"))
+}
+
+fn has_invariant(d: &Divergence, rule: &str) -> bool {
+    d.violations.iter().any(|v| v.starts_with(rule))
+}
+
+#[test]
+fn f1_is_localized_to_the_context_merge_of_prefill_rows() {
+    let (t, _) = record("mixed_mtp", 10, 0);
+    let d = diverge(&t, Fault::F1);
+    assert_eq!(d.first_layer, Some(0), "{d:?}");
+    assert!(
+        !d.metadata_differs,
+        "F1 is a kernel bug: the plan is unchanged"
+    );
+    assert!(
+        d.layer_rows.iter().all(|r| r.path == "prefill+context"),
+        "{:?}",
+        d.layer_rows
+    );
+}
+
+#[test]
+fn f2_is_localized_to_decode_rows_on_a_graph() {
+    let (t, _) = record("mixed_mtp", 10, 0);
+    let d = diverge(&t, Fault::F2);
+    assert!(
+        d.first_layer.is_some() && d.layer_rows.iter().all(|r| r.path == "decode"),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn plan_and_drafter_faults_name_their_invariant() {
+    let cases = [
+        (Fault::F3, "mixed_mtp", "cuda-graph"),
+        (Fault::F4, "mixed_mtp", "drafter-inputs"),
+        (Fault::F5, "dflash", "dflash-slots"),
+        (Fault::F6, "dflash", "dflash-slots"),
+        (Fault::F7, "graphs", "cuda-graph"),
+        (Fault::F8, "mixed_mtp", "decode-rows"),
+        (Fault::F9, "grammar_mixed", "sampling"),
+        (Fault::F10, "mixed_mtp", "split"),
+    ];
+    for (f, scenario, rule) in cases {
+        let (t, _) = record(scenario, 14, 0);
+        let d = diverge(&t, f);
+        assert!(has_invariant(&d, rule), "{f:?} on {scenario}: {d:?}");
+    }
+}
+
+#[test]
+fn f4_and_f6_change_the_drafter() {
+    let (t, _) = record("mixed_mtp", 10, 0);
+    assert!(diverge(&t, Fault::F4).drafter_differs);
+    let (t, _) = record("dflash", 14, 0);
+    assert!(diverge(&t, Fault::F6).drafter_differs);
+}
+
+#[test]
+fn bisect_shrinks_f1_to_a_reproducer_that_replays_on_its_own() {
+    let (t, _) = record("mixed_mtp", 20, 0);
+    let min = bisect(&t, Faults::none().with(Fault::F1))
+        .unwrap()
+        .expect("F1 diverges");
+    assert!(
+        min.requests().len() <= 2 && min.records.len() <= 3,
+        "{} requests, {} steps",
+        min.requests().len(),
+        min.records.len()
+    );
+    assert!(min.records.len() < t.records.len() && min.requests().len() < t.requests().len());
+    let clean = replay_records(&min.header, &min.records, Faults::none()).unwrap();
+    assert!(
+        clean.divergence.is_none(),
+        "the minimal trace must replay clean on its own"
+    );
+    let d = replay_records(&min.header, &min.records, Faults::none().with(Fault::F1)).unwrap();
+    assert!(d
+        .divergence
+        .is_some_and(|d| d.layer_rows.iter().any(|r| r.path == "prefill+context")));
+}
+
+#[test]
+fn bisect_of_a_clean_trace_finds_nothing() {
+    let (t, _) = record("graphs", 4, 0);
+    assert!(bisect(&t, Faults::none()).unwrap().is_none());
+}
+
+#[test]
+fn same_seed_same_trace_bytes() {
+    let (_, a) = record("grammar_mixed", 6, 3);
+    let (_, b) = record("grammar_mixed", 6, 3);
+    let (_, c) = record("grammar_mixed", 6, 4);
+    assert_eq!(a, b);
+    assert_ne!(a, c);
+}
