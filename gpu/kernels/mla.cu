@@ -1,0 +1,93 @@
+// MLA kernels of the specmla CUDA backend, compiled by NVRTC at run time for the
+// device's arch. Layouts: latent rows [.., D] with D = kv_lora + rope (V is the first
+// kv_lora columns); the paged cache is [slots, D] with slot = block * page + offset;
+// LSE is [heads, tokens] everywhere.
+
+// Writes each token's latent row to its slot; PAD (-1) slots are skipped.
+extern "C" __global__ void kv_write(const float* __restrict__ latent,
+                                    const long long* __restrict__ slot_mapping,
+                                    float* __restrict__ cache, int num_tokens, int dim) {
+    int t = blockIdx.x;
+    if (t >= num_tokens) return;
+    long long slot = slot_mapping[t];
+    if (slot < 0) return;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        cache[slot * dim + d] = latent[(long long)t * dim + d];
+    }
+}
+
+// NVRTC has no math.h, so infinity comes from its bits.
+#define NEG_INF __int_as_float(0xff800000)
+
+#define THREADS 128
+#define MAX_DV_PER_THREAD 8  // kv_lora up to 1024
+
+// Sum over the block; every thread gets the result.
+__device__ float block_sum(float v, float* scratch) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    __syncthreads();
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    float total = 0.f;
+    for (int w = 0; w < THREADS / 32; ++w) total += scratch[w];
+    return total;
+}
+
+// Absorbed MLA decode for a uniform q_len. One block per (query token, head): token
+// j of row r sits at r * q_len + j (a uniform kernel never reads query_start_loc) and
+// sees keys below seq_len - q_len + j + 1. Keys are cut into fixed splits of
+// split_size absolute positions; each split is reduced on its own and the splits are
+// combined in split order in f32, so a request's bits do not depend on the batch.
+extern "C" __global__ void mla_decode(const float* __restrict__ q,          // [tokens, H, D]
+                                      const float* __restrict__ cache,      // [slots, D]
+                                      const int* __restrict__ block_table,  // [rows, width]
+                                      const int* __restrict__ seq_lens,     // [rows]
+                                      const int* __restrict__ num_splits,   // [rows]
+                                      float* __restrict__ out,              // [tokens, H, Dv]
+                                      float* __restrict__ lse,              // [H, tokens]
+                                      int num_rows, int q_len, int heads, int dim, int dv,
+                                      int page, int width, int split_size, float scale) {
+    __shared__ float scratch[THREADS / 32];
+    int t = blockIdx.x, h = blockIdx.y;
+    int r = t / q_len, j = t % q_len;
+    int num_tokens = num_rows * q_len;
+    if (r >= num_rows) return;
+    const float* qv = q + ((long long)t * heads + h) * dim;
+    int limit = seq_lens[r] - q_len + j + 1;
+    if (limit < 0) limit = 0;
+    float m_tot = NEG_INF, l_tot = 0.f, acc_tot[MAX_DV_PER_THREAD];
+    for (int i = 0; i < MAX_DV_PER_THREAD; ++i) acc_tot[i] = 0.f;
+    for (int s = 0; s < num_splits[r]; ++s) {
+        int from = s * split_size, to = min((s + 1) * split_size, limit);
+        if (from >= to) continue;
+        float m = NEG_INF, l = 0.f, acc[MAX_DV_PER_THREAD];
+        for (int i = 0; i < MAX_DV_PER_THREAD; ++i) acc[i] = 0.f;
+        for (int pos = from; pos < to; ++pos) {
+            long long slot = (long long)block_table[r * width + pos / page] * page + pos % page;
+            const float* k = cache + slot * dim;
+            float part = 0.f;
+            for (int d = threadIdx.x; d < dim; d += THREADS) part += qv[d] * k[d];
+            float score = block_sum(part, scratch) * scale;
+            float m_new = fmaxf(m, score);
+            float c = __expf(m - m_new), p = __expf(score - m_new);
+            l = l * c + p;
+            for (int i = 0; i < MAX_DV_PER_THREAD; ++i) {
+                int d = threadIdx.x + i * THREADS;
+                if (d < dv) acc[i] = acc[i] * c + p * k[d];
+            }
+            m = m_new;
+        }
+        float m_new = fmaxf(m_tot, m);
+        float ct = __expf(m_tot - m_new), cs = __expf(m - m_new);
+        l_tot = l_tot * ct + l * cs;
+        for (int i = 0; i < MAX_DV_PER_THREAD; ++i) acc_tot[i] = acc_tot[i] * ct + acc[i] * cs;
+        m_tot = m_new;
+    }
+    float* o = out + ((long long)t * heads + h) * dv;
+    for (int i = 0; i < MAX_DV_PER_THREAD; ++i) {
+        int d = threadIdx.x + i * THREADS;
+        if (d < dv) o[d] = l_tot > 0.f ? acc_tot[i] / l_tot : 0.f;
+    }
+    if (threadIdx.x == 0) lse[(long long)h * num_tokens + t] = l_tot > 0.f ? m_tot + logf(l_tot) : NEG_INF;
+}

@@ -1,0 +1,45 @@
+//! `gpu-test`: runs every kernel check on the GPU and prints a pass/fail table.
+//! Exit 0 all passed, 1 a check failed, 2 no usable GPU (one line saying why).
+
+use std::process::ExitCode;
+
+use specmla_gpu::checks::{run_all, F32_TOL};
+use specmla_gpu::GpuDevice;
+
+fn main() -> ExitCode {
+    let dev = match GpuDevice::open(0) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    println!(
+        "device: {} ({}), tolerance {F32_TOL:.0e} relative vs f64",
+        dev.name, dev.arch
+    );
+    let results = match run_all(&dev) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    println!("{:<11} {:<6} {:>10}  case", "kernel", "result", "max rel");
+    for r in &results {
+        println!(
+            "{:<11} {:<6} {:>10.2e}  {}",
+            r.kernel,
+            if r.passed { "PASS" } else { "FAIL" },
+            r.max_rel_err,
+            r.case
+        );
+    }
+    let failed = results.iter().filter(|r| !r.passed).count();
+    println!("{} passed, {} failed", results.len() - failed, failed);
+    if failed == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}

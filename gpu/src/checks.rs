@@ -1,0 +1,197 @@
+//! Kernel checks against the f64 references on fresh random inputs over a grid of
+//! shapes: outputs are poisoned with NaN before every launch, inputs are never zeros.
+
+use cudarc::driver::CudaSlice;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::device::{GpuDevice, GpuError};
+use crate::mla::{DecodeArgs, DecodeShape, MlaKernels};
+use crate::reference::decode_f64;
+
+/// The result of one checked case.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub kernel: &'static str,
+    pub case: String,
+    pub max_rel_err: f64,
+    pub passed: bool,
+}
+
+/// Relative tolerance of f32 kernels against f64 references.
+pub const F32_TOL: f64 = 2e-4;
+
+fn upload<T: cudarc::driver::DeviceRepr>(
+    dev: &GpuDevice,
+    v: &[T],
+) -> Result<CudaSlice<T>, GpuError> {
+    dev.stream.clone_htod(v).map_err(GpuError::driver(format!(
+        "copying {} values to the device",
+        v.len()
+    )))
+}
+
+fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
+    dev: &GpuDevice,
+    d: &CudaSlice<T>,
+) -> Result<Vec<T>, GpuError> {
+    dev.stream
+        .clone_dtoh(d)
+        .map_err(GpuError::driver("copying results back"))
+}
+
+/// kv_write: random rows to shuffled slots, some PAD; untouched slots keep a sentinel.
+pub fn check_kv_write(
+    dev: &GpuDevice,
+    k: &MlaKernels,
+    dim: usize,
+    tokens: usize,
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let slots = tokens * 2 + 3;
+    let latent: Vec<f32> = (0..tokens * dim)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let mut order: Vec<i64> = (0..slots as i64).collect();
+    for i in (1..order.len()).rev() {
+        order.swap(i, rng.gen_range(0..=i));
+    }
+    let slot_mapping: Vec<i64> = (0..tokens)
+        .map(|t| if t % 5 == 3 { -1 } else { order[t] })
+        .collect();
+    const SENTINEL: f32 = 1234.5;
+    let mut cache = upload(dev, &vec![SENTINEL; slots * dim])?;
+    k.kv_write(
+        dev,
+        &upload(dev, &latent)?,
+        &upload(dev, &slot_mapping)?,
+        &mut cache,
+        tokens,
+        dim,
+    )?;
+    let got = download(dev, &cache)?;
+    let mut want = vec![SENTINEL; slots * dim];
+    for (t, &s) in slot_mapping.iter().enumerate() {
+        if s >= 0 {
+            want[s as usize * dim..][..dim].copy_from_slice(&latent[t * dim..][..dim]);
+        }
+    }
+    let passed = got
+        .iter()
+        .zip(&want)
+        .all(|(a, b)| a.to_bits() == b.to_bits());
+    Ok(CaseResult {
+        kernel: "kv_write",
+        case: format!("dim {dim} tokens {tokens}"),
+        max_rel_err: if passed { 0.0 } else { 1.0 },
+        passed,
+    })
+}
+
+/// One decode case: `rows` rows with the given context lengths (seq_len = ctx + q_len).
+pub fn check_decode(
+    dev: &GpuDevice,
+    k: &MlaKernels,
+    s: DecodeShape,
+    ctx: &[usize],
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + s.q_len) as i32).collect();
+    let num_blocks = s.num_rows * s.width + 1;
+    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..blocks.len()).rev() {
+        blocks.swap(i, rng.gen_range(0..=i));
+    }
+    let block_table = blocks[..s.num_rows * s.width].to_vec();
+    let cache: Vec<f32> = (0..num_blocks * s.page * s.dim)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let tokens = s.num_rows * s.q_len;
+    let q: Vec<f32> = (0..tokens * s.heads * s.dim)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let num_splits: Vec<i32> = seq_lens
+        .iter()
+        .map(|&l| (l as usize).div_ceil(s.split_size).max(1) as i32)
+        .collect();
+    let scale = 1.0 / (s.dim as f32).sqrt();
+    let mut out = upload(dev, &vec![f32::NAN; tokens * s.heads * s.dv])?;
+    let mut lse = upload(dev, &vec![f32::NAN; s.heads * tokens])?;
+    let args = DecodeArgs {
+        q: &upload(dev, &q)?,
+        cache: &upload(dev, &cache)?,
+        block_table: &upload(dev, &block_table)?,
+        seq_lens: &upload(dev, &seq_lens)?,
+        num_splits: &upload(dev, &num_splits)?,
+        out: &mut out,
+        lse: &mut lse,
+    };
+    k.decode(dev, s, args, scale)?;
+    let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
+    let shape = (s.q_len, s.heads, s.dim, s.dv, s.page, s.width);
+    let (want_out, want_lse) = decode_f64(&q, &cache, &block_table, &seq_lens, shape, scale as f64);
+    let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
+    Ok(CaseResult {
+        kernel: "mla_decode",
+        case: format!(
+            "rows {} q {} heads {} dim {}/{} page {} split {} ctx {:?}",
+            s.num_rows, s.q_len, s.heads, s.dim, s.dv, s.page, s.split_size, ctx
+        ),
+        max_rel_err: err,
+        passed: err <= F32_TOL,
+    })
+}
+
+/// Largest |got - want| / max(1, |want|); NaN (an unwritten output) counts as infinite.
+fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if g.is_nan() || (g.is_infinite() != w.is_infinite()) {
+                f64::INFINITY
+            } else if w.is_infinite() {
+                0.0
+            } else {
+                (g as f64 - w).abs() / w.abs().max(1.0)
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Every kernel check over the grid of shapes.
+pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
+    let k = MlaKernels::load(dev)?;
+    let mut results = Vec::new();
+    for (i, (dim, tokens)) in [(40, 1), (40, 37), (576, 130)].into_iter().enumerate() {
+        results.push(check_kv_write(dev, &k, dim, tokens, i as u64)?);
+    }
+    let mut seed = 100;
+    // (kv_lora + rope, kv_lora): the tiny model and DeepSeek-V3.
+    for (dim, dv) in [(40, 32), (576, 512)] {
+        for (heads, page) in [(4, 16), (16, 64), (128, 64)] {
+            for q_len in [1, 2, 4, 16] {
+                if heads == 128 && q_len == 16 {
+                    continue;
+                }
+                // Empty context, short, page-aligned, one past a page, long and ragged.
+                let ctx = [0, 1, 63, 64, 65, 1000];
+                let width = (1000usize + q_len).div_ceil(page);
+                let s = DecodeShape {
+                    num_rows: ctx.len(),
+                    q_len,
+                    heads,
+                    dim,
+                    dv,
+                    page,
+                    width,
+                    split_size: page * 4,
+                };
+                seed += 1;
+                results.push(check_decode(dev, &k, s, &ctx, seed)?);
+            }
+        }
+    }
+    Ok(results)
+}

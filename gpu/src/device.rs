@@ -1,0 +1,111 @@
+//! Opening the device and compiling kernels: one clear error when there is no driver,
+//! no device, or a compile failure (with the NVRTC log).
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaModule, CudaStream};
+use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
+
+/// Why the GPU cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuError {
+    #[error("no CUDA driver: {0}")]
+    NoDriver(String),
+    #[error("no usable CUDA device: {0}")]
+    NoDevice(String),
+    #[error("NVRTC could not be loaded: {0}")]
+    NoNvrtc(String),
+    #[error("NVRTC failed to compile {name} for {arch}:\n{log}")]
+    Compile {
+        name: String,
+        arch: String,
+        log: String,
+    },
+    #[error("CUDA call failed while {what}: {source}")]
+    Driver {
+        what: String,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
+}
+
+impl GpuError {
+    /// Wraps a driver error with what was being done.
+    pub fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
+        let what = what.into();
+        move |source| GpuError::Driver { what, source }
+    }
+}
+
+/// An open device: its context, a stream, and the NVRTC arch of the device.
+pub struct GpuDevice {
+    pub ctx: Arc<CudaContext>,
+    pub stream: Arc<CudaStream>,
+    /// e.g. "sm_90a" on Hopper.
+    pub arch: String,
+    pub name: String,
+}
+
+impl GpuDevice {
+    /// Opens device `ordinal`. Checks for the driver library first: cudarc's dynamic
+    /// loader panics when it is missing, and a missing GPU must be one clear line.
+    pub fn open(ordinal: usize) -> Result<Self, GpuError> {
+        // SAFETY: only probes whether the shared library can be loaded.
+        if !unsafe { cudarc::driver::sys::is_culib_present() } {
+            return Err(GpuError::NoDriver(
+                "libcuda could not be loaded (no NVIDIA driver on this machine)".into(),
+            ));
+        }
+        // SAFETY: as above, for libnvrtc.
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            return Err(GpuError::NoNvrtc(
+                "libnvrtc (CUDA 13) could not be loaded".into(),
+            ));
+        }
+        let ctx = CudaContext::new(ordinal).map_err(|e| GpuError::NoDevice(e.to_string()))?;
+        let (major, minor) = ctx
+            .compute_capability()
+            .map_err(GpuError::driver("reading the compute capability"))?;
+        let name = ctx.name().unwrap_or_else(|_| "unknown".into());
+        // Hopper's arch-specific features (wgmma, TMA) need the "a" variant.
+        let arch = if major == 9 {
+            "sm_90a".to_string()
+        } else {
+            format!("sm_{major}{minor}")
+        };
+        let stream = ctx.default_stream();
+        Ok(Self {
+            ctx,
+            stream,
+            arch,
+            name,
+        })
+    }
+
+    /// Compiles CUDA C `src` for this device and loads it.
+    pub fn compile(&self, name: &str, src: &str) -> Result<Arc<CudaModule>, GpuError> {
+        let opts = CompileOptions {
+            options: vec![
+                format!("--gpu-architecture={}", self.arch),
+                "--std=c++17".into(),
+            ],
+            name: Some(name.to_string()),
+            ..Default::default()
+        };
+        let ptx = compile_ptx_with_opts(src, opts).map_err(|e| match e {
+            CompileError::CompileError { log, .. } => GpuError::Compile {
+                name: name.into(),
+                arch: self.arch.clone(),
+                log: log.to_string_lossy().into_owned(),
+            },
+            other => GpuError::Compile {
+                name: name.into(),
+                arch: self.arch.clone(),
+                log: format!("{other:?}"),
+            },
+        })?;
+        self.ctx
+            .load_module(ptx)
+            .map_err(GpuError::driver(format!("loading module {name}")))
+    }
+}

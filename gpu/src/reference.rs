@@ -1,0 +1,53 @@
+//! f64 references the kernels are checked against: deliberately simple loops over the
+//! same layouts.
+
+/// Reference uniform decode over a paged cache, with the causal mask inside the query
+/// block (token j of a q_len block sees keys below seq_len - q_len + j + 1). Returns
+/// out [tokens, heads, dv] and lse [heads, tokens].
+#[allow(clippy::too_many_arguments)]
+pub fn decode_f64(
+    q: &[f32],
+    cache: &[f32],
+    block_table: &[i32],
+    seq_lens: &[i32],
+    (q_len, heads, dim, dv, page, width): (usize, usize, usize, usize, usize, usize),
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let rows = seq_lens.len();
+    let tokens = rows * q_len;
+    let mut out = vec![0.0; tokens * heads * dv];
+    let mut lse = vec![f64::NEG_INFINITY; heads * tokens];
+    for t in 0..tokens {
+        let (r, j) = (t / q_len, t % q_len);
+        let limit = (seq_lens[r] as i64 - q_len as i64 + j as i64 + 1).max(0) as usize;
+        for h in 0..heads {
+            let qv = &q[(t * heads + h) * dim..][..dim];
+            let key = |pos: usize| {
+                let slot = block_table[r * width + pos / page] as usize * page + pos % page;
+                &cache[slot * dim..][..dim]
+            };
+            let scores: Vec<f64> = (0..limit)
+                .map(|p| {
+                    qv.iter()
+                        .zip(key(p))
+                        .map(|(&a, &b)| a as f64 * b as f64)
+                        .sum::<f64>()
+                        * scale
+                })
+                .collect();
+            let Some(m) = scores.iter().cloned().reduce(f64::max) else {
+                continue;
+            };
+            let sum: f64 = scores.iter().map(|s| (s - m).exp()).sum();
+            lse[h * tokens + t] = m + sum.ln();
+            let o = &mut out[(t * heads + h) * dv..][..dv];
+            for (p, s) in scores.iter().enumerate() {
+                let w = (s - m).exp() / sum;
+                for (od, &kd) in o.iter_mut().zip(&key(p)[..dv]) {
+                    *od += w * kd as f64;
+                }
+            }
+        }
+    }
+    (out, lse)
+}
