@@ -7,7 +7,8 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::device::{GpuDevice, GpuError};
 use crate::mla::{DecodeArgs, DecodeShape, MlaKernels};
-use crate::reference::decode_f64;
+use crate::prefill::{Keys, PrefillDims, PrefillKernels};
+use crate::reference::{decode_f64, prefill_f64};
 
 /// The result of one checked case.
 #[derive(Clone, Debug)]
@@ -144,6 +145,103 @@ pub fn check_decode(
     })
 }
 
+/// The chunked-context prefill on the GPU (new tokens causal, context in chunks of
+/// `chunk` tokens, merged by LSE) against one f64 softmax over context + new tokens.
+pub fn check_chunked_prefill(
+    dev: &GpuDevice,
+    k: &PrefillKernels,
+    d: PrefillDims,
+    ctx: usize,
+    m: usize,
+    chunk: usize,
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let n = ctx + m;
+    let mut rand =
+        |len: usize, a: f32| -> Vec<f32> { (0..len).map(|_| rng.gen_range(-a..a)).collect() };
+    let latent = rand(n * d.latent(), 1.0);
+    let w_uk = rand(
+        d.heads * d.kv_lora * d.nope,
+        (3.0 / d.kv_lora as f32).sqrt(),
+    );
+    let w_uv = rand(d.heads * d.kv_lora * d.dv, (3.0 / d.kv_lora as f32).sqrt());
+    let q = rand(m * d.heads * (d.nope + d.rope), 1.0);
+    let scale = 1.0 / ((d.nope + d.rope) as f32).sqrt();
+    let latent_d = upload(dev, &latent)?;
+    let mut k_nope = upload(dev, &vec![f32::NAN; n * d.heads * d.nope])?;
+    let mut v = upload(dev, &vec![f32::NAN; n * d.heads * d.dv])?;
+    k.expand(
+        dev,
+        d,
+        &latent_d,
+        &upload(dev, &w_uk)?,
+        &upload(dev, &w_uv)?,
+        &mut k_nope,
+        &mut v,
+        n,
+    )?;
+    let q_d = upload(dev, &q)?;
+    let keys = |a: usize, b: usize| Keys {
+        k_nope: k_nope.slice(a * d.heads * d.nope..b * d.heads * d.nope),
+        latent: latent_d.slice(a * d.latent()..b * d.latent()),
+        v: v.slice(a * d.heads * d.dv..b * d.heads * d.dv),
+        n: b - a,
+    };
+    let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
+    let (mut out, mut lse) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
+    k.attend(
+        dev,
+        d,
+        &q_d,
+        m,
+        &keys(ctx, n),
+        true,
+        scale,
+        &mut out,
+        &mut lse,
+    )?;
+    let mut start = 0;
+    while start < ctx {
+        let end = (start + chunk).min(ctx);
+        let (mut co, mut cl) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
+        k.attend(
+            dev,
+            d,
+            &q_d,
+            m,
+            &keys(start, end),
+            false,
+            scale,
+            &mut co,
+            &mut cl,
+        )?;
+        k.merge(dev, d, (&mut out, &mut lse), (&co, &cl), m)?;
+        start = end;
+    }
+    let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
+    let (want_out, want_lse) = prefill_f64(
+        &q,
+        &latent,
+        &w_uk,
+        &w_uv,
+        m,
+        n,
+        (d.heads, d.kv_lora, d.rope, d.nope, d.dv),
+        scale as f64,
+    );
+    let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
+    Ok(CaseResult {
+        kernel: "prefill+merge",
+        case: format!(
+            "heads {} latent {}+{} nope {} v {} ctx {ctx} new {m} chunk {chunk}",
+            d.heads, d.kv_lora, d.rope, d.nope, d.dv
+        ),
+        max_rel_err: err,
+        passed: err <= F32_TOL,
+    })
+}
+
 /// Largest |got - want| / max(1, |want|); NaN (an unwritten output) counts as infinite.
 fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
@@ -190,6 +288,29 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
                 };
                 seed += 1;
                 results.push(check_decode(dev, &k, s, &ctx, seed)?);
+            }
+        }
+    }
+    let pk = PrefillKernels::load(dev)?;
+    let tiny = PrefillDims {
+        heads: 4,
+        kv_lora: 32,
+        rope: 8,
+        nope: 16,
+        dv: 16,
+    };
+    let dsv3 = PrefillDims {
+        heads: 16,
+        kv_lora: 512,
+        rope: 64,
+        nope: 128,
+        dv: 128,
+    };
+    for d in [tiny, dsv3] {
+        for (ctx, m) in [(0, 1), (0, 9), (1, 2), (37, 1), (37, 5), (300, 9)] {
+            for chunk in [16, 128] {
+                seed += 1;
+                results.push(check_chunked_prefill(dev, &pk, d, ctx, m, chunk, seed)?);
             }
         }
     }

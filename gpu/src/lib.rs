@@ -6,6 +6,7 @@
 pub mod checks;
 pub mod device;
 pub mod mla;
+pub mod prefill;
 pub mod reference;
 
 pub use device::{GpuDevice, GpuError};

@@ -51,3 +51,55 @@ pub fn decode_f64(
     }
     (out, lse)
 }
+
+/// Reference materialized attention of the last `m` of `n` latent rows' queries over all
+/// `n` keys, causal (one softmax over context + new tokens). w_uk [H][kv_lora][nope],
+/// w_uv [H][kv_lora][dv]. Returns out [m, H, dv] and lse [H, m].
+#[allow(clippy::too_many_arguments)]
+pub fn prefill_f64(
+    q: &[f32],
+    latent: &[f32],
+    w_uk: &[f32],
+    w_uv: &[f32],
+    m: usize,
+    n: usize,
+    (heads, kv_lora, rope, nope, dv): (usize, usize, usize, usize, usize),
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let dim = kv_lora + rope;
+    let expand = |j: usize, h: usize, w: &[f32], width: usize, e: usize| -> f64 {
+        (0..kv_lora)
+            .map(|x| latent[j * dim + x] as f64 * w[(h * kv_lora + x) * width + e] as f64)
+            .sum()
+    };
+    let mut out = vec![0.0; m * heads * dv];
+    let mut lse = vec![f64::NEG_INFINITY; heads * m];
+    for i in 0..m {
+        let visible = n - m + i + 1;
+        for h in 0..heads {
+            let qv = &q[(i * heads + h) * (nope + rope)..][..nope + rope];
+            let scores: Vec<f64> = (0..visible)
+                .map(|j| {
+                    let a: f64 = (0..nope)
+                        .map(|e| qv[e] as f64 * expand(j, h, w_uk, nope, e))
+                        .sum();
+                    let b: f64 = (0..rope)
+                        .map(|e| qv[nope + e] as f64 * latent[j * dim + kv_lora + e] as f64)
+                        .sum();
+                    (a + b) * scale
+                })
+                .collect();
+            let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let sum: f64 = scores.iter().map(|s| (s - mx).exp()).sum();
+            lse[h * m + i] = mx + sum.ln();
+            for e in 0..dv {
+                out[(i * heads + h) * dv + e] = scores
+                    .iter()
+                    .enumerate()
+                    .map(|(j, s)| (s - mx).exp() / sum * expand(j, h, w_uv, dv, e))
+                    .sum();
+            }
+        }
+    }
+    (out, lse)
+}
