@@ -16,23 +16,7 @@ extern "C" __global__ void kv_write(const float* __restrict__ latent,
     }
 }
 
-// NVRTC has no math.h, so infinity comes from its bits.
-#define NEG_INF __int_as_float(0xff800000)
-
-#define THREADS 128
 #define MAX_DV_PER_THREAD 8  // kv_lora up to 1024
-
-// Sum over the block; every thread gets the result.
-__device__ float block_sum(float v, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float total = 0.f;
-    for (int w = 0; w < THREADS / 32; ++w) total += scratch[w];
-    return total;
-}
 
 // Absorbed MLA decode for a uniform q_len. One block per (query token, head): token
 // j of row r sits at r * q_len + j (a uniform kernel never reads query_start_loc) and

@@ -3,20 +3,7 @@
 // LSE merge that folds context chunks into the new tokens' result. LSE is
 // [heads, tokens] everywhere.
 
-#define NEG_INF __int_as_float(0xff800000)
-#define THREADS 128
 #define MAX_V_PER_THREAD 2  // v_head_dim up to 256
-
-__device__ float block_sum(float v, float* scratch) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    __syncthreads();
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    float total = 0.f;
-    for (int w = 0; w < THREADS / 32; ++w) total += scratch[w];
-    return total;
-}
 
 // k_nope[n, H, nope] = c_kv[n] @ w_uk[h] and v[n, H, dv] = c_kv[n] @ w_uv[h], with
 // w_uk stored [H][kv_lora][nope] and w_uv [H][kv_lora][dv]; c_kv is the first kv_lora

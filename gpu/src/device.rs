@@ -6,6 +6,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaModule, CudaStream};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileError, CompileOptions};
 
+/// Definitions every kernel file uses (NEG_INF, THREADS, block_sum).
+pub const COMMON_SRC: &str = include_str!("../kernels/common.cuh");
+
 /// Why the GPU cannot be used.
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
@@ -82,8 +85,9 @@ impl GpuDevice {
         })
     }
 
-    /// Compiles CUDA C `src` for this device and loads it.
+    /// Compiles CUDA C `src` (after the shared `common.cuh`) for this device and loads it.
     pub fn compile(&self, name: &str, src: &str) -> Result<Arc<CudaModule>, GpuError> {
+        let src = format!("{COMMON_SRC}\n{src}");
         let opts = CompileOptions {
             options: vec![
                 format!("--gpu-architecture={}", self.arch),
@@ -92,7 +96,7 @@ impl GpuDevice {
             name: Some(name.to_string()),
             ..Default::default()
         };
-        let ptx = compile_ptx_with_opts(src, opts).map_err(|e| match e {
+        let ptx = compile_ptx_with_opts(&src, opts).map_err(|e| match e {
             CompileError::CompileError { log, .. } => GpuError::Compile {
                 name: name.into(),
                 arch: self.arch.clone(),
