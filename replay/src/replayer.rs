@@ -16,6 +16,7 @@ use specmla_core::invariants::Violation;
 use specmla_sim::backend::{CpuBackend, CpuBackendError};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
+use specmla_sim::runner::{cache_bytes, CACHE_LIMIT_BYTES};
 use specmla_sim::scenarios::grammar_from_seed;
 use specmla_traces::{StepRecord, TraceHeader};
 
@@ -172,6 +173,12 @@ pub fn parse_config(header: &TraceHeader) -> Result<EngineConfig, ReplayError> {
     let cfg: EngineConfig = serde_json::from_str(&header.config_json)
         .map_err(|e| ReplayError::Config(e.to_string()))?;
     cfg.validate()?;
+    let (bytes, limit) = (cache_bytes(&cfg), CACHE_LIMIT_BYTES);
+    if bytes > limit {
+        return Err(ReplayError::Config(format!(
+            "its KV caches would need {bytes} bytes (limit {limit})"
+        )));
+    }
     Ok(cfg)
 }
 
@@ -205,6 +212,13 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
         {
             return Err(bad(format!(
                 "row {i}: blocks do not cover its tokens, or a token is outside the vocabulary"
+            )));
+        }
+        if r.next_prompt_token
+            .is_some_and(|t| t as usize >= cfg.model.vocab_size)
+        {
+            return Err(bad(format!(
+                "row {i}: its next prompt token is outside the vocabulary"
             )));
         }
         if !r.samples && r.next_prompt_token.is_none() {

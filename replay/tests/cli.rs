@@ -167,3 +167,28 @@ fn random_bytes_never_panic() {
         assert!(matches!(o.status.code(), Some(0) | Some(2)), "{err}");
     }
 }
+
+/// Records edited by hand (valid checksums, impossible contents) are one-line errors.
+#[test]
+fn hand_edited_records_are_errors_not_panics() {
+    let (header, records, _) = specmla_traces::read_all(trace()).unwrap();
+    let edits: [(&str, fn(&mut specmla_traces::StepRecord)); 5] = [
+        ("block", |r| r.rows[0].block_ids[0] = u32::MAX - 1),
+        ("token", |r| r.rows[0].token_ids[0] = 1 << 30),
+        ("next", |r| r.rows[0].next_prompt_token = Some(1 << 30)),
+        ("grammar", |r| r.rows[0].grammar_state = Some(7)),
+        ("q", |r| r.rows[0].num_scheduled_tokens += 1),
+    ];
+    for (name, edit) in edits {
+        let mut recs = records.clone();
+        let i = recs.iter().position(|r| !r.rows.is_empty()).unwrap();
+        edit(&mut recs[i]);
+        let mut w = specmla_traces::TraceWriter::new(Vec::new(), &header).unwrap();
+        for r in &recs {
+            w.write_step(r).unwrap();
+        }
+        let p = dir().join(format!("edited-{name}.bin"));
+        std::fs::write(&p, w.finish().unwrap()).unwrap();
+        assert_exit2(&[p.to_str().unwrap()], "step");
+    }
+}

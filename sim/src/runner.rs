@@ -43,6 +43,16 @@ pub trait StepSink {
 /// Largest cache the CPU backend allocates, so no flag can make it abort on memory.
 pub const CACHE_LIMIT_BYTES: u64 = 4 << 30;
 
+/// Bytes the CPU backend's target and drafter caches take under `cfg`.
+pub fn cache_bytes(cfg: &specmla_core::config::EngineConfig) -> u64 {
+    let m = &cfg.model;
+    let slots =
+        (cfg.scheduler.num_gpu_blocks as u64).saturating_mul(cfg.scheduler.page_size as u64);
+    (m.num_layers as u64 + 1)
+        .saturating_mul(slots)
+        .saturating_mul(m.latent_dim() as u64 * 4)
+}
+
 impl RunError {
     /// Whether the error is the engine's own fault (a failed run: exit 1) rather than
     /// bad input (exit 2).
@@ -163,11 +173,9 @@ pub fn run_with(
     cfg.validate()?;
     let workload = generate_workload(&scenario.workload, &cfg, seed);
     validate_workload(&cfg, &workload)?;
-    let m = &cfg.model;
-    let slots = (cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size) as u64;
-    let cache_bytes = (m.num_layers as u64 + 1) * slots * m.latent_dim() as u64 * 4;
-    if cache_bytes > CACHE_LIMIT_BYTES {
-        return Err(RunError::CacheTooLarge(cache_bytes));
+    let bytes = cache_bytes(&cfg);
+    if bytes > CACHE_LIMIT_BYTES {
+        return Err(RunError::CacheTooLarge(bytes));
     }
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
