@@ -25,7 +25,8 @@ pub enum Fault {
     F8,
     /// Grammar masks read drafts from a pure-decode token layout (core: plan).
     F9,
-    /// Non-uniform decode rows sent to a uniform kernel (core: reorder/plan).
+    /// Non-uniform decode rows sent to a uniform kernel (core: plan, through the split it
+    /// asks reorder for).
     F10,
 }
 

@@ -86,11 +86,12 @@ pub fn bisect(t: &Trace, faults: Faults) -> Result<Option<Trace>, ReplayError> {
         .requests()
         .into_iter()
         .collect();
-    let Some((mut best, _)) =
-        diverges(&restrict(t, &keep.iter().copied().collect(), steps), faults)?
-    else {
+    let candidate = restrict(t, &keep.iter().copied().collect(), steps);
+    let Some((clean, rep)) = diverges(&candidate, faults)? else {
         return Ok(None);
     };
+    let mut best = trim_after(clean, rep.divergence.as_ref().map(|d| d.step));
+
     let mut chunk = keep.len().div_ceil(2);
     while chunk >= 1 && keep.len() > 1 {
         let mut i = 0;

@@ -62,8 +62,13 @@ impl Divergence {
             parts.push("metadata".to_string());
         }
         if let Some(l) = self.first_layer {
-            let mut paths: Vec<&str> = self.layer_rows.iter().map(|r| r.path.as_str()).collect();
-            paths.dedup();
+            let paths: Vec<&str> = self
+                .layer_rows
+                .iter()
+                .map(|r| r.path.as_str())
+                .collect::<std::collections::BTreeSet<_>>()
+                .into_iter()
+                .collect();
             parts.push(format!(
                 "layer {l} ({} rows: {})",
                 self.layer_rows.len(),
@@ -78,6 +83,9 @@ impl Divergence {
         }
         if let Some(v) = self.violations.first() {
             parts.push(format!("invariant {}", v.split(':').next().unwrap_or(v)));
+        }
+        if parts.is_empty() {
+            parts.push("logits or hidden states".to_string());
         }
         format!("step {}: {}", self.step, parts.join("; "))
     }

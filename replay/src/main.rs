@@ -1,13 +1,14 @@
 //! `replay`: re-execute a trace and compare it bit for bit, shrink a diverging trace, or
 //! print one. Exit codes: 0 identical, 1 diverged, 2 bad input or environment.
 
-/// `println!` that ends the process quietly when stdout is gone (a closed pipe such as
-/// `| head`) instead of panicking.
+/// `println!` that ends the process when stdout is gone (a closed pipe such as `| head`)
+/// instead of panicking, with 141 (128 + SIGPIPE) as a shell would report, so a pipeline
+/// under `pipefail` never mistakes a cut-off run for a pass.
 macro_rules! say {
     ($($t:tt)*) => {{
         use std::io::Write as _;
         if writeln!(std::io::stdout(), $($t)*).is_err() {
-            std::process::exit(0);
+            std::process::exit(141);
         }
     }};
 }
@@ -290,7 +291,11 @@ fn print_step_line(r: &StepRecord) {
 fn print_step_detail(r: &StepRecord) {
     print_step_line(r);
     for (p, &i) in r.order.iter().enumerate() {
-        let x = &r.rows[i as usize];
+        // `show` reads records as they are; a damaged order entry is skipped, not trusted.
+        let Some(x) = r.rows.get(i as usize) else {
+            say!("  row {p:>3}: (order names scheduled row {i}, which does not exist)");
+            continue;
+        };
         let path = match x.path {
             RowPath::Decode => "decode",
             RowPath::Prefill => "prefill",

@@ -172,7 +172,8 @@ fn random_bytes_never_panic() {
 #[test]
 fn hand_edited_records_are_errors_not_panics() {
     let (header, records, _) = specmla_traces::read_all(trace()).unwrap();
-    let edits: [(&str, fn(&mut specmla_traces::StepRecord)); 5] = [
+    type Edit = (&'static str, fn(&mut specmla_traces::StepRecord));
+    let edits: [Edit; 5] = [
         ("block", |r| r.rows[0].block_ids[0] = u32::MAX - 1),
         ("token", |r| r.rows[0].token_ids[0] = 1 << 30),
         ("next", |r| r.rows[0].next_prompt_token = Some(1 << 30)),

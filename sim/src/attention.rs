@@ -79,7 +79,8 @@ impl Mask {
 }
 
 /// Where the LSE of head `h`, token `t` of an `m`-token block lives: `[heads, tokens]`.
-/// Every LSE access goes through here so the F1 layout fault has exactly one place to act.
+/// Every LSE access in this module goes through here; the F1 fault (a transposed read)
+/// acts in the backend's prefill merge, where the real bug lived.
 pub fn lse_index(h: usize, t: usize, m: usize) -> usize {
     h * m + t
 }

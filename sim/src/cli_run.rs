@@ -311,7 +311,15 @@ fn check_determinism(s: &Scenario, seed: u64) -> Result<ExitCode> {
     let mut traces = Vec::new();
     for _ in 0..2 {
         let mut sink = TraceSink::new(Vec::new(), false);
-        run_with(s, seed, Some(&mut sink), |_| {})?;
+        match run_with(s, seed, Some(&mut sink), |_| {}) {
+            Err(e) if e.is_engine_failure() => {
+                eprintln!("FAIL: {e}");
+                return Ok(ExitCode::from(1));
+            }
+            other => {
+                other?;
+            }
+        }
         traces.push(sink.into_inner().expect("the run ended"));
     }
     if traces[0] == traces[1] {

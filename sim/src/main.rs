@@ -3,13 +3,14 @@
 //!
 //! Exit codes: 0 all checks passed, 1 a check failed, 2 bad input or environment.
 
-/// `println!` that ends the process quietly when stdout is gone (a closed pipe such as
-/// `| head`) instead of panicking.
+/// `println!` that ends the process when stdout is gone (a closed pipe such as `| head`)
+/// instead of panicking, with 141 (128 + SIGPIPE) as a shell would report, so a pipeline
+/// under `pipefail` never mistakes a cut-off run for a pass.
 macro_rules! say {
     ($($t:tt)*) => {{
         use std::io::Write as _;
         if writeln!(std::io::stdout(), $($t)*).is_err() {
-            std::process::exit(0);
+            std::process::exit(141);
         }
     }};
 }

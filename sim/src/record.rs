@@ -168,8 +168,8 @@ fn layer_digests(o: &StepOutcome) -> Vec<LayerDigest> {
         .collect()
 }
 
-/// The drafter's inputs (tokens, positions, slots, seq_lens of every pass, DFlash
-/// block slots) and its proposals.
+/// The drafter's inputs (tokens, positions, slots, seq_lens of every primary pass, DFlash
+/// block and context slots) and its proposals.
 fn drafter_digest(o: &StepOutcome) -> u64 {
     let mut h = Fnv1a64::new();
     // Shadow passes (the other batch mode, run first) are a check, not the step's output.

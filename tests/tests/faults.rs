@@ -6,7 +6,6 @@
 mod common;
 
 use std::fmt::Debug;
-use std::sync::Arc;
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestError, TestRng, TestRunner};
@@ -412,5 +411,4 @@ fn every_fault_has_a_catalog_entry() {
         assert_eq!(Fault::from_id(f.id()), Some(f));
         assert!(!f.mirrors().is_empty());
     }
-    let _ = Arc::new(());
 }

@@ -132,7 +132,7 @@ pub struct StepRecord {
     pub hidden_digest: u64,
     /// Per-layer attention digests.
     pub layers: Vec<LayerDigest>,
-    /// Digest of the drafter's outputs.
+    /// Digest of the drafter's inputs (primary passes) and its proposals.
     pub drafter_digest: u64,
     /// With `trace_tensors`: per layer, the attention output as `[tokens, heads * v]`
     /// flattened row-major.
