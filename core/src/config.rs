@@ -75,6 +75,26 @@ impl ModelDims {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
+        // Upper bounds keep every size the backends allocate from these far from
+        // overflow; configs can come from trace files, not only from code.
+        let limits = [
+            ("hidden_size", self.hidden_size, 1 << 16),
+            ("num_layers", self.num_layers, 1 << 10),
+            ("num_heads", self.num_heads, 1 << 12),
+            ("kv_lora_rank", self.kv_lora_rank, 1 << 14),
+            ("qk_rope_head_dim", self.qk_rope_head_dim, 1 << 12),
+            ("qk_nope_head_dim", self.qk_nope_head_dim, 1 << 12),
+            ("v_head_dim", self.v_head_dim, 1 << 12),
+            ("vocab_size", self.vocab_size, 1 << 20),
+            ("intermediate_size", self.intermediate_size, 1 << 18),
+        ];
+        for (name, v, max) in limits {
+            if v > max {
+                return Err(ConfigError::Invalid(format!(
+                    "model dimension {name} = {v} is above {max}"
+                )));
+            }
+        }
         let dims = [
             ("hidden_size", self.hidden_size),
             ("num_layers", self.num_layers),
@@ -344,6 +364,26 @@ impl EngineConfig {
                 "workspace of {} tokens is smaller than one page ({} tokens)",
                 s.workspace_tokens, s.page_size
             ));
+        }
+        let limits = [
+            ("max_num_seqs", s.max_num_seqs, 1 << 16),
+            ("max_num_batched_tokens", s.max_num_batched_tokens, 1 << 24),
+            ("max_model_len", s.max_model_len, 1 << 24),
+            ("page_size", s.page_size, 1 << 16),
+            ("num_gpu_blocks", s.num_gpu_blocks, 1 << 26),
+            ("prefill_chunk_tokens", s.prefill_chunk_tokens, 1 << 24),
+            ("workspace_tokens", s.workspace_tokens, 1 << 30),
+            (
+                "max_capture_size_tokens",
+                self.max_capture_size_tokens,
+                1 << 20,
+            ),
+            ("decode_split_tokens", self.decode_split_tokens, 1 << 24),
+        ];
+        for (name, v, max) in limits {
+            if v > max {
+                return bad(format!("{name} = {v} is above {max}"));
+            }
         }
         if s.workspace_tokens < s.max_num_seqs * s.page_size {
             return bad(format!(

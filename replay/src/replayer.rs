@@ -16,7 +16,7 @@ use specmla_core::invariants::Violation;
 use specmla_sim::backend::{CpuBackend, CpuBackendError};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
-use specmla_sim::runner::{cache_bytes, CACHE_LIMIT_BYTES};
+use specmla_sim::runner::{cache_bytes, weight_bytes, CACHE_LIMIT_BYTES};
 use specmla_sim::scenarios::grammar_from_seed;
 use specmla_traces::{StepRecord, TraceHeader};
 
@@ -173,10 +173,13 @@ pub fn parse_config(header: &TraceHeader) -> Result<EngineConfig, ReplayError> {
     let cfg: EngineConfig = serde_json::from_str(&header.config_json)
         .map_err(|e| ReplayError::Config(e.to_string()))?;
     cfg.validate()?;
-    let (bytes, limit) = (cache_bytes(&cfg), CACHE_LIMIT_BYTES);
+    let (bytes, limit) = (
+        cache_bytes(&cfg).saturating_add(weight_bytes(&cfg)),
+        CACHE_LIMIT_BYTES,
+    );
     if bytes > limit {
         return Err(ReplayError::Config(format!(
-            "its KV caches would need {bytes} bytes (limit {limit})"
+            "its KV caches and weights would need {bytes} bytes (limit {limit})"
         )));
     }
     Ok(cfg)
@@ -200,7 +203,10 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
                 r.token_ids.len()
             )));
         }
-        if c + q > s.max_model_len || r.block_ids.iter().any(|&b| b as usize >= s.num_gpu_blocks) {
+        if c > s.max_model_len
+            || q > s.max_model_len - c
+            || r.block_ids.iter().any(|&b| b as usize >= s.num_gpu_blocks)
+        {
             return Err(bad(format!(
                 "row {i}: positions or blocks outside the config"
             )));

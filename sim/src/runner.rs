@@ -22,7 +22,7 @@ pub enum RunError {
     Config(#[from] specmla_core::error::ConfigError),
     #[error("invalid workload: {0}")]
     Workload(#[from] WorkloadError),
-    #[error("the KV caches would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or the block count")]
+    #[error("the KV caches and weights would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or the block count")]
     CacheTooLarge(u64),
     #[error(transparent)]
     Engine(#[from] EngineError<CpuBackendError>),
@@ -42,6 +42,20 @@ pub trait StepSink {
 
 /// Largest cache the CPU backend allocates, so no flag can make it abort on memory.
 pub const CACHE_LIMIT_BYTES: u64 = 4 << 30;
+
+/// Bytes of the target and drafter weights under `cfg` (f32), an upper estimate.
+pub fn weight_bytes(cfg: &specmla_core::config::EngineConfig) -> u64 {
+    let m = &cfg.model;
+    let (h, heads) = (m.hidden_size as u64, m.num_heads as u64);
+    let per_layer = h * heads * m.qk_head_dim() as u64
+        + h * m.latent_dim() as u64
+        + heads * m.kv_lora_rank as u64 * (m.qk_nope_head_dim + m.v_head_dim) as u64
+        + heads * m.v_head_dim as u64 * h
+        + 3 * h * m.intermediate_size as u64;
+    let embeddings = 2 * m.vocab_size as u64 * h;
+    // The drafter: one layer, its own embeddings and head, and the input fusions.
+    ((m.num_layers as u64 + 1) * per_layer + 2 * embeddings + 3 * h * h) * 4
+}
 
 /// Bytes the CPU backend's target and drafter caches take under `cfg`.
 pub fn cache_bytes(cfg: &specmla_core::config::EngineConfig) -> u64 {
@@ -173,7 +187,7 @@ pub fn run_with(
     cfg.validate()?;
     let workload = generate_workload(&scenario.workload, &cfg, seed);
     validate_workload(&cfg, &workload)?;
-    let bytes = cache_bytes(&cfg);
+    let bytes = cache_bytes(&cfg).saturating_add(weight_bytes(&cfg));
     if bytes > CACHE_LIMIT_BYTES {
         return Err(RunError::CacheTooLarge(bytes));
     }

@@ -114,7 +114,14 @@ fn impossible_configs_fail_at_start_up_with_one_line() {
     assert_bad_input(&["--temperature", "-1"], &["temperature"]);
     assert_bad_input(&["--page-size", "0"], &["page size"]);
     assert_bad_input(&["--max-model-len", "1"], &["max_model_len"]);
-    assert_bad_input(&["--max-model-len", "100000000"], &["KV caches would need"]);
+    assert_bad_input(
+        &["--max-model-len", "10000000"],
+        &["KV caches and weights would need"],
+    );
+    assert_bad_input(
+        &["--max-model-len", "100000000"],
+        &["max_model_len", "above"],
+    );
     let o = sim(&["--scenario", "dflash", "--backend", "cutlass-mla"]);
     assert_eq!(
         stderr(&o).lines().count(),
