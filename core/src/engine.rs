@@ -77,6 +77,9 @@ pub struct StepOutcome {
     /// Per planned row: the drafter's probabilities for each proposal (temperature > 0).
     pub proposal_probs: Vec<Vec<Vec<f32>>>,
     pub drafter_passes: Vec<DrafterPass>,
+    /// The primary drafter's output of every pass (or the DFlash pass): its own logits
+    /// and hidden states, before any draft was forced.
+    pub drafter_outputs: Vec<DrafterOutput>,
     pub dflash: Option<DFlashPass>,
     pub violations: Vec<Violation>,
     /// Requests whose outputs differed under the other row layout.
@@ -208,6 +211,7 @@ impl<B: Backend> Executor<B> {
             proposals: drafts.proposals,
             proposal_probs: drafts.probs,
             drafter_passes: drafts.passes,
+            drafter_outputs: drafts.outputs,
             dflash: drafts.dflash,
             violations,
             layout_mismatches,
@@ -417,6 +421,7 @@ fn empty_outcome(batch: ScheduledBatch, plan: StepPlan) -> StepOutcome {
         proposals: Vec::new(),
         proposal_probs: Vec::new(),
         drafter_passes: Vec::new(),
+        drafter_outputs: Vec::new(),
         dflash: None,
         violations: Vec::new(),
         layout_mismatches: Vec::new(),
@@ -459,12 +464,22 @@ fn bits_eq(a: &[f32], b: &[f32]) -> bool {
 }
 
 /// Drafter results of one step.
+/// One run of the multi-step drafter.
+struct DraftRun {
+    proposals: Vec<Vec<u32>>,
+    probs: Vec<Vec<Vec<f32>>>,
+    passes: Vec<DrafterPass>,
+    outputs: Vec<DrafterOutput>,
+}
+
 struct Drafts {
     proposals: Vec<Vec<u32>>,
     probs: Vec<Vec<Vec<f32>>>,
     passes: Vec<DrafterPass>,
     dflash: Option<DFlashPass>,
     mismatches: Vec<DrafterMismatch>,
+    /// The primary run's output of every pass (the drafter's own logits and hidden).
+    outputs: Vec<DrafterOutput>,
 }
 
 impl<B: Backend> Executor<B> {
@@ -482,6 +497,7 @@ impl<B: Backend> Executor<B> {
             passes: Vec::new(),
             dflash: None,
             mismatches: Vec::new(),
+            outputs: Vec::new(),
         };
         match self.cfg.spec.method {
             SpecMethod::Off => {}
@@ -493,6 +509,7 @@ impl<B: Backend> Executor<B> {
                     .map_err(EngineError::Backend)?;
                 (d.proposals, d.probs) = self.choose_dflash(plan, verifies, &pass, &out, oracle);
                 d.dflash = Some(pass);
+                d.outputs.push(out);
             }
             SpecMethod::MultiStep => {
                 let primary = self.cfg.spec.drafter_batch;
@@ -501,18 +518,19 @@ impl<B: Backend> Executor<B> {
                         DrafterBatch::Padded => DrafterBatch::Compacted,
                         DrafterBatch::Compacted => DrafterBatch::Padded,
                     };
-                    let (shadow, _, passes) =
+                    let shadow =
                         self.run_multistep(plan, target, verifies, outcomes, other, oracle)?;
-                    d.passes.extend(passes);
-                    let (p, probs, passes) =
+                    d.passes.extend(shadow.passes);
+                    let run =
                         self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
-                    d.mismatches = drafter_mismatches(plan, &p, &shadow);
-                    (d.proposals, d.probs) = (p, probs);
-                    d.passes.extend(passes);
+                    d.mismatches = drafter_mismatches(plan, &run.proposals, &shadow.proposals);
+                    (d.proposals, d.probs, d.outputs) = (run.proposals, run.probs, run.outputs);
+                    d.passes.extend(run.passes);
                 } else {
-                    let (p, probs, passes) =
+                    let run =
                         self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;
-                    (d.proposals, d.probs, d.passes) = (p, probs, passes);
+                    (d.proposals, d.probs, d.passes, d.outputs) =
+                        (run.proposals, run.probs, run.passes, run.outputs);
                 }
             }
         }
@@ -528,8 +546,9 @@ impl<B: Backend> Executor<B> {
         outcomes: &[RowOutcome],
         mode: DrafterBatch,
         oracle: &mut dyn DraftOracle,
-    ) -> StepResult<(Vec<Vec<u32>>, Vec<Vec<Vec<f32>>>, Vec<DrafterPass>), B> {
+    ) -> StepResult<DraftRun, B> {
         let n = plan.rows.len();
+        let mut outputs = Vec::with_capacity(self.cfg.spec.k());
         let mut proposals = vec![Vec::new(); n];
         let mut probs = vec![Vec::new(); n];
         let mut passes = Vec::new();
@@ -559,9 +578,17 @@ impl<B: Backend> Executor<B> {
             }
             let next = (j + 1 < self.cfg.spec.k()).then(|| next_pass(&self.cfg, &pass, &tokens));
             passes.push(std::mem::replace(&mut pass, next.unwrap_or_default_pass()));
-            prev = Some(out);
+            if let Some(p) = prev.replace(out) {
+                outputs.push(p);
+            }
         }
-        Ok((proposals, probs, passes))
+        outputs.extend(prev);
+        Ok(DraftRun {
+            proposals,
+            probs,
+            passes,
+            outputs,
+        })
     }
 
     fn choose_dflash(

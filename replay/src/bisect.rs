@@ -1,7 +1,8 @@
 //! Shrinks a diverging trace to a minimal reproducer: the steps up to the first
 //! divergence, and the fewest requests that still diverge (delta debugging over request
-//! sets). Every candidate is re-recorded clean, so the result replays on its own:
-//! identical without the faults, divergent with them.
+//! sets). Every candidate is re-recorded under the recorded faults, so the result
+//! replays on its own: identical under the recorded faults, divergent under the
+//! replay's.
 
 use std::collections::BTreeSet;
 
@@ -51,17 +52,27 @@ fn restrict(t: &Trace, keep: &BTreeSet<u64>, steps: usize) -> Trace {
     Trace { header, records }
 }
 
-/// Replays `t` without faults and keeps the replay's records as the expected values.
+/// Replays `t` under the faults it was recorded with and keeps the replay's records as
+/// the expected values, so a candidate stays what the original recording would have
+/// written for it.
 pub fn re_record(t: &Trace) -> Result<Trace, ReplayError> {
-    let mut r = Replayer::new(&t.header, Faults::none())?;
-    let mut header = t.header.clone();
-    header.faults.clear();
+    let mut r = Replayer::new(&t.header, recorded_faults(&t.header))?;
+    let header = t.header.clone();
     let records = t
         .records
         .iter()
         .map(|rec| r.step(rec))
         .collect::<Result<_, _>>()?;
     Ok(Trace { header, records })
+}
+
+/// The fault switches a trace was recorded with (unknown ids are ignored: the header
+/// came through a checksum, and an id this build lacks cannot be re-created).
+pub fn recorded_faults(h: &TraceHeader) -> Faults {
+    h.faults
+        .iter()
+        .filter_map(|id| specmla_core::fault::Fault::from_id(id))
+        .collect()
 }
 
 /// Whether `t`, re-recorded clean, still diverges under `faults`; returns the report.

@@ -37,6 +37,8 @@ pub struct Divergence {
     pub max_abs_diff: Option<f32>,
     /// Invariants the replayed step violated (rule: detail).
     pub violations: Vec<String>,
+    /// Shadow-run mismatches (row layouts, drafter batch modes).
+    pub cross_checks: Vec<String>,
 }
 
 impl Divergence {
@@ -52,6 +54,7 @@ impl Divergence {
             drafter_requests: Vec::new(),
             max_abs_diff: None,
             violations: Vec::new(),
+            cross_checks: Vec::new(),
         }
     }
 
@@ -83,6 +86,9 @@ impl Divergence {
         }
         if let Some(v) = self.violations.first() {
             parts.push(format!("invariant {}", v.split(':').next().unwrap_or(v)));
+        }
+        if !self.cross_checks.is_empty() {
+            parts.push("cross-check".to_string());
         }
         if parts.is_empty() {
             parts.push("logits or hidden states".to_string());
@@ -139,6 +145,7 @@ pub fn compare_step(rec: &StepRecord, got: &StepRecord) -> Option<Divergence> {
         drafter_requests,
         max_abs_diff,
         violations: Vec::new(),
+        cross_checks: Vec::new(),
     })
 }
 
@@ -153,7 +160,7 @@ fn first_layer(rec: &StepRecord, got: &StepRecord) -> (Option<u32>, Vec<Divergen
     for (a, b) in rec.layers.iter().zip(&got.layers) {
         let rows: Vec<DivergentRow> = (0..a.per_row.len().max(b.per_row.len()))
             .filter(|&r| a.per_row.get(r) != b.per_row.get(r))
-            .filter_map(|r| divergent_row(rec, r))
+            .filter_map(|r| divergent_row(rec, got, r))
             .collect();
         if !rows.is_empty() {
             return (Some(a.layer), rows);
@@ -162,17 +169,30 @@ fn first_layer(rec: &StepRecord, got: &StepRecord) -> (Option<u32>, Vec<Divergen
     (None, Vec::new())
 }
 
-fn divergent_row(rec: &StepRecord, r: usize) -> Option<DivergentRow> {
+fn row_path(rec: &StepRecord, r: usize) -> Option<(&specmla_traces::TraceRow, &'static str)> {
     let row = rec.rows.get(*rec.order.get(r)? as usize)?;
     let path = match row.path {
         RowPath::Decode => "decode",
         RowPath::Prefill if row.num_computed_tokens > 0 => "prefill+context",
         RowPath::Prefill => "prefill",
     };
+    Some((row, path))
+}
+
+/// A divergent row labelled with the path it took in the replay, and the recorded path
+/// too when a fault moved it (F10 sends rows to another kernel).
+fn divergent_row(rec: &StepRecord, got: &StepRecord, r: usize) -> Option<DivergentRow> {
+    let (row, recorded) = row_path(rec, r)?;
+    let replayed = row_path(got, r).map_or(recorded, |(_, p)| p);
+    let path = if replayed == recorded {
+        replayed.to_string()
+    } else {
+        format!("{replayed} (recorded: {recorded})")
+    };
     Some(DivergentRow {
         row: r,
         req_id: row.req_id,
-        path: path.to_string(),
+        path,
         q_len: row.num_scheduled_tokens,
         context_len: row.num_computed_tokens,
     })

@@ -40,15 +40,13 @@ pub fn replay_records_with(
 ) -> Result<ReplayReport, ReplayError> {
     let mut r = Replayer::new(header, faults)?;
     for (i, rec) in records.iter().enumerate() {
-        let (got, violations) = r.step_checked(rec)?;
+        let (got, findings) = r.step_checked(rec)?;
         on_step(i + 1);
         let mut found = compare_step(rec, &got);
-        if !violations.is_empty() {
+        if !findings.violations.is_empty() || !findings.cross_checks.is_empty() {
             let d = found.get_or_insert_with(|| Divergence::invariants_only(rec.step));
-            d.violations = violations
-                .iter()
-                .map(|v| format!("{}: {}", v.rule.name(), v.detail))
-                .collect();
+            d.violations = findings.violations;
+            d.cross_checks = findings.cross_checks;
         }
         if let Some(d) = found {
             return Ok(ReplayReport {

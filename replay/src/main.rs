@@ -123,10 +123,20 @@ fn run(a: &RunArgs) -> Result<ExitCode> {
         return run_bisect(&t, f, a.output.as_deref().expect("clap requires -o"));
     }
     let report = replay_records(&t.header, &t.records, f)?;
+    let truncated = read_all(path)
+        .map(|(_, _, c)| matches!(c, Completeness::Truncated { .. }))
+        .unwrap_or(false);
     if a.json {
-        say!("{}", serde_json::to_string_pretty(&report)?);
+        let mut v = serde_json::to_value(&report)?;
+        v["trace_truncated"] = truncated.into();
+        say!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_report(path, &t, &a.faults, &report);
+        if truncated {
+            say!(
+                "NOTE: the trace is truncated (no footer): only its complete records were compared"
+            );
+        }
     }
     Ok(if report.divergence.is_some() {
         ExitCode::from(1)
@@ -142,8 +152,13 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
     } else {
         fault_ids.join(", ")
     };
+    let recorded = if h.faults.is_empty() {
+        "none".to_string()
+    } else {
+        h.faults.join(", ")
+    };
     say!(
-        "replay {}: scenario {}, seed {}, {} steps, faults on replay: {faults}",
+        "replay {}: scenario {}, seed {}, {} steps, faults recorded: {recorded}, on replay: {faults}",
         path.display(),
         h.scenario,
         h.seed,
@@ -200,6 +215,9 @@ fn print_divergence(d: &Divergence, replayed: usize) {
             "  drafter      inputs or proposals differ (requests {:?})",
             d.drafter_requests
         );
+    }
+    for c in d.cross_checks.iter().take(3) {
+        say!("  cross-check  {c}");
     }
     for v in d.violations.iter().take(3) {
         say!("  invariant    {v}");

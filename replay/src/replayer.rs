@@ -12,7 +12,6 @@ use specmla_core::engine::{
 };
 use specmla_core::fault::Faults;
 use specmla_core::grammar::{GrammarState, TokenAutomaton};
-use specmla_core::invariants::Violation;
 use specmla_sim::backend::{CpuBackend, CpuBackendError};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
@@ -35,6 +34,15 @@ pub enum ReplayError {
     },
     #[error("step {step}: {reason}")]
     BadRecord { step: u64, reason: String },
+}
+
+/// What a replayed step's own checks found.
+#[derive(Clone, Debug, Default)]
+pub struct StepFindings {
+    /// Violated invariants, "rule: detail".
+    pub violations: Vec<String>,
+    /// Mismatches of the shadow runs.
+    pub cross_checks: Vec<String>,
 }
 
 /// Grammar automata of the trace's requests, their recorded states, and the drafter's
@@ -81,9 +89,13 @@ impl Replayer {
         let target = Arc::new(TargetModel::from_seed(&cfg.model, header.seed));
         let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, header.seed));
         let backend = CpuBackend::new(&cfg, target, drafter);
+        // The recording's shadow checks are not in the header, so the replay always runs
+        // both: they are sound (idempotent KV writes) and only add evidence.
+        let multi_step = cfg.spec.method == specmla_core::config::SpecMethod::MultiStep;
         let opts = EngineOptions {
             seed: header.seed,
-            ..Default::default()
+            check_layouts: true,
+            check_drafter_batches: multi_step,
         };
         let vocab = cfg.model.vocab_size;
         let exec = Executor::new(cfg, opts, backend)
@@ -113,11 +125,13 @@ impl Replayer {
         Ok(self.step_checked(rec)?.0)
     }
 
-    /// [`Replayer::step`], also returning the invariants the replayed step violated.
+    /// [`Replayer::step`], also returning what the replayed step's own checks found:
+    /// violated invariants and cross-check mismatches (the other row layout, the other
+    /// drafter batch mode).
     pub fn step_checked(
         &mut self,
         rec: &StepRecord,
-    ) -> Result<(StepRecord, Vec<Violation>), ReplayError> {
+    ) -> Result<(StepRecord, StepFindings), ReplayError> {
         let batch = to_batch(rec, self.exec.config())?;
         let vocab = self.exec.config().model.vocab_size;
         if rec.forced_drafts.iter().any(|f| f.token as usize >= vocab) {
@@ -164,7 +178,25 @@ impl Replayer {
             .iter()
             .map(|f| (f.req_id, f.position as usize, f.token))
             .collect();
-        Ok((step_record(&out, &forced, self.tensors), out.violations))
+        let findings = StepFindings {
+            violations: out
+                .violations
+                .iter()
+                .map(|v| format!("{}: {}", v.rule.name(), v.detail))
+                .collect(),
+            cross_checks: out
+                .layout_mismatches
+                .iter()
+                .map(|id| format!("request {id}: decode-first and extend-first layouts differ"))
+                .chain(out.drafter_mismatches.iter().map(|m| {
+                    format!(
+                        "request {}: padded and compacted drafters propose {:?} vs {:?}",
+                        m.req_id, m.primary, m.shadow
+                    )
+                }))
+                .collect(),
+        };
+        Ok((step_record(&out, &forced, self.tensors), findings))
     }
 }
 

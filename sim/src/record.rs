@@ -168,25 +168,47 @@ fn layer_digests(o: &StepOutcome) -> Vec<LayerDigest> {
         .collect()
 }
 
-/// The drafter's inputs (tokens, positions, slots, seq_lens of every primary pass, DFlash
-/// block and context slots) and its proposals.
+/// Everything the drafter saw and produced: every primary pass's inputs (tokens,
+/// positions, slots, seq_lens, sampled indices, hidden sources, block table), the DFlash
+/// context and block, the drafter's own logits and hidden states before any draft was
+/// forced, and the proposals. Shadow passes (the other batch mode, run first) are a
+/// check, not the step's output.
 fn drafter_digest(o: &StepOutcome) -> u64 {
     let mut h = Fnv1a64::new();
-    // Shadow passes (the other batch mode, run first) are a check, not the step's output.
     let primary = o.drafter_passes.last().map(|p| p.mode);
     for p in o.drafter_passes.iter().filter(|p| Some(p.mode) == primary) {
-        h.update(
-            &encode_payload(&(&p.token_ids, &p.positions, &p.slot_mapping, &p.seq_lens))
-                .expect("passes serialize"),
+        let inputs = (
+            &p.token_ids,
+            &p.positions,
+            &p.slot_mapping,
+            &p.seq_lens,
+            &p.query_start_loc,
         );
+        h.update(&encode_payload(&inputs).expect("passes serialize"));
+        let more = (&p.token_indices_to_sample, &p.hidden, &*p.block_table);
+        h.update(&encode_payload(&more).expect("passes serialize"));
     }
     if let Some(d) = &o.dflash {
-        h.update(
-            &encode_payload(&(&d.block_positions, &d.block_slots, &d.context_slots))
-                .expect("passes serialize"),
+        let block = (
+            &d.block_positions,
+            &d.block_slots,
+            &d.block_indices,
+            &d.block_tokens,
         );
+        h.update(&encode_payload(&block).expect("passes serialize"));
+        let context = (
+            &d.context_slots,
+            &d.context_token_indices,
+            &d.context_positions,
+            &d.context_lens,
+        );
+        h.update(&encode_payload(&context).expect("passes serialize"));
     }
-    h.update(&encode_payload(&o.proposals).expect("proposals serialize"));
+    for out in &o.drafter_outputs {
+        h.update_f32(&out.logits);
+        h.update_f32(&out.hidden);
+    }
+    h.update(&encode_payload(&(&o.proposals, &o.proposal_probs)).expect("proposals serialize"));
     h.finish()
 }
 
