@@ -75,3 +75,18 @@ extern "C" __global__ void mla_decode(const float* __restrict__ q,          // [
     }
     if (threadIdx.x == 0) lse[(long long)h * num_tokens + t] = l_tot > 0.f ? m_tot + logf(l_tot) : NEG_INF;
 }
+
+// Gathers context positions [start, start + len) of one request from the paged cache
+// into a contiguous workspace (the chunked-context prefill reads chunks this way).
+extern "C" __global__ void gather_context(const float* __restrict__ cache,
+                                          const int* __restrict__ block_row,
+                                          float* __restrict__ workspace, int start, int len,
+                                          int page, int dim) {
+    int i = blockIdx.x;
+    if (i >= len) return;
+    int pos = start + i;
+    long long slot = (long long)block_row[pos / page] * page + pos % page;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        workspace[(long long)i * dim + d] = cache[slot * dim + d];
+    }
+}

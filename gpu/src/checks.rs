@@ -90,6 +90,56 @@ pub fn check_kv_write(
     })
 }
 
+/// gather_context: a chunk of a request's context, read through a shuffled block table,
+/// must equal the cache rows bit for bit.
+pub fn check_gather(
+    dev: &GpuDevice,
+    k: &MlaKernels,
+    dim: usize,
+    page: usize,
+    start: usize,
+    len: usize,
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let width = (start + len).div_ceil(page).max(1);
+    let num_blocks = width * 2;
+    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..blocks.len()).rev() {
+        blocks.swap(i, rng.gen_range(0..=i));
+    }
+    let row = blocks[..width].to_vec();
+    let cache: Vec<f32> = (0..num_blocks * page * dim)
+        .map(|_| rng.gen_range(-1.0..1.0))
+        .collect();
+    let mut ws = upload(dev, &vec![f32::NAN; len.max(1) * dim])?;
+    k.gather_context(
+        dev,
+        &upload(dev, &cache)?,
+        &upload(dev, &row)?,
+        &mut ws,
+        start,
+        len,
+        page,
+        dim,
+    )?;
+    let got = download(dev, &ws)?;
+    let passed = (0..len).all(|i| {
+        let pos = start + i;
+        let slot = row[pos / page] as usize * page + pos % page;
+        got[i * dim..][..dim]
+            .iter()
+            .zip(&cache[slot * dim..][..dim])
+            .all(|(a, b)| a.to_bits() == b.to_bits())
+    });
+    Ok(CaseResult {
+        kernel: "gather_ctx",
+        case: format!("dim {dim} page {page} positions {start}..{}", start + len),
+        max_rel_err: if passed { 0.0 } else { 1.0 },
+        passed,
+    })
+}
+
 /// One decode case: `rows` rows with the given context lengths (seq_len = ctx + q_len).
 pub fn check_decode(
     dev: &GpuDevice,
@@ -264,6 +314,17 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     let mut results = Vec::new();
     for (i, (dim, tokens)) in [(40, 1), (40, 37), (576, 130)].into_iter().enumerate() {
         results.push(check_kv_write(dev, &k, dim, tokens, i as u64)?);
+    }
+    for (i, (dim, page, start, len)) in [
+        (40, 16, 0, 1),
+        (40, 16, 5, 37),
+        (576, 64, 128, 128),
+        (576, 64, 63, 130),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        results.push(check_gather(dev, &k, dim, page, start, len, 50 + i as u64)?);
     }
     let mut seed = 100;
     // (kv_lora + rope, kv_lora): the tiny model and DeepSeek-V3.

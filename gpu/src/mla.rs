@@ -15,6 +15,7 @@ pub struct MlaKernels {
     _module: Arc<CudaModule>,
     kv_write: CudaFunction,
     decode: CudaFunction,
+    gather: CudaFunction,
 }
 
 /// Shape of one uniform decode launch.
@@ -59,6 +60,7 @@ impl MlaKernels {
         Ok(Self {
             kv_write: f("kv_write")?,
             decode: f("mla_decode")?,
+            gather: f("gather_context")?,
             _module: module,
         })
     }
@@ -88,6 +90,40 @@ impl MlaKernels {
         // latent [num_tokens, dim], slot_mapping [num_tokens], and every non-PAD slot
         // indexes inside cache.
         unsafe { b.launch(cfg) }.map_err(GpuError::driver("launching kv_write"))?;
+        Ok(())
+    }
+
+    /// Gathers positions `[start, start + len)` of the request whose block-table row is
+    /// `block_row` from `cache` into `workspace` (`[len, dim]`).
+    #[allow(clippy::too_many_arguments)]
+    pub fn gather_context(
+        &self,
+        dev: &GpuDevice,
+        cache: &CudaSlice<f32>,
+        block_row: &CudaSlice<i32>,
+        workspace: &mut CudaSlice<f32>,
+        start: usize,
+        len: usize,
+        page: usize,
+        dim: usize,
+    ) -> Result<(), GpuError> {
+        if len == 0 {
+            return Ok(());
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (len as u32, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let ints = [start, len, page, dim].map(|x| x as i32);
+        let mut b = dev.stream.launch_builder(&self.gather);
+        b.arg(cache).arg(block_row).arg(workspace);
+        for x in &ints {
+            b.arg(x);
+        }
+        // SAFETY: arguments match gather_context; block_row covers every position below
+        // start + len and workspace holds len rows of dim.
+        unsafe { b.launch(cfg) }.map_err(GpuError::driver("launching gather_context"))?;
         Ok(())
     }
 
