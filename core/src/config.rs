@@ -6,6 +6,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::ConfigError;
 
+/// Upper bounds keep every size the backends allocate far from overflow; configs can
+/// come from trace files, not only from code.
+fn check_limits(what: &str, limits: &[(&str, usize, usize)]) -> Result<(), ConfigError> {
+    match limits.iter().find(|(_, v, max)| v > max) {
+        Some((name, v, max)) => Err(ConfigError::Invalid(format!(
+            "{what}{name} = {v} is above {max}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Attention/model dimensions of an MLA model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ModelDims {
@@ -75,8 +86,6 @@ impl ModelDims {
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
-        // Upper bounds keep every size the backends allocate from these far from
-        // overflow; configs can come from trace files, not only from code.
         let limits = [
             ("hidden_size", self.hidden_size, 1 << 16),
             ("num_layers", self.num_layers, 1 << 10),
@@ -88,13 +97,7 @@ impl ModelDims {
             ("vocab_size", self.vocab_size, 1 << 20),
             ("intermediate_size", self.intermediate_size, 1 << 18),
         ];
-        for (name, v, max) in limits {
-            if v > max {
-                return Err(ConfigError::Invalid(format!(
-                    "model dimension {name} = {v} is above {max}"
-                )));
-            }
-        }
+        check_limits("model dimension ", &limits)?;
         let dims = [
             ("hidden_size", self.hidden_size),
             ("num_layers", self.num_layers),
@@ -380,11 +383,7 @@ impl EngineConfig {
             ),
             ("decode_split_tokens", self.decode_split_tokens, 1 << 24),
         ];
-        for (name, v, max) in limits {
-            if v > max {
-                return bad(format!("{name} = {v} is above {max}"));
-            }
-        }
+        check_limits("", &limits)?;
         if s.workspace_tokens < s.max_num_seqs * s.page_size {
             return bad(format!(
                 "workspace of {} tokens cannot give each of max_num_seqs={} rows one page of {} \
