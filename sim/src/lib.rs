@@ -6,7 +6,8 @@ pub mod attention;
 pub mod backend;
 pub mod checks;
 pub mod kv_cache;
-pub mod model;
+/// The model both backends run lives in its own crate; re-exported under its old path.
+pub use specmla_model as model;
 pub mod oracle;
 pub mod record;
 pub mod runner;

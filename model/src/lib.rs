@@ -1,11 +1,13 @@
-//! The tiny MLA transformer of the CPU reference backend (SPEC section 10): the f32 building
-//! blocks (RMSNorm, RoPE, SwiGLU, row-major mat-vec), one MLA layer's projections around
-//! attention, the target model and the one-layer drafter, with every weight drawn
-//! deterministically from a ChaCha8 stream.
+//! specmla-model: the tiny MLA transformer both backends run (SPEC section 10). It owns
+//! the weights, drawn deterministically from a ChaCha8 seed, and the f32 building blocks
+//! the CPU backend computes with (RMSNorm, RoPE, SwiGLU, row-major mat-vec): one MLA
+//! layer's projections around attention, the target model and the one-layer drafter.
+//! The CUDA backend uploads the same weights and mirrors these blocks in its kernels.
 //!
-//! Attention itself lives in [`crate::attention`]: a layer only produces a token's query and
-//! the latent row it caches, and consumes the attention output. All matrices are row-major
+//! Attention itself lives in the backends: a layer only produces a token's query and the
+//! latent row it caches, and consumes the attention output. All matrices are row-major
 //! `[in, out]` (`y = x @ W`).
+#![forbid(unsafe_code)]
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
