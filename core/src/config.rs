@@ -345,6 +345,32 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The tiny model on a small pool: the base of every built-in scenario and of the
+    /// GPU backend's invariance checks. Graphs on (up to 64 tokens), splits of 64.
+    pub fn tiny(profile: BackendProfile, spec: SpecConfig) -> Self {
+        EngineConfig {
+            model: ModelDims::tiny(),
+            spec,
+            scheduler: SchedulerConfig {
+                max_num_seqs: 16,
+                max_num_batched_tokens: 160,
+                max_model_len: 384,
+                page_size: 16,
+                num_gpu_blocks: 224,
+                chunked_prefill: true,
+                prefill_chunk_tokens: 48,
+                mixed_batches: true,
+                row_layout: RowLayout::DecodeFirst,
+                workspace_tokens: 512,
+            },
+            backends: vec![profile],
+            cuda_graphs: true,
+            max_capture_size_tokens: 64,
+            decode_split_tokens: 64,
+            faults: Default::default(),
+        }
+    }
+
     /// Checks every cross-field rule; the message is one line fit for a CLI.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.model.validate()?;

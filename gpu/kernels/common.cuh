@@ -2,6 +2,8 @@
 
 // NVRTC has no math.h, so infinity comes from its bits.
 #define NEG_INF __int_as_float(0xff800000)
+// What a read of a position with no block gives, as the CPU cache poisons unwritten slots.
+#define NAN_F __int_as_float(0x7fffffff)
 #define THREADS 128
 
 // Sum over a THREADS-wide block; every thread gets the result.

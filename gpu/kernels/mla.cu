@@ -48,17 +48,18 @@ extern "C" __global__ void mla_decode(const float* __restrict__ q,          // [
         float m = NEG_INF, l = 0.f, acc[MAX_DV_PER_THREAD];
         for (int i = 0; i < MAX_DV_PER_THREAD; ++i) acc[i] = 0.f;
         for (int pos = from; pos < to; ++pos) {
-            long long slot = (long long)block_table[r * width + pos / page] * page + pos % page;
-            const float* k = cache + slot * dim;
+            // A position past the row or on a missing block reads as NaN, never out of bounds.
+            int blk = pos / page < width ? block_table[(long long)r * width + pos / page] : -1;
+            const float* k = cache + ((long long)(blk < 0 ? 0 : blk) * page + pos % page) * dim;
             float part = 0.f;
-            for (int d = threadIdx.x; d < dim; d += THREADS) part += qv[d] * k[d];
+            for (int d = threadIdx.x; d < dim; d += THREADS) part += qv[d] * (blk < 0 ? NAN_F : k[d]);
             float score = block_sum(part, scratch) * scale;
             float m_new = fmaxf(m, score);
             float c = __expf(m - m_new), p = __expf(score - m_new);
             l = l * c + p;
             for (int i = 0; i < MAX_DV_PER_THREAD; ++i) {
                 int d = threadIdx.x + i * THREADS;
-                if (d < dv) acc[i] = acc[i] * c + p * k[d];
+                if (d < dv) acc[i] = acc[i] * c + p * (blk < 0 ? NAN_F : k[d]);
             }
             m = m_new;
         }
@@ -78,15 +79,17 @@ extern "C" __global__ void mla_decode(const float* __restrict__ q,          // [
 
 // Gathers context positions [start, start + len) of one request from the paged cache
 // into a contiguous workspace (the chunked-context prefill reads chunks this way).
+// A position past the row's width or on a missing block gathers NaN.
 extern "C" __global__ void gather_context(const float* __restrict__ cache,
                                           const int* __restrict__ block_row,
                                           float* __restrict__ workspace, int start, int len,
-                                          int page, int dim) {
+                                          int page, int dim, int width) {
     int i = blockIdx.x;
     if (i >= len) return;
     int pos = start + i;
-    long long slot = (long long)block_row[pos / page] * page + pos % page;
+    int blk = pos / page < width ? block_row[pos / page] : -1;
+    long long slot = (long long)blk * page + pos % page;
     for (int d = threadIdx.x; d < dim; d += blockDim.x) {
-        workspace[(long long)i * dim + d] = cache[slot * dim + d];
+        workspace[(long long)i * dim + d] = blk < 0 ? NAN_F : cache[slot * dim + d];
     }
 }

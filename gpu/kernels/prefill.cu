@@ -67,13 +67,15 @@ extern "C" __global__ void mla_prefill(const float* __restrict__ q, const float*
 }
 
 // a <- merge(a, b) for m tokens: the union of two disjoint key sets as one softmax;
-// an empty side (lse = -inf) has weight zero.
+// an empty side (lse = -inf) has weight zero. b_lse_transposed != 0 is fault F1: b's
+// LSE, laid out [heads, tokens], is read as if it were [tokens, heads].
 extern "C" __global__ void merge_states(float* __restrict__ a_out, float* __restrict__ a_lse,
                                         const float* __restrict__ b_out, const float* __restrict__ b_lse,
-                                        int m, int heads, int dv) {
+                                        int m, int heads, int dv, int b_lse_transposed) {
     int i = blockIdx.x, h = blockIdx.y;
     if (i >= m) return;
-    float la = a_lse[(long long)h * m + i], lb = b_lse[(long long)h * m + i];
+    float la = a_lse[(long long)h * m + i];
+    float lb = b_lse[b_lse_transposed ? (long long)i * heads + h : (long long)h * m + i];
     float mx = fmaxf(la, lb);
     float wa = mx == NEG_INF ? 0.f : __expf(la - mx), wb = mx == NEG_INF ? 0.f : __expf(lb - mx);
     float sum = wa + wb;

@@ -1,13 +1,12 @@
 //! Kernel checks against the f64 references on fresh random inputs over a grid of
 //! shapes: outputs are poisoned with NaN before every launch, inputs are never zeros.
 
-use cudarc::driver::CudaSlice;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::device::{GpuDevice, GpuError};
-use crate::mla::{DecodeArgs, DecodeShape, MlaKernels};
-use crate::prefill::{Keys, PrefillDims, PrefillKernels};
+use crate::launch::Buf;
+use crate::ops::{DecodeBufs, DecodeShape, Kernels, KeyBufs, MlaDims, State};
 use crate::reference::{decode_f64, prefill_f64};
 
 /// The result of one checked case.
@@ -22,29 +21,21 @@ pub struct CaseResult {
 /// Relative tolerance of f32 kernels against f64 references.
 pub const F32_TOL: f64 = 2e-4;
 
-fn upload<T: cudarc::driver::DeviceRepr>(
-    dev: &GpuDevice,
-    v: &[T],
-) -> Result<CudaSlice<T>, GpuError> {
-    dev.stream.clone_htod(v).map_err(GpuError::driver(format!(
-        "copying {} values to the device",
-        v.len()
-    )))
+fn upload<T: cudarc::driver::DeviceRepr>(dev: &GpuDevice, v: &[T]) -> Result<Buf<T>, GpuError> {
+    Buf::from_host(dev, v, "check input")
 }
 
-fn download<T: cudarc::driver::DeviceRepr + Default + Clone>(
+fn download<T: cudarc::driver::DeviceRepr>(
     dev: &GpuDevice,
-    d: &CudaSlice<T>,
+    d: &Buf<T>,
 ) -> Result<Vec<T>, GpuError> {
-    dev.stream
-        .clone_dtoh(d)
-        .map_err(GpuError::driver("copying results back"))
+    d.read(dev, d.len())
 }
 
 /// kv_write: random rows to shuffled slots, some PAD; untouched slots keep a sentinel.
 pub fn check_kv_write(
     dev: &GpuDevice,
-    k: &MlaKernels,
+    k: &Kernels,
     dim: usize,
     tokens: usize,
     seed: u64,
@@ -62,15 +53,9 @@ pub fn check_kv_write(
         .map(|t| if t % 5 == 3 { -1 } else { order[t] })
         .collect();
     const SENTINEL: f32 = 1234.5;
-    let mut cache = upload(dev, &vec![SENTINEL; slots * dim])?;
-    k.kv_write(
-        dev,
-        &upload(dev, &latent)?,
-        &upload(dev, &slot_mapping)?,
-        &mut cache,
-        tokens,
-        dim,
-    )?;
+    let cache = upload(dev, &vec![SENTINEL; slots * dim])?;
+    let (latent_d, slots_d) = (upload(dev, &latent)?, upload(dev, &slot_mapping)?);
+    k.kv_write(dev, latent_d.ptr(), slots_d.ptr(), cache.ptr(), tokens, dim)?;
     let got = download(dev, &cache)?;
     let mut want = vec![SENTINEL; slots * dim];
     for (t, &s) in slot_mapping.iter().enumerate() {
@@ -94,7 +79,7 @@ pub fn check_kv_write(
 /// must equal the cache rows bit for bit.
 pub fn check_gather(
     dev: &GpuDevice,
-    k: &MlaKernels,
+    k: &Kernels,
     dim: usize,
     page: usize,
     start: usize,
@@ -112,12 +97,13 @@ pub fn check_gather(
     let cache: Vec<f32> = (0..num_blocks * page * dim)
         .map(|_| rng.gen_range(-1.0..1.0))
         .collect();
-    let mut ws = upload(dev, &vec![f32::NAN; len.max(1) * dim])?;
+    let ws = upload(dev, &vec![f32::NAN; len.max(1) * dim])?;
+    let (cache_d, row_d) = (upload(dev, &cache)?, upload(dev, &row)?);
     k.gather_context(
         dev,
-        &upload(dev, &cache)?,
-        &upload(dev, &row)?,
-        &mut ws,
+        cache_d.ptr(),
+        row_d.ptr(),
+        ws.ptr(),
         start,
         len,
         page,
@@ -143,7 +129,7 @@ pub fn check_gather(
 /// One decode case: `rows` rows with the given context lengths (seq_len = ctx + q_len).
 pub fn check_decode(
     dev: &GpuDevice,
-    k: &MlaKernels,
+    k: &Kernels,
     s: DecodeShape,
     ctx: &[usize],
     seed: u64,
@@ -168,18 +154,24 @@ pub fn check_decode(
         .map(|&l| (l as usize).div_ceil(s.split_size).max(1) as i32)
         .collect();
     let scale = 1.0 / (s.dim as f32).sqrt();
-    let mut out = upload(dev, &vec![f32::NAN; tokens * s.heads * s.dv])?;
-    let mut lse = upload(dev, &vec![f32::NAN; s.heads * tokens])?;
-    let args = DecodeArgs {
-        q: &upload(dev, &q)?,
-        cache: &upload(dev, &cache)?,
-        block_table: &upload(dev, &block_table)?,
-        seq_lens: &upload(dev, &seq_lens)?,
-        num_splits: &upload(dev, &num_splits)?,
-        out: &mut out,
-        lse: &mut lse,
+    let out = upload(dev, &vec![f32::NAN; tokens * s.heads * s.dv])?;
+    let lse = upload(dev, &vec![f32::NAN; s.heads * tokens])?;
+    let inputs = [upload(dev, &q)?, upload(dev, &cache)?];
+    let ints = [
+        upload(dev, &block_table)?,
+        upload(dev, &seq_lens)?,
+        upload(dev, &num_splits)?,
+    ];
+    let bufs = DecodeBufs {
+        q: inputs[0].ptr(),
+        cache: inputs[1].ptr(),
+        block_table: ints[0].ptr(),
+        seq_lens: ints[1].ptr(),
+        num_splits: ints[2].ptr(),
+        out: out.ptr(),
+        lse: lse.ptr(),
     };
-    k.decode(dev, s, args, scale)?;
+    k.decode(dev, s, bufs, scale)?;
     let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
     let shape = (s.q_len, s.heads, s.dim, s.dv, s.page, s.width);
     let (want_out, want_lse) = decode_f64(&q, &cache, &block_table, &seq_lens, shape, scale as f64);
@@ -199,8 +191,8 @@ pub fn check_decode(
 /// `chunk` tokens, merged by LSE) against one f64 softmax over context + new tokens.
 pub fn check_chunked_prefill(
     dev: &GpuDevice,
-    k: &PrefillKernels,
-    d: PrefillDims,
+    k: &Kernels,
+    d: MlaDims,
     ctx: usize,
     m: usize,
     chunk: usize,
@@ -219,54 +211,45 @@ pub fn check_chunked_prefill(
     let q = rand(m * d.heads * (d.nope + d.rope), 1.0);
     let scale = 1.0 / ((d.nope + d.rope) as f32).sqrt();
     let latent_d = upload(dev, &latent)?;
-    let mut k_nope = upload(dev, &vec![f32::NAN; n * d.heads * d.nope])?;
-    let mut v = upload(dev, &vec![f32::NAN; n * d.heads * d.dv])?;
+    let k_nope = upload(dev, &vec![f32::NAN; n * d.heads * d.nope])?;
+    let v = upload(dev, &vec![f32::NAN; n * d.heads * d.dv])?;
+    let (w_uk_d, w_uv_d) = (upload(dev, &w_uk)?, upload(dev, &w_uv)?);
     k.expand(
         dev,
         d,
-        &latent_d,
-        &upload(dev, &w_uk)?,
-        &upload(dev, &w_uv)?,
-        &mut k_nope,
-        &mut v,
+        latent_d.ptr(),
+        w_uk_d.ptr(),
+        w_uv_d.ptr(),
+        k_nope.ptr(),
+        v.ptr(),
         n,
     )?;
     let q_d = upload(dev, &q)?;
-    let keys = |a: usize, b: usize| Keys {
-        k_nope: k_nope.slice(a * d.heads * d.nope..b * d.heads * d.nope),
-        latent: latent_d.slice(a * d.latent()..b * d.latent()),
-        v: v.slice(a * d.heads * d.dv..b * d.heads * d.dv),
+    let keys = |a: usize, b: usize| KeyBufs {
+        k_nope: k_nope
+            .ptr()
+            .range(a * d.heads * d.nope, (b - a) * d.heads * d.nope),
+        latent: latent_d.ptr().range(a * d.latent(), (b - a) * d.latent()),
+        v: v.ptr().range(a * d.heads * d.dv, (b - a) * d.heads * d.dv),
         n: b - a,
     };
     let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
-    let (mut out, mut lse) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
-    k.attend(
-        dev,
-        d,
-        &q_d,
-        m,
-        &keys(ctx, n),
-        true,
-        scale,
-        &mut out,
-        &mut lse,
-    )?;
+    let (out, lse) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
+    let acc = State {
+        out: out.ptr(),
+        lse: lse.ptr(),
+    };
+    k.attend(dev, d, q_d.ptr(), m, keys(ctx, n), true, acc)?;
     let mut start = 0;
     while start < ctx {
         let end = (start + chunk).min(ctx);
-        let (mut co, mut cl) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
-        k.attend(
-            dev,
-            d,
-            &q_d,
-            m,
-            &keys(start, end),
-            false,
-            scale,
-            &mut co,
-            &mut cl,
-        )?;
-        k.merge(dev, d, (&mut out, &mut lse), (&co, &cl), m)?;
+        let (co, cl) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
+        let part = State {
+            out: co.ptr(),
+            lse: cl.ptr(),
+        };
+        k.attend(dev, d, q_d.ptr(), m, keys(start, end), false, part)?;
+        k.merge(dev, d, acc, part, m, false)?;
         start = end;
     }
     let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
@@ -308,10 +291,11 @@ fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
-/// Every kernel check over the grid of shapes.
+/// Every kernel check over the grid of shapes: attention kernels against f64, dense
+/// kernels against the CPU model's f32 blocks.
 pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
-    let k = MlaKernels::load(dev)?;
-    let mut results = Vec::new();
+    let k = Kernels::load(dev)?;
+    let mut results = crate::checks_dense::run_dense(dev, &k)?;
     for (i, (dim, tokens)) in [(40, 1), (40, 37), (576, 130)].into_iter().enumerate() {
         results.push(check_kv_write(dev, &k, dim, tokens, i as u64)?);
     }
@@ -352,15 +336,14 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
             }
         }
     }
-    let pk = PrefillKernels::load(dev)?;
-    let tiny = PrefillDims {
+    let tiny = MlaDims {
         heads: 4,
         kv_lora: 32,
         rope: 8,
         nope: 16,
         dv: 16,
     };
-    let dsv3 = PrefillDims {
+    let dsv3 = MlaDims {
         heads: 16,
         kv_lora: 512,
         rope: 64,
@@ -371,7 +354,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         for (ctx, m) in [(0, 1), (0, 9), (1, 2), (37, 1), (37, 5), (300, 9)] {
             for chunk in [16, 128] {
                 seed += 1;
-                results.push(check_chunked_prefill(dev, &pk, d, ctx, m, chunk, seed)?);
+                results.push(check_chunked_prefill(dev, &k, d, ctx, m, chunk, seed)?);
             }
         }
     }

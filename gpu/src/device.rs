@@ -24,6 +24,13 @@ pub enum GpuError {
         arch: String,
         log: String,
     },
+    #[error("device out of memory allocating {what} ({bytes} bytes): {source}")]
+    OutOfMemory {
+        what: String,
+        bytes: usize,
+        #[source]
+        source: cudarc::driver::DriverError,
+    },
     #[error("CUDA call failed while {what}: {source}")]
     Driver {
         what: String,
@@ -37,6 +44,25 @@ impl GpuError {
     pub fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
         let what = what.into();
         move |source| GpuError::Driver { what, source }
+    }
+}
+
+impl GpuError {
+    /// Wraps an allocation failure, naming the allocation.
+    pub fn alloc(what: &str, bytes: usize, source: cudarc::driver::DriverError) -> GpuError {
+        let what = what.to_string();
+        if source.0 == cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+            GpuError::OutOfMemory {
+                what,
+                bytes,
+                source,
+            }
+        } else {
+            GpuError::Driver {
+                what: format!("allocating {what} ({bytes} bytes)"),
+                source,
+            }
+        }
     }
 }
 
@@ -76,7 +102,14 @@ impl GpuDevice {
         } else {
             format!("sm_{major}{minor}")
         };
-        let stream = ctx.default_stream();
+        // SAFETY: specmla uses one stream per device, so cudarc's cross-stream event
+        // tracking has nothing to order; it must be off because recording events inside
+        // a stream capture would break CUDA-graph capture.
+        unsafe { ctx.disable_event_tracking() };
+        // The legacy default stream cannot be captured into a graph.
+        let stream = ctx
+            .new_stream()
+            .map_err(GpuError::driver("creating a stream"))?;
         Ok(Self {
             ctx,
             stream,

@@ -3,10 +3,16 @@
 //! build time: the crate builds and its tests pass (skipping, with the reason printed)
 //! on machines without a GPU.
 
+pub mod backend;
 pub mod checks;
+pub mod checks_dense;
 pub mod device;
-pub mod mla;
-pub mod prefill;
+pub mod invariance;
+pub mod launch;
+pub mod ops;
 pub mod reference;
+pub mod weights;
+pub mod workspace;
 
+pub use backend::{GpuBackend, GpuBackendError};
 pub use device::{GpuDevice, GpuError};

@@ -5,9 +5,7 @@ use std::sync::Arc;
 
 use rand::Rng;
 use serde::Serialize;
-use specmla_core::config::{
-    BackendProfile, DrafterBatch, EngineConfig, ModelDims, RowLayout, SchedulerConfig, SpecConfig,
-};
+use specmla_core::config::{BackendProfile, DrafterBatch, EngineConfig, RowLayout, SpecConfig};
 use specmla_core::grammar::{GrammarState, RequestGrammar, TokenAutomaton};
 use specmla_core::request::RequestSpec;
 use specmla_core::rng::{stream_rng, Stream};
@@ -40,27 +38,7 @@ pub struct Scenario {
 }
 
 fn base_config(profile: BackendProfile, spec: SpecConfig) -> EngineConfig {
-    EngineConfig {
-        model: ModelDims::tiny(),
-        spec,
-        scheduler: SchedulerConfig {
-            max_num_seqs: 16,
-            max_num_batched_tokens: 160,
-            max_model_len: 384,
-            page_size: 16,
-            num_gpu_blocks: 224,
-            chunked_prefill: true,
-            prefill_chunk_tokens: 48,
-            mixed_batches: true,
-            row_layout: RowLayout::DecodeFirst,
-            workspace_tokens: 512,
-        },
-        backends: vec![profile],
-        cuda_graphs: true,
-        max_capture_size_tokens: 64,
-        decode_split_tokens: 64,
-        faults: Default::default(),
-    }
+    EngineConfig::tiny(profile, spec)
 }
 
 fn workload(n: usize, prompt: (usize, usize), new: (usize, usize), arrival: u64) -> WorkloadShape {

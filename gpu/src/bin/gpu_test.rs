@@ -2,8 +2,11 @@
 //! Exit 0 all passed, 1 a check failed, 2 no usable GPU (one line saying why).
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use specmla_gpu::checks::{run_all, F32_TOL};
+use specmla_gpu::checks_dense::DENSE_TOL;
+use specmla_gpu::invariance::run_invariance;
 use specmla_gpu::GpuDevice;
 
 fn main() -> ExitCode {
@@ -14,17 +17,26 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    let dev = Arc::new(dev);
     println!(
-        "device: {} ({}), tolerance {F32_TOL:.0e} relative vs f64",
+        "device: {} ({}); attention kernels within {F32_TOL:.0e} relative of f64, dense \
+         kernels within {DENSE_TOL:.0e} of the CPU's f32, invariance cases bit for bit",
         dev.name, dev.arch
     );
-    let results = match run_all(&dev) {
+    let mut results = match run_all(&dev) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error: {e}");
             return ExitCode::from(2);
         }
     };
+    match run_invariance(&dev) {
+        Ok(r) => results.extend(r),
+        Err(e) => {
+            eprintln!("error: invariance checks: {e}");
+            return ExitCode::from(1);
+        }
+    }
     println!("{:<11} {:<6} {:>10}  case", "kernel", "result", "max rel");
     for r in &results {
         println!(

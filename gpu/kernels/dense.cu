@@ -1,0 +1,127 @@
+// The dense half of the tiny model's forward: embedding, RMSNorm, RoPE, projections,
+// SwiGLU, and the MLA absorption of W_UK into the query and W_UV after attention.
+// Every output element is reduced by one thread (or one block) in a fixed order, so a
+// token's bits never depend on how many other tokens share the launch: that is what
+// makes the backend batch-invariant, graph or eager.
+
+// out[t] = table[ids[t]], rows of width d.
+extern "C" __global__ void embed_rows(const float* __restrict__ table, const int* __restrict__ ids,
+                                      float* __restrict__ out, int n, int d) {
+    int t = blockIdx.x;
+    if (t >= n) return;
+    const float* src = table + (long long)ids[t] * d;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) out[(long long)t * d + i] = src[i];
+}
+
+// out[t] = x[t] / sqrt(mean(x[t]^2) + eps) * w over the first d columns of rows with
+// strides sx / so. In place is allowed: every read of a row precedes the block sum.
+extern "C" __global__ void rms_norm(const float* x, int sx, const float* __restrict__ w, float* out,
+                                    int so, int n, int d, float eps) {
+    __shared__ float scratch[THREADS / 32];
+    int t = blockIdx.x;
+    if (t >= n) return;
+    const float* xr = x + (long long)t * sx;
+    float part = 0.f;
+    for (int i = threadIdx.x; i < d; i += THREADS) part += xr[i] * xr[i];
+    float inv = 1.f / sqrtf(block_sum(part, scratch) / d + eps);
+    float* o = out + (long long)t * so;
+    for (int i = threadIdx.x; i < d; i += THREADS) o[i] = xr[i] * inv * w[i];
+}
+
+// y[m, :] = res[m, :] + x[m, :] @ w with w [k, n] row-major; res may be null or alias y.
+// One thread per output element, k ascending.
+extern "C" __global__ void matmul(const float* __restrict__ x, int sx, const float* __restrict__ w,
+                                  const float* res, float* y, int rows, int k, int n) {
+    int col = blockIdx.x * THREADS + threadIdx.x, m = blockIdx.y;
+    if (col >= n || m >= rows) return;
+    const float* xr = x + (long long)m * sx;
+    float acc = 0.f;
+    for (int i = 0; i < k; ++i) acc += xr[i] * w[(long long)i * n + col];
+    long long o = (long long)m * n + col;
+    y[o] = res ? res[o] + acc : acc;
+}
+
+// Rotates interleaved pairs of the len-wide segment at column off of every head
+// (token stride ts, head stride hs) by position. Angles in double, as the CPU model.
+extern "C" __global__ void rope(float* x, const int* __restrict__ positions, int n, int heads,
+                                int ts, int hs, int off, int len, double theta) {
+    int t = blockIdx.x;
+    if (t >= n) return;
+    int pairs = len / 2;
+    for (int idx = threadIdx.x; idx < heads * pairs; idx += THREADS) {
+        int h = idx / pairs, i = idx % pairs;
+        double ang = (double)positions[t] * pow(theta, -(double)(2 * i) / (double)len);
+        float s = (float)sin(ang), c = (float)cos(ang);
+        float* p = x + (long long)t * ts + (long long)h * hs + off + 2 * i;
+        float a = p[0], b = p[1];
+        p[0] = a * c - b * s;
+        p[1] = a * s + b * c;
+    }
+}
+
+// out = silu(gate) * up, elementwise over n values.
+extern "C" __global__ void silu_mul(const float* __restrict__ gate, const float* __restrict__ up,
+                                    float* __restrict__ out, int n) {
+    int i = blockIdx.x * THREADS + threadIdx.x;
+    if (i >= n) return;
+    float g = gate[i];
+    out[i] = g / (1.f + expf(-g)) * up[i];
+}
+
+// Absorbs W_UK into the query: q_lat[t, h] = [W_UK_h q_nope | q_rope], q [n, H, nope + rope],
+// w_uk [H][kv_lora][nope], q_lat [n, H, kv_lora + rope].
+extern "C" __global__ void absorb_q(const float* __restrict__ q, const float* __restrict__ w_uk,
+                                    float* __restrict__ q_lat, int n, int heads, int nope, int rope,
+                                    int kv_lora) {
+    int t = blockIdx.x, h = blockIdx.y;
+    if (t >= n) return;
+    const float* qh = q + ((long long)t * heads + h) * (nope + rope);
+    float* o = q_lat + ((long long)t * heads + h) * (kv_lora + rope);
+    for (int c = threadIdx.x; c < kv_lora + rope; c += THREADS) {
+        if (c < kv_lora) {
+            const float* w = w_uk + ((long long)h * kv_lora + c) * nope;
+            float acc = 0.f;
+            for (int e = 0; e < nope; ++e) acc += w[e] * qh[e];
+            o[c] = acc;
+        } else {
+            o[c] = qh[nope + c - kv_lora];
+        }
+    }
+}
+
+// out[t, h] = o_lat[t, h] @ W_UV_h: o_lat [n, H, kv_lora], w_uv [H][kv_lora][dv], out [n, H, dv].
+extern "C" __global__ void apply_uv(const float* __restrict__ o_lat, const float* __restrict__ w_uv,
+                                    float* __restrict__ out, int n, int heads, int kv_lora, int dv) {
+    int t = blockIdx.x, h = blockIdx.y;
+    if (t >= n) return;
+    const float* a = o_lat + ((long long)t * heads + h) * kv_lora;
+    const float* w = w_uv + (long long)h * kv_lora * dv;
+    for (int v = threadIdx.x; v < dv; v += THREADS) {
+        float acc = 0.f;
+        for (int c = 0; c < kv_lora; ++c) acc += a[c] * w[(long long)c * dv + v];
+        out[((long long)t * heads + h) * dv + v] = acc;
+    }
+}
+
+// out[i] = src[idx[i]], rows of width d (logits rows, drafter hidden sources).
+extern "C" __global__ void gather_rows(const float* __restrict__ src, const int* __restrict__ idx,
+                                       float* __restrict__ out, int n, int d) {
+    int i = blockIdx.x;
+    if (i >= n) return;
+    for (int c = threadIdx.x; c < d; c += THREADS) out[(long long)i * d + c] = src[(long long)idx[i] * d + c];
+}
+
+// out[t] = [a[t] | b[t]]: the EAGLE/MTP drafter's concat(embedding, hidden).
+extern "C" __global__ void concat_rows(const float* __restrict__ a, const float* __restrict__ b,
+                                       float* __restrict__ out, int n, int da, int db) {
+    int t = blockIdx.x;
+    if (t >= n) return;
+    for (int c = threadIdx.x; c < da + db; c += THREADS)
+        out[(long long)t * (da + db) + c] = c < da ? a[(long long)t * da + c] : b[(long long)t * db + c - da];
+}
+
+// x[i] = v for n values (zeros, -inf LSEs, NaN poison).
+extern "C" __global__ void fill(float* __restrict__ x, float v, int n) {
+    int i = blockIdx.x * THREADS + threadIdx.x;
+    if (i < n) x[i] = v;
+}

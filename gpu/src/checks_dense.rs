@@ -1,0 +1,251 @@
+//! Checks of the dense kernels against the CPU model's own f32 building blocks
+//! (`specmla-model`) on fresh random inputs, outputs poisoned with NaN first.
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use specmla_model::{apply_rope, matvec, rms_norm, silu, RMS_EPS};
+
+use crate::checks::CaseResult;
+use crate::device::{GpuDevice, GpuError};
+use crate::launch::Buf;
+use crate::ops::{Kernels, MlaDims};
+
+/// Relative tolerance of the dense kernels against the CPU's f32 (reduction orders differ).
+pub const DENSE_TOL: f64 = 1e-5;
+
+fn rand_vec(rng: &mut ChaCha8Rng, len: usize, a: f32) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(-a..a)).collect()
+}
+
+fn rel_err(got: &[f32], want: &[f32]) -> f64 {
+    if got.len() != want.len() {
+        return f64::INFINITY;
+    }
+    got.iter()
+        .zip(want)
+        .map(|(&g, &w)| {
+            if g.is_nan() != w.is_nan() {
+                f64::INFINITY
+            } else {
+                (g as f64 - w as f64).abs() / (w.abs() as f64).max(1.0)
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+fn case(kernel: &'static str, case: String, err: f64) -> CaseResult {
+    CaseResult {
+        kernel,
+        case,
+        max_rel_err: err,
+        passed: err <= DENSE_TOL,
+    }
+}
+
+fn poisoned(dev: &GpuDevice, len: usize) -> Result<Buf<f32>, GpuError> {
+    Buf::from_host(dev, &vec![f32::NAN; len], "check output")
+}
+
+/// `y = res + x @ w` and RMSNorm over `rows` rows.
+pub fn check_matmul_norm(
+    dev: &GpuDevice,
+    k: &Kernels,
+    (rows, kd, n): (usize, usize, usize),
+    seed: u64,
+) -> Result<Vec<CaseResult>, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let x = rand_vec(&mut rng, rows * kd, 1.0);
+    let w = rand_vec(&mut rng, kd * n, (3.0 / kd as f32).sqrt());
+    let res = rand_vec(&mut rng, rows * n, 1.0);
+    let g = rand_vec(&mut rng, kd, 1.0);
+    let (xd, wd, rd, gd) = (
+        Buf::from_host(dev, &x, "x")?,
+        Buf::from_host(dev, &w, "w")?,
+        Buf::from_host(dev, &res, "res")?,
+        Buf::from_host(dev, &g, "g")?,
+    );
+    let y = poisoned(dev, rows * n)?;
+    k.matmul(
+        dev,
+        xd.ptr(),
+        kd,
+        wd.ptr(),
+        Some(rd.ptr()),
+        y.ptr(),
+        (rows, kd, n),
+    )?;
+    let want: Vec<f32> = (0..rows)
+        .flat_map(|r| {
+            let p = matvec(&x[r * kd..(r + 1) * kd], &w, kd, n);
+            p.iter()
+                .zip(&res[r * n..])
+                .map(|(a, b)| b + a)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let mm = case(
+        "matmul",
+        format!("{rows}x{kd} @ {kd}x{n} + res"),
+        rel_err(&y.read(dev, rows * n)?, &want),
+    );
+    let out = poisoned(dev, rows * kd)?;
+    k.rms_norm(
+        dev,
+        xd.ptr(),
+        kd,
+        gd.ptr(),
+        out.ptr(),
+        kd,
+        rows,
+        kd,
+        RMS_EPS,
+    )?;
+    let want: Vec<f32> = (0..rows)
+        .flat_map(|r| rms_norm(&x[r * kd..(r + 1) * kd], &g))
+        .collect();
+    let nm = case(
+        "rms_norm",
+        format!("{rows} rows of {kd}"),
+        rel_err(&out.read(dev, rows * kd)?, &want),
+    );
+    Ok(vec![mm, nm])
+}
+
+/// RoPE on the rope part of each head, SwiGLU, and the W_UK / W_UV absorption.
+pub fn check_rope_mlp_absorb(
+    dev: &GpuDevice,
+    k: &Kernels,
+    d: MlaDims,
+    n: usize,
+    seed: u64,
+) -> Result<Vec<CaseResult>, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let qk = d.qk();
+    let q = rand_vec(&mut rng, n * d.heads * qk, 1.0);
+    let pos: Vec<i32> = (0..n).map(|_| rng.gen_range(0..100_000)).collect();
+    let qd = Buf::from_host(dev, &q, "q")?;
+    let pd = Buf::from_host(dev, &pos, "positions")?;
+    k.rope(
+        dev,
+        qd.ptr(),
+        pd.ptr(),
+        n,
+        (d.heads, d.heads * qk, qk),
+        (d.nope, d.rope),
+        10_000.0,
+    )?;
+    let mut want = q.clone();
+    for t in 0..n {
+        for h in 0..d.heads {
+            let head = &mut want[(t * d.heads + h) * qk..][..qk];
+            apply_rope(&mut head[d.nope..], pos[t] as usize, 10_000.0);
+        }
+    }
+    let got_q = qd.read(dev, q.len())?;
+    let mut out = vec![case(
+        "rope",
+        format!("{n} tokens x {} heads, rope {}", d.heads, d.rope),
+        rel_err(&got_q, &want),
+    )];
+    let (gate, up) = (
+        rand_vec(&mut rng, n * 64, 4.0),
+        rand_vec(&mut rng, n * 64, 1.0),
+    );
+    let (gd, ud, ad) = (
+        Buf::from_host(dev, &gate, "gate")?,
+        Buf::from_host(dev, &up, "up")?,
+        poisoned(dev, n * 64)?,
+    );
+    k.silu_mul(dev, gd.ptr(), ud.ptr(), ad.ptr(), n * 64)?;
+    let want: Vec<f32> = gate.iter().zip(&up).map(|(g, u)| silu(*g) * u).collect();
+    out.push(case(
+        "silu_mul",
+        format!("{} values", n * 64),
+        rel_err(&ad.read(dev, n * 64)?, &want),
+    ));
+    let w_uk = rand_vec(
+        &mut rng,
+        d.heads * d.kv_lora * d.nope,
+        (3.0 / d.kv_lora as f32).sqrt(),
+    );
+    let w_uv = rand_vec(
+        &mut rng,
+        d.heads * d.kv_lora * d.dv,
+        (3.0 / d.kv_lora as f32).sqrt(),
+    );
+    let (ukd, uvd) = (
+        Buf::from_host(dev, &w_uk, "w_uk")?,
+        Buf::from_host(dev, &w_uv, "w_uv")?,
+    );
+    let q_lat = poisoned(dev, n * d.heads * d.latent())?;
+    k.absorb_q(dev, d, qd.ptr(), ukd.ptr(), q_lat.ptr(), n)?;
+    let mut want_lat = Vec::with_capacity(n * d.heads * d.latent());
+    for t in 0..n {
+        for h in 0..d.heads {
+            let head = &got_q[(t * d.heads + h) * qk..][..qk];
+            let w = &w_uk[h * d.kv_lora * d.nope..][..d.kv_lora * d.nope];
+            want_lat.extend(w.chunks_exact(d.nope).map(|r| {
+                r.iter()
+                    .zip(&head[..d.nope])
+                    .map(|(a, b)| a * b)
+                    .sum::<f32>()
+            }));
+            want_lat.extend_from_slice(&head[d.nope..]);
+        }
+    }
+    out.push(case(
+        "absorb_q",
+        format!("{n} tokens, heads {} lora {}", d.heads, d.kv_lora),
+        rel_err(&q_lat.read(dev, want_lat.len())?, &want_lat),
+    ));
+    let o_lat = rand_vec(&mut rng, n * d.heads * d.kv_lora, 1.0);
+    let od = Buf::from_host(dev, &o_lat, "o_lat")?;
+    let o = poisoned(dev, n * d.heads * d.dv)?;
+    k.apply_uv(dev, d, od.ptr(), uvd.ptr(), o.ptr(), n)?;
+    let want: Vec<f32> = (0..n * d.heads)
+        .flat_map(|th| {
+            let h = th % d.heads;
+            matvec(
+                &o_lat[th * d.kv_lora..][..d.kv_lora],
+                &w_uv[h * d.kv_lora * d.dv..][..d.kv_lora * d.dv],
+                d.kv_lora,
+                d.dv,
+            )
+        })
+        .collect();
+    out.push(case(
+        "apply_uv",
+        format!("{n} tokens, heads {} v {}", d.heads, d.dv),
+        rel_err(&o.read(dev, want.len())?, &want),
+    ));
+    Ok(out)
+}
+
+/// Every dense check over tiny and DeepSeek-V3 attention shapes.
+pub fn run_dense(dev: &GpuDevice, k: &Kernels) -> Result<Vec<CaseResult>, GpuError> {
+    let mut results = Vec::new();
+    for (i, shape) in [(1, 64, 512), (37, 64, 96), (5, 128, 64), (3, 7168, 576)]
+        .into_iter()
+        .enumerate()
+    {
+        results.extend(check_matmul_norm(dev, k, shape, 300 + i as u64)?);
+    }
+    let tiny = MlaDims {
+        heads: 4,
+        kv_lora: 32,
+        rope: 8,
+        nope: 16,
+        dv: 16,
+    };
+    let dsv3 = MlaDims {
+        heads: 128,
+        kv_lora: 512,
+        rope: 64,
+        nope: 128,
+        dv: 128,
+    };
+    for (i, (d, n)) in [(tiny, 1), (tiny, 37), (dsv3, 3)].into_iter().enumerate() {
+        results.extend(check_rope_mlp_absorb(dev, k, d, n, 400 + i as u64)?);
+    }
+    Ok(results)
+}

@@ -1,0 +1,215 @@
+//! Engine-level checks, on the device, that the backend is batch-invariant: a request's
+//! logits, hidden states, attention outputs and proposals are bit-identical with graphs
+//! on or off, alone or in a batch, in either row layout, and with padded or compacted
+//! drafter batches. F2 (a graph captured for q = 1) must break the graph check, so the
+//! check is shown able to fail.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use specmla_core::config::{BackendProfile, DrafterBatch, EngineConfig, SpecConfig};
+use specmla_core::engine::{Engine, EngineOptions, NoOracle, StepOutcome};
+use specmla_core::fault::Fault;
+use specmla_core::request::RequestSpec;
+use specmla_model::{DrafterModel, TargetModel};
+
+use crate::backend::GpuBackend;
+use crate::checks::CaseResult;
+use crate::device::GpuDevice;
+
+/// What one planned row produced, keyed by `(req_id, num_computed_tokens)`.
+#[derive(Clone, Debug, PartialEq)]
+struct RowBits {
+    decode_path: bool,
+    bits: Vec<u32>,
+    proposals: Vec<u32>,
+}
+
+#[derive(Default)]
+struct RunRecord {
+    rows: BTreeMap<(u64, usize), RowBits>,
+    /// Keys whose step had other rows in it.
+    shared: Vec<(u64, usize)>,
+    graph_steps: usize,
+    mismatches: usize,
+}
+
+fn workload(n: usize, seed: u64) -> Vec<RequestSpec> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n as u64)
+        .map(|id| RequestSpec {
+            id,
+            prompt: (0..rng.gen_range(16..44))
+                .map(|_| rng.gen_range(0..512))
+                .collect(),
+            max_new_tokens: rng.gen_range(24..48),
+            arrival_step: if id == 0 { 0 } else { rng.gen_range(0..6) },
+            grammar: None,
+        })
+        .collect()
+}
+
+fn absorb(rec: &mut RunRecord, o: &StepOutcome) {
+    let c = &o.plan.common;
+    rec.graph_steps += o.plan.cudagraph.is_some() as usize;
+    rec.mismatches += o.layout_mismatches.len() + o.drafter_mismatches.len();
+    let decode_rows = o.plan.mla.decode.as_ref().map_or(0..0, |d| d.rows.clone());
+    for (r, row) in o.plan.rows.iter().enumerate() {
+        let mut bits: Vec<u32> = Vec::new();
+        for i in o.plan.row_samples(r) {
+            bits.extend(o.target.logits_row(i).iter().map(|v| v.to_bits()));
+        }
+        for t in c.row_tokens(r) {
+            bits.extend(o.target.hidden_row(t).iter().map(|v| v.to_bits()));
+            let w = o.target.attn_outputs[0].len() / o.plan.num_tokens().max(1);
+            for layer in &o.target.attn_outputs {
+                bits.extend(layer[t * w..(t + 1) * w].iter().map(|v| v.to_bits()));
+            }
+        }
+        let key = (row.req_id, row.num_computed_tokens);
+        if o.plan.rows.len() > 1 {
+            rec.shared.push(key);
+        }
+        let proposals = o.proposals.get(r).cloned().unwrap_or_default();
+        rec.rows.insert(
+            key,
+            RowBits {
+                decode_path: decode_rows.contains(&r),
+                bits,
+                proposals,
+            },
+        );
+    }
+}
+
+fn run(
+    dev: &Arc<GpuDevice>,
+    cfg: &EngineConfig,
+    work: Vec<RequestSpec>,
+    opts: EngineOptions,
+) -> Result<RunRecord, String> {
+    let seed = 7;
+    let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
+    let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
+    let backend =
+        GpuBackend::on_device(Arc::clone(dev), cfg, target, drafter).map_err(|e| e.to_string())?;
+    let mut engine = Engine::new(cfg.clone(), opts, work, backend).map_err(|e| e.to_string())?;
+    let mut rec = RunRecord::default();
+    for _ in 0..2_000 {
+        match engine.step(&mut NoOracle).map_err(|e| e.to_string())? {
+            Some(o) => absorb(&mut rec, &o),
+            None => return Ok(rec),
+        }
+    }
+    Err("the run did not finish in 2000 steps".into())
+}
+
+/// Keys of `a` (restricted to `req`, if given) missing from `b` or with other bits,
+/// counting only rows that took the same path in both runs; and how many were compared.
+fn differing(a: &RunRecord, b: &RunRecord, req: Option<u64>) -> (usize, usize) {
+    let (mut diff, mut compared) = (0, 0);
+    for (k, va) in &a.rows {
+        if req.is_some_and(|r| r != k.0) {
+            continue;
+        }
+        match b.rows.get(k) {
+            Some(vb) if vb.decode_path != va.decode_path => {}
+            Some(vb) => {
+                compared += 1;
+                diff += (vb != va) as usize;
+            }
+            None => diff += 1,
+        }
+    }
+    (diff, compared)
+}
+
+fn result(case: String, diff: usize, compared: usize, expect_diff: bool) -> CaseResult {
+    let passed = compared > 0 && (diff > 0) == expect_diff;
+    CaseResult {
+        kernel: "invariance",
+        case: format!("{case}: {diff} of {compared} rows differ"),
+        max_rel_err: diff as f64,
+        passed,
+    }
+}
+
+fn opts(layouts: bool, drafter: bool) -> EngineOptions {
+    EngineOptions {
+        check_layouts: layouts,
+        check_drafter_batches: drafter,
+        seed: 7,
+    }
+}
+
+/// Graphs on vs off for one config (and whether a difference is expected).
+fn graph_vs_eager(
+    dev: &Arc<GpuDevice>,
+    name: &str,
+    cfg: &EngineConfig,
+    expect_diff: bool,
+) -> Result<CaseResult, String> {
+    let mut eager_cfg = cfg.clone();
+    eager_cfg.cuda_graphs = false;
+    let g = run(dev, cfg, workload(8, 11), opts(true, false))?;
+    let e = run(dev, &eager_cfg, workload(8, 11), opts(true, false))?;
+    let (diff, compared) = differing(&g, &e, None);
+    let mut r = result(
+        format!("{name}: graph ({} steps) vs eager", g.graph_steps),
+        diff,
+        compared,
+        expect_diff,
+    );
+    r.passed &= g.graph_steps > 0 && g.mismatches + e.mismatches == 0;
+    Ok(r)
+}
+
+/// Every invariance case.
+pub fn run_invariance(dev: &Arc<GpuDevice>) -> Result<Vec<CaseResult>, String> {
+    let mtp = SpecConfig::multi_step(3, DrafterBatch::Padded);
+    let cfg = EngineConfig::tiny(BackendProfile::FlashMla, mtp.clone());
+    let mut out = vec![graph_vs_eager(dev, "FlashMLA MTP K=3", &cfg, false)?];
+    let mut f2 = cfg.clone();
+    f2.faults = f2.faults.with(Fault::F2);
+    out.push(graph_vs_eager(
+        dev,
+        "mutant F2 (graph captured for q=1)",
+        &f2,
+        true,
+    )?);
+    // One request alone, then in a batch of eight (graphs on in both).
+    let alone = run(dev, &cfg, workload(1, 11), opts(false, false))?;
+    let batch = run(dev, &cfg, workload(8, 11), opts(false, false))?;
+    let (diff, compared) = differing(&alone, &batch, Some(0));
+    let shared = batch.shared.iter().filter(|k| k.0 == 0).count();
+    let mut r = result(
+        format!("request 0 alone vs in a batch ({shared} shared steps)"),
+        diff,
+        compared,
+        false,
+    );
+    r.passed &= shared > 0;
+    out.push(r);
+    let padded = EngineConfig::tiny(
+        BackendProfile::FlashInferMla,
+        SpecConfig::multi_step(5, DrafterBatch::Padded),
+    );
+    let p = run(dev, &padded, workload(8, 12), opts(true, true))?;
+    out.push(CaseResult {
+        kernel: "invariance",
+        case: format!(
+            "layouts and padded vs compacted drafter: {} mismatches over {} rows",
+            p.mismatches,
+            p.rows.len()
+        ),
+        max_rel_err: p.mismatches as f64,
+        passed: p.mismatches == 0 && !p.rows.is_empty(),
+    });
+    let mut dflash = EngineConfig::tiny(BackendProfile::FlashAttnMla, SpecConfig::dflash(8));
+    dflash.scheduler.max_model_len = 160;
+    dflash.scheduler.num_gpu_blocks = 96;
+    out.push(graph_vs_eager(dev, "DFlash K=8", &dflash, false)?);
+    Ok(out)
+}

@@ -1,0 +1,238 @@
+//! Device buffers addressed by raw pointers with host-side bounds, and the one launch
+//! helper every kernel wrapper goes through. Kernels take offsets into larger buffers
+//! (a row's tokens, a layer's cache); carrying `(addr, len)` pairs keeps those offsets
+//! checked on the host, which the kernels themselves cannot do.
+
+use std::marker::PhantomData;
+
+use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use crate::device::{GpuDevice, GpuError};
+
+/// A device address and how many `T` lie behind it.
+#[derive(Debug)]
+pub struct DPtr<T> {
+    addr: u64,
+    len: usize,
+    _t: PhantomData<T>,
+}
+
+impl<T> Clone for DPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for DPtr<T> {}
+
+impl<T> DPtr<T> {
+    /// Elements behind the address.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// The address `n` elements in; panics past the end (a host-side sizing bug).
+    pub fn offset(self, n: usize) -> Self {
+        assert!(
+            n <= self.len,
+            "device offset {n} past a buffer of {}",
+            self.len
+        );
+        Self {
+            addr: self.addr + (n * std::mem::size_of::<T>()) as u64,
+            len: self.len - n,
+            _t: PhantomData,
+        }
+    }
+    /// Elements `[from, from + n)`.
+    pub fn range(self, from: usize, n: usize) -> Self {
+        let p = self.offset(from);
+        assert!(n <= p.len, "device range of {n} past a buffer of {}", p.len);
+        Self { len: n, ..p }
+    }
+    /// Asserts at least `n` elements are addressable; returns self.
+    pub fn need(self, n: usize) -> Self {
+        assert!(
+            n <= self.len,
+            "kernel needs {n} elements, buffer has {}",
+            self.len
+        );
+        self
+    }
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+}
+
+/// An owned device buffer.
+pub struct Buf<T> {
+    slice: CudaSlice<T>,
+    addr: u64,
+}
+
+impl<T: DeviceRepr> Buf<T> {
+    /// `len` elements, unset (callers poison or overwrite them). `what` names the
+    /// allocation in an out-of-memory error.
+    pub fn uninit(dev: &GpuDevice, len: usize, what: &str) -> Result<Self, GpuError> {
+        // SAFETY: the memory is written (poisoned, filled or copied into) before any
+        // read; every reader goes through a kernel that the host sized for it.
+        let slice = unsafe { dev.stream.alloc::<T>(len.max(1)) }
+            .map_err(|e| GpuError::alloc(what, len * std::mem::size_of::<T>(), e))?;
+        let addr = slice.device_ptr(&dev.stream).0;
+        Ok(Self { slice, addr })
+    }
+
+    /// A copy of `host` on the device.
+    pub fn from_host(dev: &GpuDevice, host: &[T], what: &str) -> Result<Self, GpuError> {
+        let mut b = Self::uninit(dev, host.len(), what)?;
+        b.write(dev, host)?;
+        Ok(b)
+    }
+
+    /// Copies `host` to the start of the buffer.
+    pub fn write(&mut self, dev: &GpuDevice, host: &[T]) -> Result<(), GpuError> {
+        if host.is_empty() {
+            return Ok(());
+        }
+        assert!(
+            host.len() <= self.slice.len(),
+            "host copy larger than its buffer"
+        );
+        let mut view = self.slice.slice_mut(0..host.len());
+        dev.stream
+            .memcpy_htod(host, &mut view)
+            .map_err(GpuError::driver("copying inputs to the device"))
+    }
+
+    /// The first `n` elements, copied back (waits for the stream).
+    pub fn read(&self, dev: &GpuDevice, n: usize) -> Result<Vec<T>, GpuError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        dev.stream
+            .clone_dtoh(&self.slice.slice(0..n))
+            .map_err(GpuError::driver("copying results back"))
+    }
+
+    /// Elements `[from, from + n)`, copied back (waits for the stream).
+    pub fn read_at(&self, dev: &GpuDevice, from: usize, n: usize) -> Result<Vec<T>, GpuError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        dev.stream
+            .clone_dtoh(&self.slice.slice(from..from + n))
+            .map_err(GpuError::driver("copying results back"))
+    }
+
+    pub fn ptr(&self) -> DPtr<T> {
+        DPtr {
+            addr: self.addr,
+            len: self.slice.len(),
+            _t: PhantomData,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.slice.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.slice.len() == 0
+    }
+}
+
+/// One kernel argument.
+#[derive(Clone, Copy, Debug)]
+pub enum Arg {
+    Ptr(u64),
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+}
+
+impl<T> From<DPtr<T>> for Arg {
+    fn from(p: DPtr<T>) -> Self {
+        Arg::Ptr(p.addr)
+    }
+}
+impl From<usize> for Arg {
+    fn from(v: usize) -> Self {
+        Arg::I32(i32::try_from(v).expect("kernel size argument fits in i32"))
+    }
+}
+impl From<f32> for Arg {
+    fn from(v: f32) -> Self {
+        Arg::F32(v)
+    }
+}
+impl From<f64> for Arg {
+    fn from(v: f64) -> Self {
+        Arg::F64(v)
+    }
+}
+impl From<bool> for Arg {
+    fn from(v: bool) -> Self {
+        Arg::I32(v as i32)
+    }
+}
+
+/// Threads per block of every specmla kernel (THREADS in common.cuh).
+pub const THREADS: u32 = 128;
+
+/// Launches `f` over `grid` blocks of [`THREADS`] threads with `args` in order.
+///
+/// # Safety
+/// `args` must match the kernel's parameter list in order and type, and every pointer
+/// must address as many elements as the kernel reads or writes through it for this grid.
+pub unsafe fn launch(
+    dev: &GpuDevice,
+    f: &CudaFunction,
+    name: &str,
+    grid: (usize, usize),
+    args: &[Arg],
+) -> Result<(), GpuError> {
+    if grid.0 == 0 || grid.1 == 0 {
+        return Ok(());
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (grid.0 as u32, grid.1 as u32, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    let mut b = dev.stream.launch_builder(f);
+    for a in args {
+        match a {
+            Arg::Ptr(p) => b.arg(p),
+            Arg::I32(v) => b.arg(v),
+            Arg::I64(v) => b.arg(v),
+            Arg::F32(v) => b.arg(v),
+            Arg::F64(v) => b.arg(v),
+        };
+    }
+    // SAFETY: forwarded to the caller's contract.
+    unsafe { b.launch(cfg) }.map_err(GpuError::driver(format!("launching {name}")))?;
+    Ok(())
+}
+
+/// Copies `n` elements from `src` to `dst` on the stream (ordered with the kernels).
+pub fn copy<T>(dev: &GpuDevice, src: DPtr<T>, dst: DPtr<T>, n: usize) -> Result<(), GpuError> {
+    if n == 0 {
+        return Ok(());
+    }
+    src.need(n);
+    dst.need(n);
+    dev.ctx
+        .bind_to_thread()
+        .map_err(GpuError::driver("binding the context"))?;
+    // SAFETY: both ranges were checked to hold n elements of live device buffers.
+    unsafe {
+        cudarc::driver::result::memcpy_dtod_async(
+            dst.addr,
+            src.addr,
+            n * std::mem::size_of::<T>(),
+            dev.stream.cu_stream(),
+        )
+    }
+    .map_err(GpuError::driver("copying on the device"))
+}

@@ -1,0 +1,128 @@
+//! Device activations of one forward: sized for a token capacity, reused across steps
+//! (eager) or owned by one captured graph, whose kernels read these exact addresses on
+//! every replay.
+
+use specmla_core::config::ModelDims;
+
+use crate::device::{GpuDevice, GpuError};
+use crate::launch::Buf;
+
+/// Activations and per-step inputs for up to `cap` tokens and `rows_cap` rows.
+pub struct Workspace {
+    pub cap: usize,
+    pub rows_cap: usize,
+    /// Block-table width of `block_table`.
+    pub width: usize,
+    pub ids: Buf<i32>,
+    pub positions: Buf<i32>,
+    pub slots: Buf<i64>,
+    pub block_table: Buf<i32>,
+    pub seq_lens: Buf<i32>,
+    pub num_splits: Buf<i32>,
+    pub logits_idx: Buf<i32>,
+    /// Residual stream `[cap, hidden]`.
+    pub x: Buf<f32>,
+    /// Normed activations `[cap, hidden]`.
+    pub h: Buf<f32>,
+    /// Queries `[cap, heads, nope + rope]`.
+    pub q: Buf<f32>,
+    /// Latent rows `[cap, kv_lora + rope]`.
+    pub latent: Buf<f32>,
+    /// Absorbed queries `[cap, heads, kv_lora + rope]`.
+    pub q_lat: Buf<f32>,
+    /// Decode output in the latent space `[cap, heads, kv_lora]`.
+    pub o_lat: Buf<f32>,
+    /// Decode LSE `[heads, cap]`.
+    pub lse: Buf<f32>,
+    /// Attention output per layer `[layers, cap, heads * v]`.
+    pub attn: Buf<f32>,
+    pub gate: Buf<f32>,
+    pub up: Buf<f32>,
+    pub act: Buf<f32>,
+    /// Staging for compactions and concatenations, `[cap, max(heads * qk, 2 * hidden)]`.
+    pub tmp: Buf<f32>,
+    /// Rows the LM head reads `[cap, hidden]`.
+    pub xs: Buf<f32>,
+    /// `[cap, vocab]`.
+    pub logits: Buf<f32>,
+}
+
+impl Workspace {
+    /// Allocates a workspace; `layers` is how many attention outputs it keeps.
+    pub fn new(
+        dev: &GpuDevice,
+        d: &ModelDims,
+        layers: usize,
+        (cap, rows_cap, width): (usize, usize, usize),
+    ) -> Result<Self, GpuError> {
+        let (hid, heads) = (d.hidden_size, d.num_heads);
+        let f = |len: usize, what: &str| Buf::<f32>::uninit(dev, len, &format!("workspace {what}"));
+        let i = |len: usize, what: &str| Buf::<i32>::uninit(dev, len, &format!("workspace {what}"));
+        Ok(Self {
+            cap,
+            rows_cap,
+            width,
+            ids: i(cap, "token_ids")?,
+            positions: i(cap, "positions")?,
+            slots: Buf::uninit(dev, cap, "workspace slot_mapping")?,
+            block_table: i(rows_cap * width, "block_table")?,
+            seq_lens: i(rows_cap, "seq_lens")?,
+            num_splits: i(rows_cap, "num_splits")?,
+            logits_idx: i(cap, "logits_indices")?,
+            x: f(cap * hid, "hidden")?,
+            h: f(cap * hid, "normed hidden")?,
+            q: f(cap * heads * d.qk_head_dim(), "queries")?,
+            latent: f(cap * d.latent_dim(), "latent rows")?,
+            q_lat: f(cap * heads * d.latent_dim(), "absorbed queries")?,
+            o_lat: f(cap * heads * d.kv_lora_rank, "latent attention output")?,
+            lse: f(cap * heads, "decode lse")?,
+            attn: f(layers * cap * heads * d.v_head_dim, "attention outputs")?,
+            gate: f(cap * d.intermediate_size, "mlp gate")?,
+            up: f(cap * d.intermediate_size, "mlp up")?,
+            act: f(cap * d.intermediate_size, "mlp activation")?,
+            tmp: f(cap * (heads * d.qk_head_dim()).max(2 * hid), "staging")?,
+            xs: f(cap * hid, "lm-head rows")?,
+            logits: f(cap * d.vocab_size, "logits")?,
+        })
+    }
+
+    /// Whether this workspace can hold a step of this size.
+    pub fn fits(&self, cap: usize, rows: usize, width: usize) -> bool {
+        cap <= self.cap && rows <= self.rows_cap && width == self.width
+    }
+}
+
+/// Grow-only scratch of the prefill path: K/V expansions, gathered context chunks and
+/// partial attention states.
+pub struct PrefillScratch {
+    pub cap: usize,
+    pub k_nope: Buf<f32>,
+    pub v: Buf<f32>,
+    pub keys: Buf<f32>,
+    pub part_out: Buf<f32>,
+    pub part_lse: Buf<f32>,
+    pub new_out: Buf<f32>,
+    pub new_lse: Buf<f32>,
+    pub ctx_lse: Buf<f32>,
+}
+
+impl PrefillScratch {
+    /// Scratch for up to `cap` keys or queries at once.
+    pub fn new(dev: &GpuDevice, d: &ModelDims, cap: usize) -> Result<Self, GpuError> {
+        let heads = d.num_heads;
+        let f = |len: usize, what: &str| {
+            Buf::<f32>::uninit(dev, len, &format!("prefill scratch {what}"))
+        };
+        Ok(Self {
+            cap,
+            k_nope: f(cap * heads * d.qk_nope_head_dim, "k_nope")?,
+            v: f(cap * heads * d.v_head_dim, "v")?,
+            keys: f(cap * d.latent_dim(), "context keys")?,
+            part_out: f(cap * heads * d.v_head_dim, "chunk output")?,
+            part_lse: f(cap * heads, "chunk lse")?,
+            new_out: f(cap * heads * d.v_head_dim, "new-token output")?,
+            new_lse: f(cap * heads, "new-token lse")?,
+            ctx_lse: f(cap * heads, "context lse")?,
+        })
+    }
+}
