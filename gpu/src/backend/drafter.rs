@@ -1,0 +1,322 @@
+//! The drafter passes: the multi-step (EAGLE/MTP) pass over the drafter cache and the
+//! DFlash block pass with non-causal block attention.
+
+use std::sync::Arc;
+
+use specmla_core::backend::{DrafterOutput, TargetOutput};
+use specmla_core::drafter::{DFlashPass, DrafterPass};
+
+use super::{positions_i32, DecodeLaunch, GpuBackend, Result};
+use crate::launch::{copy, Buf, DPtr};
+use crate::ops::{DecodeBufs, DecodeShape};
+use crate::weights::LayerWeights;
+use crate::workspace::Workspace;
+
+impl GpuBackend {
+    pub(super) fn drafter_body(
+        &self,
+        ws: &mut Workspace,
+        pass: &DrafterPass,
+        hidden_in: &[f32],
+    ) -> Result<DrafterOutput> {
+        let dev = Arc::clone(&self.dev);
+        let (k, d) = (&self.k, &self.dims);
+        let (n, hid) = (pass.token_ids.len(), d.hidden_size);
+        let w = &self.drafter.layer;
+        ws.ids.write(&dev, &self.check_tokens(&pass.token_ids)?)?;
+        ws.positions.write(&dev, &positions_i32(&pass.positions))?;
+        self.check_slots(&pass.slot_mapping)?;
+        ws.slots.write(&dev, &pass.slot_mapping)?;
+        // x = concat(embed(token), hidden_in) @ fc, built in xs/h/x.
+        k.embed(
+            &dev,
+            self.drafter.embed_tokens.ptr(),
+            ws.ids.ptr(),
+            ws.h.ptr(),
+            n,
+            hid,
+        )?;
+        ws.xs.write(&dev, hidden_in)?;
+        let cat = ws.tmp.ptr();
+        k.concat_rows(&dev, ws.h.ptr(), ws.xs.ptr(), cat, n, hid, hid)?;
+        k.matmul(
+            &dev,
+            cat,
+            2 * hid,
+            self.drafter.fc.ptr(),
+            None,
+            ws.x.ptr(),
+            (n, 2 * hid, hid),
+        )?;
+        self.qkv(w, ws, n, true)?;
+        k.kv_write(
+            &dev,
+            ws.latent.ptr(),
+            ws.slots.ptr(),
+            self.drafter_cache.ptr(),
+            n,
+            d.latent_dim(),
+        )?;
+        // Sampled tokens only: each sees keys below its own position + 1, capped by
+        // seq_len and max_model_len, with one split covering them all.
+        let rows = pass.num_rows();
+        let mut sample = Vec::with_capacity(rows);
+        let mut visible = Vec::with_capacity(rows);
+        for r in 0..rows {
+            let t = pass.token_indices_to_sample[r] as usize;
+            let q_start = pass.query_start_loc[r] as usize;
+            let q_len = pass.query_start_loc[r + 1] as usize - q_start;
+            let v = (pass.seq_lens[r] as usize + t + 1 - q_start)
+                .saturating_sub(q_len)
+                .min(self.cfg.scheduler.max_model_len);
+            sample.push(t as i32);
+            visible.push(v as i32);
+        }
+        self.sampled_attention(
+            ws,
+            w,
+            &sample,
+            &visible,
+            &pass.block_table,
+            pass.block_table_width,
+        )
+    }
+
+    /// Attention, finish and logits of the sampled drafter tokens `sample` (indices into
+    /// this pass's tokens, whose q and x sit in `ws`).
+    pub(super) fn sampled_attention(
+        &self,
+        ws: &mut Workspace,
+        w: &LayerWeights,
+        sample: &[i32],
+        visible: &[i32],
+        table: &[u32],
+        width: usize,
+    ) -> Result<DrafterOutput> {
+        let dev = Arc::clone(&self.dev);
+        let (k, d, md) = (&self.k, &self.dims, self.md);
+        let (rows, hid) = (sample.len(), d.hidden_size);
+        let qw = md.heads * md.qk();
+        // Compact the sampled rows of q and x to the front.
+        ws.logits_idx.write(&dev, sample)?;
+        let hv = self.attn_width();
+        let attn = ws.attn.ptr().range(0, rows * hv);
+        let xs = ws.xs.ptr();
+        k.gather_rows(&dev, ws.x.ptr(), ws.logits_idx.ptr(), xs, rows, hid)?;
+        k.gather_rows(
+            &dev,
+            ws.q.ptr(),
+            ws.logits_idx.ptr(),
+            ws.tmp.ptr(),
+            rows,
+            qw,
+        )?;
+        copy(&dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
+        ws.block_table.write(&dev, &self.block_ids(table)?)?;
+        ws.seq_lens.write(&dev, visible)?;
+        ws.num_splits.write(&dev, &vec![1; rows])?;
+        let dl = DecodeLaunch {
+            token_start: 0,
+            rows,
+            q_len: 1,
+            split_size: self.cfg.scheduler.max_model_len.max(1),
+            block_table: ws.block_table.ptr(),
+            width,
+            seq_lens: ws.seq_lens.ptr(),
+            num_splits: ws.num_splits.ptr(),
+        };
+        k.fill(&dev, attn, 0.0, rows * hv)?;
+        self.decode(w, ws, self.drafter_cache.ptr(), dl, rows, attn)?;
+        // The residual of the sampled rows now lives in xs; finish it there.
+        self.finish(w, ws, xs, attn, rows)?;
+        copy(&dev, xs, ws.x.ptr(), rows * hid)?;
+        self.lm_head(ws, &self.drafter.final_norm, &self.drafter.lm_head, rows)?;
+        Ok(DrafterOutput {
+            logits: ws.logits.read(&dev, rows * d.vocab_size)?,
+            hidden: ws.x.read(&dev, rows * hid)?,
+            vocab_size: d.vocab_size,
+            hidden_size: hid,
+        })
+    }
+
+    pub(super) fn dflash_body(
+        &self,
+        ws: &mut Workspace,
+        pass: &DFlashPass,
+        target: &TargetOutput,
+    ) -> Result<DrafterOutput> {
+        let dev = Arc::clone(&self.dev);
+        let (k, d) = (&self.k, &self.dims);
+        let hid = d.hidden_size;
+        let w = &self.drafter.layer;
+        // Context: target hidden states projected by fc_ctx, written to the drafter cache.
+        let e = pass.context_token_indices.len();
+        let mut ctx_hidden = Vec::with_capacity(e * hid);
+        for &i in &pass.context_token_indices {
+            ctx_hidden.extend_from_slice(target.hidden_row(i as usize));
+        }
+        ws.xs.write(&dev, &ctx_hidden)?;
+        k.matmul(
+            &dev,
+            ws.xs.ptr(),
+            hid,
+            self.drafter.fc_ctx.ptr(),
+            None,
+            ws.x.ptr(),
+            (e, hid, hid),
+        )?;
+        ws.positions
+            .write(&dev, &positions_i32(&pass.context_positions))?;
+        self.check_slots(&pass.context_slots)?;
+        ws.slots.write(&dev, &pass.context_slots)?;
+        self.qkv(w, ws, e, false)?;
+        k.kv_write(
+            &dev,
+            ws.latent.ptr(),
+            ws.slots.ptr(),
+            self.drafter_cache.ptr(),
+            e,
+            d.latent_dim(),
+        )?;
+        // The query block: token or mask embeddings, every position's latent cached.
+        let nb = pass.block_tokens.len();
+        let block_x: Vec<f32> = pass
+            .block_tokens
+            .iter()
+            .flat_map(|t| self.drafter_host.block_x(*t))
+            .collect();
+        ws.x.write(&dev, &block_x)?;
+        ws.positions
+            .write(&dev, &positions_i32(&pass.block_positions))?;
+        self.check_slots(&pass.block_slots)?;
+        ws.slots.write(&dev, &pass.block_slots)?;
+        self.qkv(w, ws, nb, true)?;
+        k.kv_write(
+            &dev,
+            ws.latent.ptr(),
+            ws.slots.ptr(),
+            self.drafter_cache.ptr(),
+            nb,
+            d.latent_dim(),
+        )?;
+        let hv = self.attn_width();
+        let attn = ws.attn.ptr().range(0, nb * hv);
+        k.fill(&dev, attn, 0.0, nb * hv)?;
+        self.dflash_attention(ws, pass, attn)?;
+        // Finish every block position, then keep offsets 1..=K of each row.
+        self.finish(w, ws, ws.x.ptr(), attn, nb)?;
+        let b = pass.block_len;
+        let keep: Vec<i32> = (0..pass.req_ids.len())
+            .flat_map(|r| (1..b).map(move |j| (r * b + j) as i32))
+            .collect();
+        ws.logits_idx.write(&dev, &keep)?;
+        k.gather_rows(
+            &dev,
+            ws.x.ptr(),
+            ws.logits_idx.ptr(),
+            ws.xs.ptr(),
+            keep.len(),
+            hid,
+        )?;
+        copy(&dev, ws.xs.ptr(), ws.h.ptr(), keep.len() * hid)?;
+        self.lm_head(
+            ws,
+            &self.drafter.final_norm,
+            &self.drafter.lm_head,
+            keep.len(),
+        )?;
+        Ok(DrafterOutput {
+            logits: ws.logits.read(&dev, keep.len() * d.vocab_size)?,
+            hidden: ws.h.read(&dev, keep.len() * hid)?,
+            vocab_size: d.vocab_size,
+            hidden_size: hid,
+        })
+    }
+
+    /// Non-causal block attention: positions 1..=K of each row see the row's context
+    /// (from the drafter cache) and the whole block (this pass's latents).
+    pub(super) fn dflash_attention(
+        &self,
+        ws: &Workspace,
+        pass: &DFlashPass,
+        attn: DPtr<f32>,
+    ) -> Result<()> {
+        let (dev, k, md) = (self.dev(), &self.k, self.md);
+        let sc = self.scratch.as_ref().expect("ensured before the pass");
+        let b = pass.block_len;
+        let page = self.cfg.scheduler.page_size;
+        let width = pass.block_table_width;
+        let table = self.block_ids(&pass.block_table)?;
+        let table_buf = Buf::from_host(dev, &table, "dflash block table")?;
+        let w = &self.drafter.layer;
+        let lat = md.latent();
+        for r in 0..pass.req_ids.len() {
+            let ctx = pass.context_lens[r] as usize;
+            let row_table = table_buf.ptr().range(r * width, width);
+            k.gather_context(
+                dev,
+                self.drafter_cache.ptr(),
+                row_table,
+                sc.keys.ptr(),
+                0,
+                ctx,
+                page,
+                lat,
+            )?;
+            copy(
+                dev,
+                ws.latent.ptr().offset(r * b * lat),
+                sc.keys.ptr().offset(ctx * lat),
+                b * lat,
+            )?;
+            // The keys are contiguous, so an identity block table over them with a page
+            // of one position lets the decode kernel read them in place, one query per
+            // "row", all K rows seeing all ctx + K keys.
+            let n_keys = ctx + b;
+            let seq = Buf::from_host(dev, &vec![n_keys as i32; b - 1], "dflash seq_lens")?;
+            let splits = Buf::from_host(dev, &vec![1i32; b - 1], "dflash splits")?;
+            let table_rows: Vec<i32> = (0..b - 1).flat_map(|_| 0..n_keys as i32).collect();
+            let ident = Buf::from_host(dev, &table_rows, "dflash identity table")?;
+            let shape = DecodeShape {
+                num_rows: b - 1,
+                q_len: 1,
+                heads: md.heads,
+                dim: lat,
+                dv: md.kv_lora,
+                page: 1,
+                width: n_keys,
+                split_size: n_keys.max(1),
+            };
+            let first = r * b + 1;
+            let q_lat = ws.q_lat.ptr().offset(first * md.heads * lat);
+            let o_lat = ws.o_lat.ptr().offset(first * md.heads * md.kv_lora);
+            k.absorb_q(
+                dev,
+                md,
+                ws.q.ptr().offset(first * md.heads * md.qk()),
+                w.w_uk.ptr(),
+                q_lat,
+                b - 1,
+            )?;
+            let bufs = DecodeBufs {
+                q: q_lat,
+                cache: sc.keys.ptr(),
+                block_table: ident.ptr(),
+                seq_lens: seq.ptr(),
+                num_splits: splits.ptr(),
+                out: o_lat,
+                lse: ws.lse.ptr(),
+            };
+            k.decode(dev, shape, bufs, md.scale())?;
+            k.apply_uv(
+                dev,
+                md,
+                o_lat,
+                w.w_uv.ptr(),
+                attn.offset(first * md.heads * md.dv),
+                b - 1,
+            )?;
+        }
+        Ok(())
+    }
+}

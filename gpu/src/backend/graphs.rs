@@ -1,0 +1,116 @@
+//! CUDA graphs of uniform decode steps: the whole target forward captured per size,
+//! replayed after copying the step's inputs into the graph's own workspace.
+
+use std::sync::Arc;
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use specmla_core::backend::TargetOutput;
+use specmla_core::cudagraph::GraphShape;
+use specmla_core::plan::StepPlan;
+
+use super::{CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Result};
+use crate::device::GpuError;
+use crate::launch::copy;
+use crate::workspace::Workspace;
+
+impl GpuBackend {
+    pub(super) fn graph_launch(&self, ws: &Workspace, shape: GraphShape) -> DecodeLaunch {
+        DecodeLaunch {
+            token_start: 0,
+            rows: shape.num_rows,
+            q_len: shape.query_len,
+            split_size: self.cfg.decode_split_tokens,
+            block_table: ws.block_table.ptr(),
+            width: ws.width,
+            seq_lens: ws.seq_lens.ptr(),
+            num_splits: ws.num_splits.ptr(),
+        }
+    }
+
+    /// The kernels one graph replays: the whole target forward of `shape.num_tokens`
+    /// tokens, logits for every token (padding included).
+    pub(super) fn graph_body(&self, ws: &Workspace, shape: GraphShape) -> Result<()> {
+        let n = shape.num_tokens;
+        let dl = self.graph_launch(ws, shape);
+        self.target_layers(ws, n, &|me, l, w, attn| {
+            me.decode(w, ws, me.layer_cache(l), dl, n, attn)
+        })?;
+        copy(
+            self.dev(),
+            ws.x.ptr(),
+            ws.xs.ptr(),
+            n * self.dims.hidden_size,
+        )?;
+        self.lm_head(ws, &self.target.final_norm, &self.target.lm_head, n)
+    }
+
+    pub(super) fn capture(&self, shape: GraphShape) -> Result<CapturedGraph> {
+        let width = self.cfg.scheduler.max_blocks_per_seq();
+        let ws = Workspace::new(
+            &self.dev,
+            &self.dims,
+            self.dims.num_layers,
+            (shape.num_tokens, shape.num_rows, width),
+        )?;
+        let stream = &self.dev.stream;
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(GpuError::driver("beginning a graph capture"))?;
+        let body = self.graph_body(&ws, shape);
+        // End the capture whatever happened, so the stream is usable again.
+        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
+        body?;
+        let graph = graph
+            .map_err(GpuError::driver("instantiating a captured graph"))?
+            .ok_or_else(|| {
+                GpuBackendError::BadPlan(format!("capture of {shape:?} recorded nothing"))
+            })?;
+        Ok(CapturedGraph { shape, ws, graph })
+    }
+
+    pub(super) fn replay(&mut self, plan: &StepPlan, idx: usize) -> Result<TargetOutput> {
+        let mut g = self.graphs.swap_remove(idx);
+        let res = self.replay_body(&mut g, plan);
+        self.graphs.push(g);
+        res
+    }
+
+    pub(super) fn replay_body(
+        &self,
+        g: &mut CapturedGraph,
+        plan: &StepPlan,
+    ) -> Result<TargetOutput> {
+        let s = g.shape;
+        let c = &plan.common;
+        let d = plan.mla.decode.as_ref();
+        if d.is_some_and(|d| d.split_size_tokens != self.cfg.decode_split_tokens) {
+            return Err(GpuBackendError::BadPlan(
+                "split size differs from the captured one".into(),
+            ));
+        }
+        self.write_token_inputs(&mut g.ws, plan, s.num_tokens)?;
+        // Rows past the plan's are padding: seq_len 0 and no blocks, so they see no key.
+        let width = g.ws.width;
+        let mut table = vec![-1i32; s.num_rows * width];
+        let mut seq = vec![0i32; s.num_rows];
+        let mut splits = vec![1i32; s.num_rows];
+        for r in 0..s.num_rows.min(c.num_rows()) {
+            let row = self.block_ids(c.block_row(r))?;
+            table[r * width..r * width + row.len().min(width)]
+                .copy_from_slice(&row[..row.len().min(width)]);
+            seq[r] = c.seq_lens[r] as i32;
+            if let Some(n) = d.and_then(|d| d.num_splits.get(r)) {
+                splits[r] = *n as i32;
+            }
+        }
+        let dev = Arc::clone(&self.dev);
+        g.ws.block_table.write(&dev, &table)?;
+        g.ws.seq_lens.write(&dev, &seq)?;
+        g.ws.num_splits.write(&dev, &splits)?;
+        g.graph
+            .launch()
+            .map_err(GpuError::driver("launching a captured graph"))?;
+        let rows: Vec<usize> = plan.logits_indices.iter().map(|&i| i as usize).collect();
+        self.read_target(&g.ws, plan.num_tokens(), &rows)
+    }
+}

@@ -1,0 +1,305 @@
+//! The CUDA `Backend`: executes core-built plans on the device with the same weights and
+//! the same paged latent cache layout as the CPU backend. Decode rows take the absorbed
+//! split-KV kernel; prefill rows take the materialized path (causal new tokens, context
+//! chunks gathered from the cache, LSE merge). Every kernel reduces each token on its
+//! own in a fixed order, so the backend is batch-invariant by construction: a request's
+//! bits do not depend on the rest of the batch, its row, padding rows, or graph vs eager.
+//! Uniform decode steps on a captured size replay a CUDA graph of the whole forward.
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaGraph;
+use specmla_core::backend::{Backend, DrafterOutput, TargetOutput};
+use specmla_core::block_pool::{NO_BLOCK, PAD_SLOT};
+use specmla_core::config::{EngineConfig, ModelDims};
+use specmla_core::cudagraph::GraphShape;
+use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
+use specmla_core::fault::Fault;
+use specmla_core::plan::StepPlan;
+use specmla_model::{DrafterModel, TargetModel};
+
+use crate::device::{GpuDevice, GpuError};
+use crate::launch::{Buf, DPtr};
+use crate::ops::{Kernels, MlaDims};
+use crate::weights::{DrafterWeights, LayerWeights, TargetWeights};
+use crate::workspace::{PrefillScratch, Workspace};
+
+mod drafter;
+mod graphs;
+mod layers;
+mod target;
+
+/// Errors of the CUDA backend.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuBackendError {
+    #[error(transparent)]
+    Gpu(#[from] GpuError),
+    #[error("step replays a graph of {0} tokens that was never captured")]
+    GraphNotCaptured(usize),
+    #[error("plan rejected by the GPU backend: {0}")]
+    BadPlan(String),
+}
+
+impl GpuBackendError {
+    /// Whether the error is the environment's (no GPU, no driver, compile failure, out of
+    /// memory): bad input or environment exits 2, an engine failure exits 1.
+    pub fn is_environment(&self) -> bool {
+        matches!(self, GpuBackendError::Gpu(_))
+    }
+}
+
+type Result<T> = std::result::Result<T, GpuBackendError>;
+
+/// The attention of one layer: `(backend, layer, weights, attention output)`.
+type AttendFn<'a> = dyn Fn(&GpuBackend, usize, &LayerWeights, DPtr<f32>) -> Result<()> + 'a;
+
+/// One captured uniform-decode graph and the workspace its kernels address.
+struct CapturedGraph {
+    shape: GraphShape,
+    ws: Workspace,
+    graph: CudaGraph,
+}
+
+/// How the decode rows of one launch are laid out.
+#[derive(Clone, Copy, Debug)]
+struct DecodeLaunch {
+    /// First token of the launch in the step's token order.
+    token_start: usize,
+    rows: usize,
+    q_len: usize,
+    split_size: usize,
+    block_table: DPtr<i32>,
+    width: usize,
+    seq_lens: DPtr<i32>,
+    num_splits: DPtr<i32>,
+}
+
+/// The CUDA backend.
+pub struct GpuBackend {
+    dev: Arc<GpuDevice>,
+    k: Kernels,
+    cfg: EngineConfig,
+    dims: ModelDims,
+    md: MlaDims,
+    target: TargetWeights,
+    drafter: DrafterWeights,
+    drafter_host: Arc<DrafterModel>,
+    /// `[layers, slots, latent]`, NaN-poisoned.
+    target_cache: Buf<f32>,
+    /// `[slots, latent]`, NaN-poisoned.
+    drafter_cache: Buf<f32>,
+    num_slots: usize,
+    eager: Option<Workspace>,
+    scratch: Option<PrefillScratch>,
+    graphs: Vec<CapturedGraph>,
+}
+
+impl GpuBackend {
+    /// Opens device 0, compiles the kernels, uploads the weights and allocates caches.
+    pub fn new(
+        cfg: &EngineConfig,
+        target: Arc<TargetModel>,
+        drafter: Arc<DrafterModel>,
+    ) -> Result<Self> {
+        let dev = Arc::new(GpuDevice::open(0)?);
+        Self::on_device(dev, cfg, target, drafter)
+    }
+
+    /// [`Self::new`] on an already open device.
+    pub fn on_device(
+        dev: Arc<GpuDevice>,
+        cfg: &EngineConfig,
+        target: Arc<TargetModel>,
+        drafter: Arc<DrafterModel>,
+    ) -> Result<Self> {
+        let k = Kernels::load(&dev)?;
+        let d = cfg.model.clone();
+        let num_slots = cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size;
+        let latent = d.latent_dim();
+        let target_cache = Buf::uninit(&dev, d.num_layers * num_slots * latent, "target KV cache")?;
+        let drafter_cache = Buf::uninit(&dev, num_slots * latent, "drafter KV cache")?;
+        // Unwritten slots read as NaN, as on the CPU, so a stale read cannot pass.
+        k.fill(&dev, target_cache.ptr(), f32::NAN, target_cache.len())?;
+        k.fill(&dev, drafter_cache.ptr(), f32::NAN, drafter_cache.len())?;
+        Ok(Self {
+            target: TargetWeights::upload(&dev, &target)?,
+            drafter: DrafterWeights::upload(&dev, &drafter)?,
+            drafter_host: drafter,
+            md: MlaDims::from(&d),
+            dims: d,
+            cfg: cfg.clone(),
+            target_cache,
+            drafter_cache,
+            num_slots,
+            eager: None,
+            scratch: None,
+            graphs: Vec::new(),
+            k,
+            dev,
+        })
+    }
+
+    /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
+    pub fn device_name(&self) -> &str {
+        &self.dev.name
+    }
+
+    fn dev(&self) -> &GpuDevice {
+        &self.dev
+    }
+
+    fn layer_cache(&self, l: usize) -> DPtr<f32> {
+        let per = self.num_slots * self.dims.latent_dim();
+        self.target_cache.ptr().range(l * per, per)
+    }
+
+    fn attn_width(&self) -> usize {
+        self.dims.num_heads * self.dims.v_head_dim
+    }
+}
+
+// Host-side validation: kernels index with these values, so they are checked before
+// they reach the device instead of faulting there.
+impl GpuBackend {
+    fn check_tokens(&self, ids: &[u32]) -> Result<Vec<i32>> {
+        ids.iter()
+            .map(|&t| {
+                if (t as usize) < self.dims.vocab_size {
+                    Ok(t as i32)
+                } else {
+                    Err(GpuBackendError::BadPlan(format!(
+                        "token {t} outside the vocabulary"
+                    )))
+                }
+            })
+            .collect()
+    }
+
+    fn check_slots(&self, slots: &[i64]) -> Result<()> {
+        match slots
+            .iter()
+            .find(|&&s| s != PAD_SLOT && (s < 0 || s as usize >= self.num_slots))
+        {
+            Some(s) => Err(GpuBackendError::BadPlan(format!(
+                "slot {s} outside the cache of {} slots",
+                self.num_slots
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Block ids as the kernels take them: NO_BLOCK becomes -1 (reads as NaN).
+    fn block_ids(&self, table: &[u32]) -> Result<Vec<i32>> {
+        let blocks = self.cfg.scheduler.num_gpu_blocks;
+        table
+            .iter()
+            .map(|&b| match b {
+                NO_BLOCK => Ok(-1),
+                b if (b as usize) < blocks => Ok(b as i32),
+                b => Err(GpuBackendError::BadPlan(format!(
+                    "block {b} outside the pool of {blocks}"
+                ))),
+            })
+            .collect()
+    }
+}
+
+/// Positions as i32 (bounded by max_model_len, which config validation caps).
+fn positions_i32(p: &[u32]) -> Vec<i32> {
+    p.iter().map(|&x| x as i32).collect()
+}
+
+impl Backend for GpuBackend {
+    type Error = GpuBackendError;
+
+    fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<()> {
+        // F2: capture builds decode-only metadata with max_query_len 1, so the frozen
+        // graph runs one token per row whatever q the step has.
+        let q1 = self.cfg.faults.has(Fault::F2);
+        self.graphs.clear();
+        for &s in shapes {
+            let s = if q1 {
+                GraphShape {
+                    num_rows: s.num_tokens,
+                    query_len: 1,
+                    max_query_len: 1,
+                    ..s
+                }
+            } else {
+                s
+            };
+            let g = self.capture(s)?;
+            self.graphs.push(g);
+        }
+        Ok(())
+    }
+
+    fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput> {
+        match &plan.cudagraph {
+            Some(gd) => {
+                let n = gd.shape.num_tokens;
+                let idx = self
+                    .graphs
+                    .iter()
+                    .position(|g| g.shape.num_tokens == n)
+                    .ok_or(GpuBackendError::GraphNotCaptured(n))?;
+                self.replay(plan, idx)
+            }
+            None => self.forward_eager(plan),
+        }
+    }
+
+    fn forward_drafter(
+        &mut self,
+        pass: &DrafterPass,
+        target: &TargetOutput,
+        prev: Option<&DrafterOutput>,
+    ) -> Result<DrafterOutput> {
+        let n = pass.token_ids.len();
+        let hid = self.dims.hidden_size;
+        let mut hidden_in = Vec::with_capacity(n * hid);
+        for src in &pass.hidden {
+            let row = match *src {
+                HiddenSource::TargetToken(i) => target.hidden_row(i as usize),
+                HiddenSource::DrafterRow(r) => prev
+                    .ok_or_else(|| {
+                        GpuBackendError::BadPlan("a later pass without a previous one".into())
+                    })?
+                    .hidden_row(r as usize),
+            };
+            hidden_in.extend_from_slice(row);
+        }
+        let rows = pass.num_rows();
+        self.ensure_eager(n.max(1), rows.max(1), pass.block_table_width)?;
+        let mut ws = self.eager.take().expect("ensured above");
+        let res = self.drafter_body(&mut ws, pass, &hidden_in);
+        self.eager = Some(ws);
+        res
+    }
+
+    fn forward_dflash(
+        &mut self,
+        pass: &DFlashPass,
+        target: &TargetOutput,
+    ) -> Result<DrafterOutput> {
+        let (e, b) = (pass.context_token_indices.len(), pass.block_len);
+        let nb = pass.block_tokens.len();
+        let rows = pass.req_ids.len();
+        let max_keys = pass
+            .context_lens
+            .iter()
+            .map(|&c| c as usize + b)
+            .max()
+            .unwrap_or(0);
+        self.ensure_eager(
+            e.max(nb).max(1),
+            rows.max(b).max(1),
+            pass.block_table_width.max(1),
+        )?;
+        self.ensure_scratch(max_keys)?;
+        let mut ws = self.eager.take().expect("ensured above");
+        let res = self.dflash_body(&mut ws, pass, target);
+        self.eager = Some(ws);
+        res
+    }
+}

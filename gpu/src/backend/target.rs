@@ -1,0 +1,373 @@
+//! The target forward outside graphs: token inputs, eager decode launches (uniform or
+//! per row), and the prefill path with chunked context and the LSE merge.
+
+use std::sync::Arc;
+
+use specmla_core::backend::TargetOutput;
+use specmla_core::block_pool::PAD_SLOT;
+use specmla_core::fault::Fault;
+use specmla_core::plan::StepPlan;
+
+use super::{positions_i32, AttendFn, DecodeLaunch, GpuBackend, GpuBackendError, Result};
+use crate::launch::DPtr;
+use crate::ops::{KeyBufs, State};
+use crate::weights::LayerWeights;
+use crate::workspace::{PrefillScratch, Workspace};
+
+impl GpuBackend {
+    /// Embedding, every layer (attention by `attend`), and the residual into `ws.x`.
+    pub(super) fn target_layers(
+        &self,
+        ws: &Workspace,
+        n: usize,
+        attend: &AttendFn<'_>,
+    ) -> Result<()> {
+        let (dev, k) = (self.dev(), &self.k);
+        let hid = self.dims.hidden_size;
+        k.embed(
+            dev,
+            self.target.embed_tokens.ptr(),
+            ws.ids.ptr(),
+            ws.x.ptr(),
+            n,
+            hid,
+        )?;
+        let hv = self.attn_width();
+        for (l, w) in self.target.layers.iter().enumerate() {
+            self.qkv(w, ws, n, true)?;
+            k.kv_write(
+                dev,
+                ws.latent.ptr(),
+                ws.slots.ptr(),
+                self.layer_cache(l),
+                n,
+                self.dims.latent_dim(),
+            )?;
+            let attn = ws.attn.ptr().range(l * ws.cap * hv, ws.cap * hv);
+            k.fill(dev, attn, 0.0, n * hv)?;
+            attend(self, l, w, attn)?;
+            self.finish(w, ws, ws.x.ptr(), attn, n)?;
+        }
+        Ok(())
+    }
+
+    /// Uploads the step's token inputs into `ws` (padded to `n_pad` with PAD slots).
+    pub(super) fn write_token_inputs(
+        &self,
+        ws: &mut Workspace,
+        plan: &StepPlan,
+        n_pad: usize,
+    ) -> Result<()> {
+        let n = plan.num_tokens();
+        let c = &plan.common;
+        let mut ids = self.check_tokens(&plan.token_ids[..n])?;
+        ids.resize(n_pad, 0);
+        let mut pos = positions_i32(&c.positions[..c.positions.len().min(n_pad)]);
+        pos.resize(n_pad, 0);
+        let mut slots = c.slot_mapping[..c.slot_mapping.len().min(n_pad)].to_vec();
+        self.check_slots(&slots)?;
+        slots.resize(n_pad, PAD_SLOT);
+        let dev = Arc::clone(&self.dev);
+        ws.ids.write(&dev, &ids)?;
+        ws.positions.write(&dev, &pos)?;
+        ws.slots.write(&dev, &slots)?;
+        Ok(())
+    }
+
+    /// Reads hidden states and attention outputs of the `n` real tokens and the logits
+    /// of `rows` (indices into `ws.logits`).
+    pub(super) fn read_target(
+        &self,
+        ws: &Workspace,
+        n: usize,
+        rows: &[usize],
+    ) -> Result<TargetOutput> {
+        let dev = self.dev();
+        let (hid, vocab, hv) = (
+            self.dims.hidden_size,
+            self.dims.vocab_size,
+            self.attn_width(),
+        );
+        let hidden = ws.x.read(dev, n * hid)?;
+        let all_logits = ws
+            .logits
+            .read(dev, rows.iter().map(|r| r + 1).max().unwrap_or(0) * vocab)?;
+        let logits = rows
+            .iter()
+            .flat_map(|&r| all_logits[r * vocab..(r + 1) * vocab].iter().copied())
+            .collect();
+        let attn_outputs = (0..self.dims.num_layers)
+            .map(|l| ws.attn.read_at(dev, l * ws.cap * hv, n * hv))
+            .collect::<std::result::Result<_, _>>()?;
+        Ok(TargetOutput {
+            logits,
+            hidden,
+            attn_outputs,
+            vocab_size: vocab,
+            hidden_size: hid,
+        })
+    }
+
+    pub(super) fn ensure_eager(&mut self, cap: usize, rows: usize, width: usize) -> Result<()> {
+        if !self
+            .eager
+            .as_ref()
+            .is_some_and(|w| w.fits(cap, rows, width))
+        {
+            let old = self.eager.take();
+            let (c0, r0) = old.map_or((0, 0), |w| (w.cap, w.rows_cap));
+            let dims = (cap.max(c0).max(16), rows.max(r0).max(4), width);
+            self.eager = Some(Workspace::new(
+                &self.dev,
+                &self.dims,
+                self.dims.num_layers,
+                dims,
+            )?);
+        }
+        Ok(())
+    }
+
+    pub(super) fn ensure_scratch(&mut self, cap: usize) -> Result<()> {
+        let fits = matches!(&self.scratch, Some(s) if s.cap >= cap);
+        if !fits {
+            let old = self.scratch.take().map_or(0, |s| s.cap);
+            self.scratch = Some(PrefillScratch::new(
+                &self.dev,
+                &self.dims,
+                cap.max(old).max(64),
+            )?);
+        }
+        Ok(())
+    }
+
+    pub(super) fn forward_eager(&mut self, plan: &StepPlan) -> Result<TargetOutput> {
+        let n = plan.num_tokens();
+        let c = &plan.common;
+        let width = c.block_table_width;
+        // A uniform launch may address past the real tokens (F10); give it room.
+        let decode_end = plan
+            .mla
+            .decode
+            .as_ref()
+            .map_or(0, |d| match d.uniform_query_len {
+                Some(q) => d.tokens.start + d.rows.len() * q,
+                None => 0,
+            });
+        self.ensure_eager(n.max(decode_end).max(1), c.num_rows().max(1), width)?;
+        let scratch_need = prefill_scratch_tokens(plan);
+        self.ensure_scratch(scratch_need)?;
+        let mut ws = self.eager.take().expect("ensured above");
+        let res = self.eager_body(&mut ws, plan);
+        self.eager = Some(ws);
+        res
+    }
+
+    pub(super) fn eager_body(&self, ws: &mut Workspace, plan: &StepPlan) -> Result<TargetOutput> {
+        let n = plan.num_tokens();
+        let c = &plan.common;
+        self.write_token_inputs(ws, plan, n)?;
+        let dev = Arc::clone(&self.dev);
+        ws.block_table
+            .write(&dev, &self.block_ids(&c.block_table)?)?;
+        let seq: Vec<i32> = c.seq_lens.iter().map(|&s| s as i32).collect();
+        ws.seq_lens.write(&dev, &seq)?;
+        if let Some(d) = &plan.mla.decode {
+            let splits: Vec<i32> = (0..d.rows.len())
+                .map(|i| d.num_splits.get(i).copied().unwrap_or(1) as i32)
+                .collect();
+            ws.num_splits.write(&dev, &splits)?;
+        }
+        let idx: Vec<i32> = plan.logits_indices.iter().map(|&i| i as i32).collect();
+        if idx.iter().any(|&i| i as usize >= n.max(1)) {
+            return Err(GpuBackendError::BadPlan(
+                "logits index past the tokens".into(),
+            ));
+        }
+        ws.logits_idx.write(&dev, &idx)?;
+        let ws_ref: &Workspace = ws;
+        self.target_layers(ws_ref, n, &|me, l, w, attn| {
+            me.eager_decode(ws_ref, plan, l, w, attn)?;
+            me.prefill_rows(ws_ref, plan, l, w, attn)
+        })?;
+        let k = &self.k;
+        let hid = self.dims.hidden_size;
+        k.gather_rows(
+            &dev,
+            ws.x.ptr(),
+            ws.logits_idx.ptr(),
+            ws.xs.ptr(),
+            idx.len(),
+            hid,
+        )?;
+        self.lm_head(ws, &self.target.final_norm, &self.target.lm_head, idx.len())?;
+        let rows: Vec<usize> = (0..idx.len()).collect();
+        self.read_target(ws, n, &rows)
+    }
+
+    /// Decode rows of an eager step: one uniform launch, or one launch per row when the
+    /// plan's decode rows are not uniform (the kernel then reads query_start_loc).
+    pub(super) fn eager_decode(
+        &self,
+        ws: &Workspace,
+        plan: &StepPlan,
+        l: usize,
+        w: &LayerWeights,
+        attn: DPtr<f32>,
+    ) -> Result<()> {
+        let Some(d) = &plan.mla.decode else {
+            return Ok(());
+        };
+        let c = &plan.common;
+        let width = c.block_table_width;
+        let base = DecodeLaunch {
+            token_start: d.tokens.start,
+            rows: d.rows.len(),
+            q_len: 1,
+            split_size: d.split_size_tokens,
+            block_table: ws.block_table.ptr().offset(d.rows.start * width),
+            width,
+            seq_lens: ws.seq_lens.ptr().offset(d.rows.start),
+            num_splits: ws.num_splits.ptr(),
+        };
+        let n = plan.num_tokens();
+        if let Some(q) = d.uniform_query_len {
+            return self.decode(
+                w,
+                ws,
+                self.layer_cache(l),
+                DecodeLaunch { q_len: q, ..base },
+                n,
+                attn,
+            );
+        }
+        for (i, r) in d.rows.clone().enumerate() {
+            let one = DecodeLaunch {
+                token_start: c.query_start_loc[r] as usize,
+                rows: 1,
+                q_len: c.query_len(r),
+                block_table: ws.block_table.ptr().offset(r * width),
+                seq_lens: ws.seq_lens.ptr().offset(r),
+                num_splits: ws.num_splits.ptr().offset(i),
+                ..base
+            };
+            if one.q_len > 0 {
+                self.decode(w, ws, self.layer_cache(l), one, n, attn)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The prefill path of layer `l`: per row, causal attention over its new tokens,
+    /// then each context chunk gathered from the cache and merged by LSE into the
+    /// row's slice of `attn`, and finally the new tokens merged in.
+    pub(super) fn prefill_rows(
+        &self,
+        ws: &Workspace,
+        plan: &StepPlan,
+        l: usize,
+        w: &LayerWeights,
+        attn: DPtr<f32>,
+    ) -> Result<()> {
+        let Some(p) = &plan.mla.prefill else {
+            return Ok(());
+        };
+        let (dev, k, md) = (self.dev(), &self.k, self.md);
+        let sc = self.scratch.as_ref().expect("ensured before the forward");
+        let c = &plan.common;
+        let width = c.block_table_width;
+        let f1 = self.cfg.faults.has(Fault::F1);
+        for (j, r) in p.rows.clone().enumerate() {
+            let toks = c.row_tokens(r);
+            let m = toks.len();
+            if m == 0 {
+                continue;
+            }
+            let q = ws.q.ptr().offset(toks.start * md.heads * md.qk());
+            let new_lat = ws.latent.ptr().offset(toks.start * md.latent());
+            let new = State {
+                out: sc.new_out.ptr(),
+                lse: sc.new_lse.ptr(),
+            };
+            k.expand(
+                dev,
+                md,
+                new_lat,
+                w.w_uk.ptr(),
+                w.w_uv.ptr(),
+                sc.k_nope.ptr(),
+                sc.v.ptr(),
+                m,
+            )?;
+            let keys = KeyBufs {
+                k_nope: sc.k_nope.ptr(),
+                latent: new_lat,
+                v: sc.v.ptr(),
+                n: m,
+            };
+            k.attend(dev, md, q, m, keys, true, new)?;
+            let acc = State {
+                out: attn.range(toks.start * md.heads * md.dv, m * md.heads * md.dv),
+                lse: sc.ctx_lse.ptr(),
+            };
+            k.fill(dev, acc.out, 0.0, m * md.heads * md.dv)?;
+            k.fill(dev, acc.lse, f32::NEG_INFINITY, m * md.heads)?;
+            let row_table = ws.block_table.ptr().range(r * width, width);
+            for chunk in p.chunked_context.iter().flat_map(|cc| &cc.chunks) {
+                let (start, len) = (chunk.starts[j], chunk.lens[j]);
+                if len == 0 {
+                    continue;
+                }
+                let page = self.cfg.scheduler.page_size;
+                k.gather_context(
+                    dev,
+                    self.layer_cache(l),
+                    row_table,
+                    sc.keys.ptr(),
+                    start,
+                    len,
+                    page,
+                    md.latent(),
+                )?;
+                k.expand(
+                    dev,
+                    md,
+                    sc.keys.ptr(),
+                    w.w_uk.ptr(),
+                    w.w_uv.ptr(),
+                    sc.k_nope.ptr(),
+                    sc.v.ptr(),
+                    len,
+                )?;
+                let keys = KeyBufs {
+                    k_nope: sc.k_nope.ptr(),
+                    latent: sc.keys.ptr(),
+                    v: sc.v.ptr(),
+                    n: len,
+                };
+                let part = State {
+                    out: sc.part_out.ptr(),
+                    lse: sc.part_lse.ptr(),
+                };
+                k.attend(dev, md, q, m, keys, false, part)?;
+                k.merge(dev, md, acc, part, m, false)?;
+            }
+            k.merge(dev, md, acc, new, m, f1)?;
+        }
+        Ok(())
+    }
+}
+
+/// Largest number of keys or queries one prefill attention call of `plan` handles.
+fn prefill_scratch_tokens(plan: &StepPlan) -> usize {
+    let Some(p) = &plan.mla.prefill else { return 0 };
+    let c = &plan.common;
+    let rows = p.rows.clone().map(|r| c.query_len(r)).max().unwrap_or(0);
+    let chunks = p
+        .chunked_context
+        .iter()
+        .flat_map(|cc| &cc.chunks)
+        .flat_map(|ch| ch.lens.iter().copied())
+        .max()
+        .unwrap_or(0);
+    rows.max(chunks)
+}
