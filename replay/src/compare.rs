@@ -210,3 +210,182 @@ fn max_abs_diff(rec: &StepRecord, got: &StepRecord, layer: usize) -> Option<f32>
             .fold(0.0, f32::max),
     )
 }
+
+/// Absolute tolerance on attention outputs when replaying on the other backend (f32 on
+/// both; the two reduce in different orders, and observed differences are about 1e-6).
+pub const CROSS_ATOL: f32 = 1e-3;
+/// Relative tolerance on attention outputs when replaying on the other backend.
+pub const CROSS_RTOL: f32 = 1e-3;
+
+/// A token that differs across backends where the replayed logits are a near-tie.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct CrossNearTie {
+    pub step: u64,
+    pub req_id: u64,
+    /// Sample index within the row (target) or draft index (drafter).
+    pub position: usize,
+    pub recorded: u32,
+    pub replayed: u32,
+    /// |logit(recorded) - logit(replayed)| in the replay.
+    pub margin: f32,
+    pub drafter: bool,
+}
+
+/// How a replayed token that differs from its record is judged across backends.
+fn judge(
+    logits: Option<&Vec<f32>>,
+    (recorded, replayed): (u32, u32),
+    near_tie: f64,
+) -> Option<f32> {
+    let l = logits?;
+    let (a, b) = (*l.get(recorded as usize)?, *l.get(replayed as usize)?);
+    let margin = (a - b).abs();
+    (f64::from(margin) < near_tie).then_some(margin)
+}
+
+/// Cross-backend comparison: metadata and order exactly (the core is the same), tokens
+/// exactly except near-ties (returned, not divergent), attention outputs within
+/// [`CROSS_ATOL`] + [`CROSS_RTOL`] when the trace stores tensors. Digests of floating
+/// point outputs are not compared: they are expected to differ.
+pub fn compare_cross(
+    rec: &StepRecord,
+    got: &StepRecord,
+    f: &crate::replayer::StepFindings,
+    near_tie: f64,
+) -> (Option<Divergence>, Vec<CrossNearTie>) {
+    let metadata_differs = rec.metadata_digest != got.metadata_digest || rec.order != got.order;
+    let ids = planned_req_ids(rec);
+    let mut ties = Vec::new();
+    let mut token_rows = Vec::new();
+    for r in 0..rec.sampled.len().max(got.sampled.len()) {
+        let (a, b) = (rec.sampled.get(r), got.sampled.get(r));
+        let req = ids.get(r).copied().unwrap_or(u64::MAX);
+        let excused = match (a, b) {
+            (Some(a), Some(b)) if a.len() == b.len() => {
+                a.iter().zip(b).enumerate().all(|(i, (&x, &y))| {
+                    x == y
+                        || judge(f.target_logits.get(&(req, i)), (x, y), near_tie).is_some_and(
+                            |m| {
+                                ties.push(CrossNearTie {
+                                    step: rec.step,
+                                    req_id: req,
+                                    position: i,
+                                    recorded: x,
+                                    replayed: y,
+                                    margin: m,
+                                    drafter: false,
+                                });
+                                true
+                            },
+                        )
+                })
+            }
+            _ => a == b,
+        };
+        let new_same = rec.new_tokens.get(r) == got.new_tokens.get(r);
+        if !excused || (!new_same && a == b) {
+            token_rows.push((
+                r,
+                rec.new_tokens.get(r).cloned().unwrap_or_default(),
+                got.new_tokens.get(r).cloned().unwrap_or_default(),
+            ));
+        }
+    }
+    let mut drafter_requests = Vec::new();
+    for (r, &req) in ids.iter().enumerate() {
+        let (a, b) = (rec.proposals.get(r), got.proposals.get(r));
+        let ok = match (a, b) {
+            (Some(a), Some(b)) if a.len() == b.len() => {
+                a.iter().zip(b).enumerate().all(|(k, (&x, &y))| {
+                    x == y
+                        || judge(f.draft_logits.get(&(req, k)), (x, y), near_tie).is_some_and(|m| {
+                            ties.push(CrossNearTie {
+                                step: rec.step,
+                                req_id: req,
+                                position: k,
+                                recorded: x,
+                                replayed: y,
+                                margin: m,
+                                drafter: true,
+                            });
+                            true
+                        })
+                })
+            }
+            _ => a == b,
+        };
+        if !ok {
+            drafter_requests.push(req);
+        }
+    }
+    let (first_layer, layer_rows, max_abs_diff) = first_layer_beyond_tolerance(rec, got);
+    let diverged = metadata_differs
+        || first_layer.is_some()
+        || !token_rows.is_empty()
+        || !drafter_requests.is_empty();
+    let d = diverged.then(|| Divergence {
+        step: rec.step,
+        metadata_differs,
+        first_layer,
+        layer_rows,
+        token_rows,
+        drafter_differs: !drafter_requests.is_empty(),
+        drafter_requests,
+        max_abs_diff,
+        violations: Vec::new(),
+        cross_checks: Vec::new(),
+    });
+    (d, ties)
+}
+
+/// Token ranges of the planned rows of a record (rows in execution order).
+fn planned_token_ranges(rec: &StepRecord) -> Vec<std::ops::Range<usize>> {
+    let mut start = 0;
+    rec.order
+        .iter()
+        .filter_map(|&i| rec.rows.get(i as usize))
+        .map(|row| {
+            let r = start..start + row.num_scheduled_tokens as usize;
+            start = r.end;
+            r
+        })
+        .collect()
+}
+
+/// With tensors on both sides: the first layer where some row's attention output is
+/// beyond tolerance, those rows, and the largest |difference| in that layer.
+fn first_layer_beyond_tolerance(
+    rec: &StepRecord,
+    got: &StepRecord,
+) -> (Option<u32>, Vec<DivergentRow>, Option<f32>) {
+    let (Some(ta), Some(tb)) = (&rec.tensors, &got.tensors) else {
+        return (None, Vec::new(), None);
+    };
+    let ranges = planned_token_ranges(rec);
+    for (l, (a, b)) in ta.iter().zip(tb).enumerate() {
+        let tokens: usize = ranges.last().map_or(0, |r| r.end);
+        if a.len() != b.len() || tokens == 0 {
+            if a.len() != b.len() {
+                return (Some(l as u32), Vec::new(), None);
+            }
+            continue;
+        }
+        let width = a.len() / tokens;
+        let beyond = |x: f32, y: f32| !((x - y).abs() <= CROSS_ATOL + CROSS_RTOL * x.abs());
+        let rows: Vec<DivergentRow> = ranges
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| (t.start * width..t.end * width).any(|i| beyond(a[i], b[i])))
+            .filter_map(|(r, _)| divergent_row(rec, got, r))
+            .collect();
+        if !rows.is_empty() {
+            let worst = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max);
+            return (Some(l as u32), rows, Some(worst));
+        }
+    }
+    (None, Vec::new(), None)
+}

@@ -1,6 +1,6 @@
 //! Re-executes recorded steps: the recorded batches (not a new schedule) run through the
-//! core's executor on the CPU backend, with the recorded forced drafts and grammar
-//! states, and each step is re-recorded for comparison.
+//! core's executor on the CPU or the CUDA backend, with the recorded forced drafts and
+//! grammar states, and each step is re-recorded for comparison.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -8,14 +8,17 @@ use std::sync::Arc;
 use specmla_core::batch::{ScheduledBatch, ScheduledRow};
 use specmla_core::config::EngineConfig;
 use specmla_core::engine::{
-    BatchContext, DraftOracle, DraftQuery, EngineError, EngineOptions, Executor,
+    BatchContext, DraftOracle, DraftQuery, EngineError, EngineOptions, Executor, StepOutcome,
 };
 use specmla_core::fault::Faults;
 use specmla_core::grammar::{GrammarState, TokenAutomaton};
+use specmla_gpu::GpuBackend;
 use specmla_sim::backend::{CpuBackend, CpuBackendError};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
-use specmla_sim::runner::{cache_bytes, weight_bytes, CACHE_LIMIT_BYTES};
+use specmla_sim::runner::{
+    cache_bytes, weight_bytes, BackendErrorKind, DeviceBackend, CACHE_LIMIT_BYTES,
+};
 use specmla_sim::scenarios::grammar_from_seed;
 use specmla_traces::{StepRecord, TraceHeader};
 
@@ -26,12 +29,11 @@ pub enum ReplayError {
     Config(String),
     #[error("the trace's config is invalid: {0}")]
     Invalid(#[from] specmla_core::error::ConfigError),
-    #[error("step {step}: {source}")]
-    Engine {
-        step: u64,
-        #[source]
-        source: EngineError<CpuBackendError>,
-    },
+    #[error("step {step}: {message}")]
+    Engine { step: u64, message: String },
+    /// The backend cannot be used here (no GPU, no driver, out of memory).
+    #[error("{0}")]
+    Environment(String),
     #[error("step {step}: {reason}")]
     BadRecord { step: u64, reason: String },
 }
@@ -43,6 +45,56 @@ pub struct StepFindings {
     pub violations: Vec<String>,
     /// Mismatches of the shadow runs.
     pub cross_checks: Vec<String>,
+    /// Target logits per `(req_id, sample index in the row)`: what a cross-backend
+    /// replay needs to tell a near-tie from a real token difference.
+    pub target_logits: BTreeMap<(u64, usize), Vec<f32>>,
+    /// The drafter's own logits per `(req_id, draft index)`.
+    pub draft_logits: BTreeMap<(u64, usize), Vec<f32>>,
+}
+
+/// The executor on either backend.
+enum Exec {
+    Cpu(Executor<CpuBackend>),
+    Gpu(Box<Executor<GpuBackend>>),
+}
+
+fn engine_error<E>(step: u64, e: EngineError<E>) -> ReplayError
+where
+    E: std::error::Error + BackendErrorKind + 'static,
+{
+    match &e {
+        EngineError::Backend(b) if b.is_environment() => ReplayError::Environment(e.to_string()),
+        _ => ReplayError::Engine {
+            step,
+            message: e.to_string(),
+        },
+    }
+}
+
+impl Exec {
+    fn config(&self) -> &EngineConfig {
+        match self {
+            Exec::Cpu(e) => e.config(),
+            Exec::Gpu(e) => e.config(),
+        }
+    }
+
+    fn execute(
+        &mut self,
+        step: u64,
+        batch: ScheduledBatch,
+        ctx: &ReplayContext,
+        oracle: &mut RecordedOracle,
+    ) -> Result<StepOutcome, ReplayError> {
+        match self {
+            Exec::Cpu(e) => e
+                .execute(batch, ctx, oracle)
+                .map_err(|x| engine_error::<CpuBackendError>(step, x)),
+            Exec::Gpu(e) => e
+                .execute(batch, ctx, oracle)
+                .map_err(|x| engine_error(step, x)),
+        }
+    }
 }
 
 /// Grammar automata of the trace's requests, their recorded states, and the drafter's
@@ -73,9 +125,9 @@ impl DraftOracle for RecordedOracle {
     }
 }
 
-/// A CPU executor rebuilt from a trace header.
+/// An executor rebuilt from a trace header.
 pub struct Replayer {
-    exec: Executor<CpuBackend>,
+    exec: Exec,
     ctx: ReplayContext,
     tensors: bool,
 }
@@ -84,11 +136,19 @@ impl Replayer {
     /// Rebuilds config, weights and caches from `header`, with `faults` switched on
     /// (replacing the recorded ones).
     pub fn new(header: &TraceHeader, faults: Faults) -> Result<Self, ReplayError> {
+        Self::new_on(DeviceBackend::Cpu, header, faults)
+    }
+
+    /// [`Replayer::new`] on the chosen device backend.
+    pub fn new_on(
+        device: DeviceBackend,
+        header: &TraceHeader,
+        faults: Faults,
+    ) -> Result<Self, ReplayError> {
         let mut cfg = parse_config(header)?;
         cfg.faults = faults;
         let target = Arc::new(TargetModel::from_seed(&cfg.model, header.seed));
         let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, header.seed));
-        let backend = CpuBackend::new(&cfg, target, drafter);
         // The recording's shadow checks are not in the header, so the replay always runs
         // both: they are sound (idempotent KV writes) and only add evidence.
         let multi_step = cfg.spec.method == specmla_core::config::SpecMethod::MultiStep;
@@ -98,8 +158,19 @@ impl Replayer {
             check_drafter_batches: multi_step,
         };
         let vocab = cfg.model.vocab_size;
-        let exec = Executor::new(cfg, opts, backend)
-            .map_err(|source| ReplayError::Engine { step: 0, source })?;
+        let exec = match device {
+            DeviceBackend::Cpu => Exec::Cpu(
+                Executor::new(cfg.clone(), opts, CpuBackend::new(&cfg, target, drafter))
+                    .map_err(|e| engine_error::<CpuBackendError>(0, e))?,
+            ),
+            DeviceBackend::Gpu => {
+                let backend = GpuBackend::new(&cfg, target, drafter)
+                    .map_err(|e| ReplayError::Environment(format!("--gpu: {e}")))?;
+                Exec::Gpu(Box::new(
+                    Executor::new(cfg, opts, backend).map_err(|e| engine_error(0, e))?,
+                ))
+            }
+        };
         let automata = header
             .workload
             .iter()
@@ -163,13 +234,7 @@ impl Replayer {
             .map(|f| ((f.req_id, f.position), f.token))
             .collect();
         let mut oracle = RecordedOracle(forced);
-        let out = self
-            .exec
-            .execute(batch, &self.ctx, &mut oracle)
-            .map_err(|source| ReplayError::Engine {
-                step: rec.step,
-                source,
-            })?;
+        let out = self.exec.execute(rec.step, batch, &self.ctx, &mut oracle)?;
         for (row, probs) in out.plan.rows.iter().zip(&out.proposal_probs) {
             self.ctx.draft_probs.insert(row.req_id, probs.clone());
         }
@@ -195,9 +260,51 @@ impl Replayer {
                     )
                 }))
                 .collect(),
+            target_logits: target_logits(&out),
+            draft_logits: draft_logits(&out),
         };
         Ok((step_record(&out, &forced, self.tensors), findings))
     }
+}
+
+fn target_logits(out: &StepOutcome) -> BTreeMap<(u64, usize), Vec<f32>> {
+    let mut m = BTreeMap::new();
+    for (r, row) in out.plan.rows.iter().enumerate() {
+        for (i, s) in out.plan.row_samples(r).enumerate() {
+            m.insert((row.req_id, i), out.target.logits_row(s).to_vec());
+        }
+    }
+    m
+}
+
+/// The drafter's logits behind each proposal: pass `p`, row `i` proposes draft `p` of
+/// its request; DFlash row `r` proposes drafts `0..K` from outputs `r * K ..`.
+fn draft_logits(out: &StepOutcome) -> BTreeMap<(u64, usize), Vec<f32>> {
+    let mut m = BTreeMap::new();
+    if let Some(d) = &out.dflash {
+        let k = d.block_len.saturating_sub(1);
+        if let Some(o) = out.drafter_outputs.first() {
+            for (r, &req) in d.req_ids.iter().enumerate() {
+                for j in 0..k {
+                    m.insert((req, j), o.logits_row(r * k + j).to_vec());
+                }
+            }
+        }
+        return m;
+    }
+    for (p, (pass, o)) in out
+        .drafter_passes
+        .iter()
+        .zip(&out.drafter_outputs)
+        .enumerate()
+    {
+        for (i, &req) in pass.req_ids.iter().enumerate() {
+            if (i + 1) * o.vocab_size <= o.logits.len() {
+                m.insert((req, p), o.logits_row(i).to_vec());
+            }
+        }
+    }
+    m
 }
 
 /// The engine config stored in a trace header.

@@ -114,12 +114,15 @@ fn damaged_files_are_one_line_errors() {
         &[&write("magic.bin", b"NOTATRACE-at-all-padding")],
         "not a specmla trace",
     );
-    let mut v2 = bytes.clone();
-    v2[8] = 2;
-    assert_exit2(
-        &[&write("v2.bin", &v2)],
-        "written by format 2, this reads 1",
-    );
+    // A version-1 trace (before the header named its backend) and a future one.
+    for (v, name) in [(1u8, "v1.bin"), (3, "v3.bin")] {
+        let mut old = bytes.clone();
+        old[8] = v;
+        assert_exit2(
+            &[&write(name, &old)],
+            &format!("written by format {v}, this reads 2"),
+        );
+    }
     let mut flip = bytes.clone();
     let mid = bytes.len() / 2;
     flip[mid] ^= 0x10;

@@ -22,7 +22,7 @@ pub struct PlanArgs {
     pub batch: PathBuf,
     /// Attention backend profile (see `sim list`).
     #[arg(long, value_parser = clap::builder::PossibleValuesParser::new(BackendProfile::ALL.map(|p| p.name())))]
-    pub backend: String,
+    pub profile: String,
     /// K, the number of speculative tokens (0: speculation off).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
     pub num_spec_tokens: u64,
@@ -148,7 +148,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
             },
             workspace_tokens: a.workspace_tokens,
         },
-        backends: vec![BackendProfile::from_name(&a.backend).expect("clap checked the name")],
+        backends: vec![BackendProfile::from_name(&a.profile).expect("clap checked the name")],
         cuda_graphs: true,
         max_capture_size_tokens: a.max_capture_size,
         decode_split_tokens: page,

@@ -12,7 +12,7 @@ use specmla_core::fault::Fault;
 
 use anyhow::Context;
 use specmla_sim::record::TraceSink;
-use specmla_sim::runner::{run_with, RunSummary, StepSink};
+use specmla_sim::runner::{run_on, DeviceBackend, RunSummary, StepSink};
 use specmla_sim::scenarios::{self, Scenario};
 
 /// Drafter batch mode on the command line.
@@ -20,6 +20,23 @@ use specmla_sim::scenarios::{self, Scenario};
 pub enum DrafterBatchArg {
     Padded,
     Compacted,
+}
+
+/// Device backend on the command line.
+#[derive(Clone, Copy, Debug, Default, ValueEnum)]
+pub enum DeviceArg {
+    #[default]
+    Cpu,
+    Gpu,
+}
+
+impl From<DeviceArg> for DeviceBackend {
+    fn from(d: DeviceArg) -> Self {
+        match d {
+            DeviceArg::Cpu => DeviceBackend::Cpu,
+            DeviceArg::Gpu => DeviceBackend::Gpu,
+        }
+    }
 }
 
 /// Row layout on the command line.
@@ -49,7 +66,10 @@ pub struct RunArgs {
     pub num_spec_tokens: Option<usize>,
     /// Attention backend profile (see `sim list`).
     #[arg(long, value_parser = backend_names())]
-    pub backend: Option<String>,
+    pub profile: Option<String>,
+    /// Device that executes the run: the CPU reference or the CUDA backend on GPU 0.
+    #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
+    pub backend: DeviceArg,
     /// Probability that a draft position proposes the oracle's greedy token.
     #[arg(long)]
     pub acceptance_rate: Option<f64>,
@@ -124,7 +144,7 @@ pub fn resolve_scenario(a: &RunArgs) -> Result<Scenario> {
         }
         s.cfg.spec.num_speculative_tokens = k;
     }
-    if let Some(b) = &a.backend {
+    if let Some(b) = &a.profile {
         s.cfg.backends = vec![BackendProfile::from_name(b).expect("clap checked the name")];
     }
     if let Some(r) = a.acceptance_rate {
@@ -190,7 +210,7 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
         ));
     };
     if a.check_determinism {
-        return check_determinism(&s, a.seed);
+        return check_determinism(&s, a.seed, a.backend.into());
     }
     let mut sink = match &a.trace {
         Some(path) => {
@@ -203,7 +223,8 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    let result = run_with(
+    let result = run_on(
+        a.backend.into(),
         &s,
         a.seed,
         sink.as_mut().map(|x| x as &mut dyn StepSink),
@@ -233,7 +254,12 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
 
 fn print_summary(s: &RunSummary) {
     let st = &s.stats;
-    say!("scenario {}  seed {}", s.scenario, s.seed);
+    say!(
+        "scenario {}  seed {}  backend {}",
+        s.scenario,
+        s.seed,
+        s.backend
+    );
     say!(
         "  requests            {} ({} finished)",
         st.requests,
@@ -307,11 +333,11 @@ fn print_summary(s: &RunSummary) {
 }
 
 /// Runs the scenario twice into memory and compares the traces record by record.
-fn check_determinism(s: &Scenario, seed: u64) -> Result<ExitCode> {
+fn check_determinism(s: &Scenario, seed: u64, device: DeviceBackend) -> Result<ExitCode> {
     let mut traces = Vec::new();
     for _ in 0..2 {
         let mut sink = TraceSink::new(Vec::new(), false);
-        match run_with(s, seed, Some(&mut sink), |_| {}) {
+        match run_on(device, s, seed, Some(&mut sink), |_| {}) {
             Err(e) if e.is_engine_failure() => {
                 eprintln!("FAIL: {e}");
                 return Ok(ExitCode::from(1));

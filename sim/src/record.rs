@@ -23,6 +23,7 @@ pub fn trace_header(
     seed: u64,
     workload: &[RequestSpec],
     tensors: bool,
+    backend: &str,
 ) -> TraceHeader {
     TraceHeader {
         format_version: FORMAT_VERSION,
@@ -43,6 +44,7 @@ pub fn trace_header(
                 grammar_seed: r.grammar.as_ref().map(|g| g.automaton.seed),
             })
             .collect(),
+        backend: backend.to_string(),
     }
 }
 

@@ -1,11 +1,16 @@
-//! Runs a scenario end to end on the CPU backend: builds models, engine and checker,
-//! steps to completion, and summarizes what happened and which checks passed.
+//! Runs a scenario end to end on the CPU or the CUDA backend: builds models, engine and
+//! checker, steps to completion, and summarizes what happened and which checks passed.
+//! The checks are the same on both backends.
 
 use std::sync::Arc;
 
 use serde::Serialize;
+use specmla_core::backend::Backend;
+use specmla_core::config::EngineConfig;
 use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
+use specmla_core::request::RequestSpec;
 use specmla_core::scheduler::{validate_workload, WorkloadError};
+use specmla_gpu::{GpuBackend, GpuBackendError};
 
 use crate::backend::{CpuBackend, CpuBackendError};
 use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tally, Tolerances};
@@ -24,10 +29,69 @@ pub enum RunError {
     Workload(#[from] WorkloadError),
     #[error("the KV caches and weights would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or the block count")]
     CacheTooLarge(u64),
-    #[error(transparent)]
-    Engine(#[from] EngineError<CpuBackendError>),
+    /// The engine failed mid-run (a failed run: exit 1).
+    #[error("{0}")]
+    Engine(String),
+    /// The backend could not be used (no GPU, no driver, out of memory: exit 2).
+    #[error("{0}")]
+    Environment(String),
     #[error("trace: {0}")]
     Trace(#[from] specmla_traces::TraceError),
+}
+
+/// Which device executes a run.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub enum DeviceBackend {
+    /// The CPU reference backend.
+    #[default]
+    Cpu,
+    /// The CUDA backend on GPU 0.
+    Gpu,
+}
+
+impl DeviceBackend {
+    /// The kind recorded in trace headers.
+    pub fn name(self) -> &'static str {
+        match self {
+            DeviceBackend::Cpu => "cpu",
+            DeviceBackend::Gpu => "gpu",
+        }
+    }
+
+    /// The kind named `name` ("cpu" or "gpu").
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "cpu" => Some(DeviceBackend::Cpu),
+            "gpu" => Some(DeviceBackend::Gpu),
+            _ => None,
+        }
+    }
+}
+
+/// Whether a backend error is the environment's (exit 2) rather than the engine's.
+pub trait BackendErrorKind {
+    fn is_environment(&self) -> bool;
+}
+
+impl BackendErrorKind for CpuBackendError {
+    fn is_environment(&self) -> bool {
+        false
+    }
+}
+
+impl BackendErrorKind for GpuBackendError {
+    fn is_environment(&self) -> bool {
+        GpuBackendError::is_environment(self)
+    }
+}
+
+impl<E: std::error::Error + BackendErrorKind + 'static> From<EngineError<E>> for RunError {
+    fn from(e: EngineError<E>) -> Self {
+        match &e {
+            EngineError::Backend(b) if b.is_environment() => RunError::Environment(e.to_string()),
+            _ => RunError::Engine(e.to_string()),
+        }
+    }
 }
 
 /// Receives every step of a run (a trace writer, a determinism check).
@@ -148,6 +212,8 @@ impl RunStats {
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSummary {
     pub scenario: String,
+    /// "cpu" or "gpu".
+    pub backend: String,
     pub seed: u64,
     pub stats: RunStats,
     pub mean_acceptance_length: f64,
@@ -176,12 +242,23 @@ pub fn run(
     run_with(scenario, seed, None, on_step)
 }
 
-/// [`run`], also feeding every step to `sink` (trace recording).
+/// [`run`] on the CPU backend, also feeding every step to `sink` (trace recording).
 pub fn run_with(
     scenario: &Scenario,
     seed: u64,
-    mut sink: Option<&mut dyn StepSink>,
-    mut on_step: impl FnMut(&RunStats),
+    sink: Option<&mut dyn StepSink>,
+    on_step: impl FnMut(&RunStats),
+) -> Result<RunSummary, RunError> {
+    run_on(DeviceBackend::Cpu, scenario, seed, sink, on_step)
+}
+
+/// [`run_with`] on the chosen device backend.
+pub fn run_on(
+    device: DeviceBackend,
+    scenario: &Scenario,
+    seed: u64,
+    sink: Option<&mut dyn StepSink>,
+    on_step: impl FnMut(&RunStats),
 ) -> Result<RunSummary, RunError> {
     let cfg = scenario.cfg.clone();
     cfg.validate()?;
@@ -193,50 +270,104 @@ pub fn run_with(
     }
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
-    let oracle = Arc::new(Oracle::new(&target));
-    let greedy = cfg.spec.temperature == 0.0;
-    let mut checker = SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, greedy);
-    let opts = EngineOptions {
-        check_layouts: scenario.check_layouts,
-        check_drafter_batches: scenario.check_drafter_batches
-            && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep,
+    let run = Run {
+        scenario,
         seed,
+        device,
+        cfg: &cfg,
+        workload,
+        oracle: Arc::new(Oracle::new(&target)),
     };
-    if let Some(sink) = sink.as_deref_mut() {
-        sink.begin(trace_header(scenario, &cfg, seed, &workload, false))?;
-    }
-    let backend = CpuBackend::new(&cfg, target, drafter);
-    let mut engine = Engine::new(cfg, opts, workload.clone(), backend)?;
-    let mut stats = RunStats {
-        requests: workload.len(),
-        ..Default::default()
-    };
-    while stats.steps < scenario.max_steps {
-        let Some(outcome) = engine.step(&mut checker)? else {
-            break;
-        };
-        checker.check_step(&outcome, opts.check_layouts, opts.check_drafter_batches);
-        let forced = std::mem::take(&mut checker.forced_log);
-        if let Some(sink) = sink.as_deref_mut() {
-            sink.step(&outcome, &forced)?;
+    match device {
+        DeviceBackend::Cpu => run.drive(CpuBackend::new(&cfg, target, drafter), sink, on_step),
+        DeviceBackend::Gpu => {
+            let backend = GpuBackend::new(&cfg, target, drafter)
+                .map_err(|e| RunError::Environment(format!("--backend gpu: {e}")))?;
+            run.drive(backend, sink, on_step)
         }
-        stats.absorb(&outcome);
-        on_step(&stats);
     }
-    if let Some(sink) = sink {
-        sink.end()?;
+}
+
+/// One run's inputs, shared by both backends.
+struct Run<'a> {
+    scenario: &'a Scenario,
+    seed: u64,
+    device: DeviceBackend,
+    cfg: &'a EngineConfig,
+    workload: Vec<RequestSpec>,
+    oracle: Arc<Oracle>,
+}
+
+impl Run<'_> {
+    fn drive<B>(
+        self,
+        backend: B,
+        mut sink: Option<&mut dyn StepSink>,
+        mut on_step: impl FnMut(&RunStats),
+    ) -> Result<RunSummary, RunError>
+    where
+        B: Backend,
+        B::Error: BackendErrorKind,
+    {
+        let (scenario, seed, cfg) = (self.scenario, self.seed, self.cfg);
+        let greedy = cfg.spec.temperature == 0.0;
+        let mut checker = SimChecker::new(
+            self.oracle,
+            &self.workload,
+            seed,
+            scenario.acceptance_rate,
+            greedy,
+        );
+        let opts = EngineOptions {
+            check_layouts: scenario.check_layouts,
+            check_drafter_batches: scenario.check_drafter_batches
+                && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep,
+            seed,
+        };
+        if let Some(sink) = sink.as_deref_mut() {
+            let header = trace_header(
+                scenario,
+                cfg,
+                seed,
+                &self.workload,
+                false,
+                self.device.name(),
+            );
+            sink.begin(header)?;
+        }
+        let mut stats = RunStats {
+            requests: self.workload.len(),
+            ..Default::default()
+        };
+        let mut engine = Engine::new(cfg.clone(), opts, self.workload, backend)?;
+        while stats.steps < scenario.max_steps {
+            let Some(outcome) = engine.step(&mut checker)? else {
+                break;
+            };
+            checker.check_step(&outcome, opts.check_layouts, opts.check_drafter_batches);
+            let forced = std::mem::take(&mut checker.forced_log);
+            if let Some(sink) = sink.as_deref_mut() {
+                sink.step(&outcome, &forced)?;
+            }
+            stats.absorb(&outcome);
+            on_step(&stats);
+        }
+        if let Some(sink) = sink {
+            sink.end()?;
+        }
+        Ok(RunSummary {
+            scenario: scenario.name.to_string(),
+            backend: self.device.name().to_string(),
+            seed,
+            mean_acceptance_length: stats.mean_acceptance_length(),
+            hit_step_limit: !engine.scheduler().is_done(),
+            stats,
+            checks: checker.tallies.iter().map(|(k, t)| (*k, *t)).collect(),
+            num_failures: checker.num_failures,
+            failures: checker.failures.clone(),
+            near_ties: checker.near_ties.clone(),
+            max_logit_error: checker.max_logit_error,
+            tolerances: checker.tolerances(),
+        })
     }
-    Ok(RunSummary {
-        scenario: scenario.name.to_string(),
-        seed,
-        mean_acceptance_length: stats.mean_acceptance_length(),
-        hit_step_limit: !engine.scheduler().is_done(),
-        stats,
-        checks: checker.tallies.iter().map(|(k, t)| (*k, *t)).collect(),
-        num_failures: checker.num_failures,
-        failures: checker.failures.clone(),
-        near_ties: checker.near_ties.clone(),
-        max_logit_error: checker.max_logit_error,
-        tolerances: checker.tolerances(),
-    })
 }

@@ -92,7 +92,7 @@ fn list_names_scenarios_and_profiles() {
 #[test]
 fn unknown_values_list_the_valid_ones() {
     assert_bad_input(&["--scenario", "nope"], &["mixed_mtp", "dflash"]);
-    assert_bad_input(&["--backend", "nope"], &["flashmla", "triton-mla"]);
+    assert_bad_input(&["--profile", "nope"], &["flashmla", "triton-mla"]);
     assert_bad_input(&["--drafter-batch", "sideways"], &["padded", "compacted"]);
     assert_bad_input(&["--seed", "-3"], &["--seed"]);
     assert_bad_input(&["--frobnicate"], &["--frobnicate"]);
@@ -101,7 +101,7 @@ fn unknown_values_list_the_valid_ones() {
 #[test]
 fn impossible_configs_fail_at_start_up_with_one_line() {
     assert_bad_input(
-        &["--scenario", "dflash", "--backend", "flashmla"],
+        &["--scenario", "dflash", "--profile", "flashmla"],
         &["non-causal", "flashmla"],
     );
     assert_bad_input(
@@ -122,7 +122,7 @@ fn impossible_configs_fail_at_start_up_with_one_line() {
         &["--max-model-len", "100000000"],
         &["max_model_len", "above"],
     );
-    let o = sim(&["--scenario", "dflash", "--backend", "cutlass-mla"]);
+    let o = sim(&["--scenario", "dflash", "--profile", "cutlass-mla"]);
     assert_eq!(
         stderr(&o).lines().count(),
         1,
@@ -145,7 +145,7 @@ fn plan_explains_a_batch() {
         "plan",
         "--batch",
         f.to_str().unwrap(),
-        "--backend",
+        "--profile",
         "flashinfer-mla",
         "--num-spec-tokens",
         "3",
@@ -191,7 +191,7 @@ fn plan_on_single_only_sends_verify_rows_to_prefill() {
         "plan",
         "--batch",
         f.to_str().unwrap(),
-        "--backend",
+        "--profile",
         "cutlass-mla",
         "--num-spec-tokens",
         "3",
@@ -216,7 +216,7 @@ fn plan_dispatches_uniform_verify_batches_onto_graphs() {
         "plan",
         "--batch",
         f.to_str().unwrap(),
-        "--backend",
+        "--profile",
         "flashmla",
         "--num-spec-tokens",
         "3",
@@ -264,7 +264,7 @@ fn malformed_batches_name_the_field() {
                 "plan",
                 "--batch",
                 f.to_str().unwrap(),
-                "--backend",
+                "--profile",
                 "flashmla",
                 "--num-spec-tokens",
                 "1",
@@ -277,7 +277,7 @@ fn malformed_batches_name_the_field() {
             "plan",
             "--batch",
             "/nonexistent/x.json",
-            "--backend",
+            "--profile",
             "flashmla",
             "--num-spec-tokens",
             "1",
@@ -293,7 +293,7 @@ fn malformed_batches_name_the_field() {
             "plan",
             "--batch",
             f.to_str().unwrap(),
-            "--backend",
+            "--profile",
             "cutlass-mla",
             "--num-spec-tokens",
             "1",

@@ -28,6 +28,10 @@ pub struct TraceHeader {
     pub trace_tensors: bool,
     /// The requests of the run, in submission order.
     pub workload: Vec<TraceRequest>,
+    /// The backend that executed the run: "cpu" or "gpu" (the kind only, so traces of
+    /// one seed from two GPUs compare). A replay on the same kind compares bit for bit,
+    /// on the other kind within stated tolerances.
+    pub backend: String,
 }
 
 /// One request of the workload.

@@ -117,19 +117,29 @@ fn wrong_magic_is_not_a_trace() {
 #[test]
 fn a_future_version_gets_the_version_message() {
     let (mut bytes, _) = encode(&sample_header(), &sample_records(1));
-    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
     let err = read_all_from(&bytes[..], None).unwrap_err();
     assert!(matches!(
         err,
         TraceError::Version {
-            written: 2,
-            reads: 1
+            written: 3,
+            reads: 2
         }
     ));
-    assert_eq!(err.to_string(), "trace written by format 2, this reads 1");
+    assert_eq!(err.to_string(), "trace written by format 3, this reads 2");
     // Only the prefix up to the version is needed to tell.
     let err = read_all_from(&bytes[..12], None).unwrap_err();
-    assert!(matches!(err, TraceError::Version { written: 2, .. }));
+    assert!(matches!(err, TraceError::Version { written: 3, .. }));
+}
+
+#[test]
+fn a_version_1_trace_without_a_backend_is_refused_by_version() {
+    // Version 1 headers had no `backend` field; read as version 2 they would misparse,
+    // so the version check must stop them first.
+    let (mut bytes, _) = encode(&sample_header(), &sample_records(1));
+    bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let err = read_all_from(&bytes[..], None).unwrap_err();
+    assert_eq!(err.to_string(), "trace written by format 1, this reads 2");
 }
 
 /// A valid header followed by a record block prefix declaring `len` and a few bytes.

@@ -27,6 +27,7 @@ pub fn sample_header() -> TraceHeader {
             arrival_step: 0,
             grammar_seed: Some(3),
         }],
+        backend: "cpu".into(),
     }
 }
 
@@ -191,9 +192,20 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
         finite_f64(),
         any::<bool>(),
         vec(request(), 0..4),
+        prop_oneof![Just("cpu".to_string()), Just("gpu".to_string())],
     )
         .prop_map(
-            |(tool_version, scenario, seed, config_json, faults, rate, tensors, workload)| {
+            |(
+                tool_version,
+                scenario,
+                seed,
+                config_json,
+                faults,
+                rate,
+                tensors,
+                workload,
+                backend,
+            )| {
                 TraceHeader {
                     format_version: FORMAT_VERSION,
                     tool_version,
@@ -204,6 +216,7 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
                     acceptance_rate: rate,
                     trace_tensors: tensors,
                     workload,
+                    backend,
                 }
             },
         )
