@@ -196,3 +196,21 @@ fn hand_edited_records_are_errors_not_panics() {
         assert_exit2(&[p.to_str().unwrap()], "step");
     }
 }
+
+#[test]
+fn gpu_replay_without_a_gpu_is_one_line_and_exit_2() {
+    let t = trace();
+    let t = t.to_string_lossy();
+    let o = bin("replay", &["--gpu", &t]);
+    if o.status.code() != Some(0) {
+        assert_exit2(&["--gpu", &t], "--gpu: ");
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    } else {
+        assert!(String::from_utf8_lossy(&o.stdout).contains("replayed on gpu"));
+    }
+    assert_exit2(
+        &["--gpu", "--bisect", "-o", "/tmp/never.bin", &t],
+        "CPU backend only",
+    );
+}

@@ -321,3 +321,17 @@ fn trace_and_determinism_flags() {
     );
     assert_bad_input(&["--trace-tensors"], &["--trace"]);
 }
+
+#[test]
+fn gpu_backend_without_a_gpu_is_one_line_and_exit_2() {
+    let o = sim(&["--backend", "gpu", "--steps", "2"]);
+    if o.status.code() == Some(0) {
+        // A machine with a GPU ran it; the device results are in BENCHMARKS.md.
+        assert!(String::from_utf8_lossy(&o.stdout).contains("backend gpu"));
+        return;
+    }
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: --backend gpu: "), "{err}");
+}
