@@ -371,7 +371,11 @@ fn first_layer_beyond_tolerance(
             continue;
         }
         let width = a.len() / tokens;
-        let beyond = |x: f32, y: f32| !((x - y).abs() <= CROSS_ATOL + CROSS_RTOL * x.abs());
+        // NaN on either side is beyond any tolerance.
+        let beyond = |x: f32, y: f32| {
+            let d = (x - y).abs();
+            d.is_nan() || d > CROSS_ATOL + CROSS_RTOL * x.abs()
+        };
         let rows: Vec<DivergentRow> = ranges
             .iter()
             .enumerate()

@@ -54,7 +54,7 @@ pub struct StepFindings {
 
 /// The executor on either backend.
 enum Exec {
-    Cpu(Executor<CpuBackend>),
+    Cpu(Box<Executor<CpuBackend>>),
     Gpu(Box<Executor<GpuBackend>>),
 }
 
@@ -159,10 +159,10 @@ impl Replayer {
         };
         let vocab = cfg.model.vocab_size;
         let exec = match device {
-            DeviceBackend::Cpu => Exec::Cpu(
+            DeviceBackend::Cpu => Exec::Cpu(Box::new(
                 Executor::new(cfg.clone(), opts, CpuBackend::new(&cfg, target, drafter))
                     .map_err(|e| engine_error::<CpuBackendError>(0, e))?,
-            ),
+            )),
             DeviceBackend::Gpu => {
                 let backend = GpuBackend::new(&cfg, target, drafter)
                     .map_err(|e| ReplayError::Environment(format!("--gpu: {e}")))?;
