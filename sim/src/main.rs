@@ -1,4 +1,4 @@
-//! `sim`: run a built-in scenario on the CPU reference backend with every check on,
+//! `sim`: run a built-in scenario on the CPU reference backend (or the CUDA one) with every check on,
 //! list scenarios and profiles, or explain how one batch is planned.
 //!
 //! Exit codes: 0 all checks passed, 1 a check failed, 2 bad input or environment.
