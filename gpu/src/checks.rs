@@ -291,11 +291,33 @@ fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// An allocation far beyond any device must fail with an error naming it, not abort.
+pub fn check_out_of_memory(dev: &GpuDevice) -> CaseResult {
+    let bytes = 1usize << 50;
+    let (passed, case) =
+        match crate::launch::Buf::<f32>::uninit(dev, bytes / 4, "a 1 PiB test buffer") {
+            Ok(_) => (false, "a 1 PiB allocation succeeded".to_string()),
+            Err(e) => {
+                let msg = e.to_string();
+                let ok = matches!(e, GpuError::OutOfMemory { .. })
+                    && msg.contains("a 1 PiB test buffer");
+                (ok && msg.lines().count() == 1, msg)
+            }
+        };
+    CaseResult {
+        kernel: "environment",
+        case,
+        max_rel_err: 0.0,
+        passed,
+    }
+}
+
 /// Every kernel check over the grid of shapes: attention kernels against f64, dense
 /// kernels against the CPU model's f32 blocks.
 pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     let k = Kernels::load(dev)?;
-    let mut results = crate::checks_dense::run_dense(dev, &k)?;
+    let mut results = vec![check_out_of_memory(dev)];
+    results.extend(crate::checks_dense::run_dense(dev, &k)?);
     for (i, (dim, tokens)) in [(40, 1), (40, 37), (576, 130)].into_iter().enumerate() {
         results.push(check_kv_write(dev, &k, dim, tokens, i as u64)?);
     }

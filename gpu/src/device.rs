@@ -14,6 +14,8 @@ pub const COMMON_SRC: &str = include_str!("../kernels/common.cuh");
 pub enum GpuError {
     #[error("no CUDA driver: {0}")]
     NoDriver(String),
+    #[error("the NVIDIA driver supports CUDA {found}, specmla needs CUDA {needs} or newer (update the driver)")]
+    DriverTooOld { found: String, needs: String },
     #[error("no usable CUDA device: {0}")]
     NoDevice(String),
     #[error("NVRTC could not be loaded: {0}")]
@@ -66,6 +68,34 @@ impl GpuError {
     }
 }
 
+/// The CUDA version the bindings were built for (the `cuda-13000` feature).
+pub const NEEDED_CUDA_VERSION: i32 = 13_000;
+
+fn cuda_version(v: i32) -> String {
+    format!("{}.{}", v / 1000, v % 1000 / 10)
+}
+
+/// A driver older than the bindings would fail later on a missing symbol (a panic
+/// inside cudarc); asking its version first turns that into one line.
+fn check_driver_version() -> Result<(), GpuError> {
+    let mut v = 0;
+    // SAFETY: the library is present (checked by the caller); cuDriverGetVersion exists
+    // in every driver and only writes the int it is given.
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    if r != cudarc::driver::sys::cudaError_enum::CUDA_SUCCESS {
+        return Err(GpuError::NoDriver(format!(
+            "cuDriverGetVersion failed: {r:?}"
+        )));
+    }
+    if v < NEEDED_CUDA_VERSION {
+        return Err(GpuError::DriverTooOld {
+            found: cuda_version(v),
+            needs: cuda_version(NEEDED_CUDA_VERSION),
+        });
+    }
+    Ok(())
+}
+
 /// An open device: its context, a stream, and the NVRTC arch of the device.
 pub struct GpuDevice {
     pub ctx: Arc<CudaContext>,
@@ -85,6 +115,7 @@ impl GpuDevice {
                 "libcuda could not be loaded (no NVIDIA driver on this machine)".into(),
             ));
         }
+        check_driver_version()?;
         // SAFETY: as above, for libnvrtc.
         if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
             return Err(GpuError::NoNvrtc(
@@ -144,5 +175,17 @@ impl GpuDevice {
         self.ctx
             .load_module(ptx)
             .map_err(GpuError::driver(format!("loading module {name}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_version;
+
+    #[test]
+    fn driver_versions_read_as_cuda_releases() {
+        assert_eq!(cuda_version(13_000), "13.0");
+        assert_eq!(cuda_version(12_040), "12.4");
+        assert_eq!(cuda_version(12_080), "12.8");
     }
 }

@@ -11,7 +11,12 @@ use specmla_gpu::{GpuDevice, GpuError};
 fn device(what: &str) -> Option<GpuDevice> {
     match GpuDevice::open(0) {
         Ok(d) => Some(d),
-        Err(e @ (GpuError::NoDriver(_) | GpuError::NoDevice(_) | GpuError::NoNvrtc(_))) => {
+        Err(
+            e @ (GpuError::NoDriver(_)
+            | GpuError::NoDevice(_)
+            | GpuError::NoNvrtc(_)
+            | GpuError::DriverTooOld { .. }),
+        ) => {
             // Straight to the stderr handle: the test harness captures `eprintln!`, and
             // the reason for skipping must show in CI logs.
             use std::io::Write;

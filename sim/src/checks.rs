@@ -37,6 +37,13 @@ impl CheckKind {
     }
 }
 
+/// Largest |f32 logit - f64 oracle logit| accepted (oracle agreement).
+pub const LOGIT_ABS_TOLERANCE: f64 = 2e-3;
+/// A logit margin below this is a near-tie: a token mismatch there is reported, not
+/// failed. `sim` applies it to the oracle's top-2 margin; a cross-backend `replay` to
+/// the replayed logits of the recorded and the replayed token.
+pub const NEAR_TIE_MARGIN: f64 = 1e-3;
+
 /// Stated tolerances.
 #[derive(Clone, Copy, Debug, Serialize)]
 pub struct Tolerances {
@@ -50,8 +57,8 @@ pub struct Tolerances {
 impl Default for Tolerances {
     fn default() -> Self {
         Self {
-            logit_abs: 2e-3,
-            near_tie_margin: 1e-3,
+            logit_abs: LOGIT_ABS_TOLERANCE,
+            near_tie_margin: NEAR_TIE_MARGIN,
         }
     }
 }

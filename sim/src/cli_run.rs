@@ -10,9 +10,13 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use specmla_core::config::{BackendProfile, DrafterBatch, RowLayout, SpecMethod};
 use specmla_core::fault::Fault;
 
+use std::sync::Arc;
+
 use anyhow::Context;
+use specmla_core::config::EngineConfig;
+use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::TraceSink;
-use specmla_sim::runner::{run_on, DeviceBackend, RunSummary, StepSink};
+use specmla_sim::runner::{cpu_backend, run_with, RunBackend, RunStats, RunSummary, StepSink};
 use specmla_sim::scenarios::{self, Scenario};
 
 /// Drafter batch mode on the command line.
@@ -25,19 +29,20 @@ pub enum DrafterBatchArg {
 /// Device backend on the command line.
 #[derive(Clone, Copy, Debug, Default, ValueEnum)]
 pub enum DeviceArg {
+    /// The CPU reference backend.
     #[default]
     Cpu,
+    /// The CUDA backend on GPU 0.
     Gpu,
 }
 
-impl From<DeviceArg> for DeviceBackend {
-    fn from(d: DeviceArg) -> Self {
-        match d {
-            DeviceArg::Cpu => DeviceBackend::Cpu,
-            DeviceArg::Gpu => DeviceBackend::Gpu,
-        }
-    }
-}
+/// A backend factory, as [`run_with`] takes it (a plain `fn`, so a determinism check
+/// can build the backend twice).
+type Factory<B> = fn(
+    &EngineConfig,
+    Arc<TargetModel>,
+    Arc<DrafterModel>,
+) -> Result<B, <B as specmla_core::backend::Backend>::Error>;
 
 /// Row layout on the command line.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -192,9 +197,22 @@ pub fn resolve_scenario(a: &RunArgs) -> Result<Scenario> {
     Ok(s)
 }
 
-/// Runs the scenario; exit 0 when every check passed, 1 otherwise.
+/// Runs the scenario on the `--backend` device; exit 0 when every check passed, 1
+/// otherwise.
 pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
     let s = resolve_scenario(a)?;
+    match a.backend {
+        DeviceArg::Cpu => run_on(a, &s, cpu_backend),
+        #[cfg(feature = "gpu")]
+        DeviceArg::Gpu => run_on(a, &s, specmla_gpu::GpuBackend::new),
+        #[cfg(not(feature = "gpu"))]
+        DeviceArg::Gpu => {
+            bail!("--backend gpu: this sim was built without the `gpu` feature")
+        }
+    }
+}
+
+fn run_on<B: RunBackend>(a: &RunArgs, s: &Scenario, make: Factory<B>) -> Result<ExitCode> {
     let bar = ProgressBar::new(s.max_steps);
     if !std::io::stderr().is_terminal() || a.json {
         bar.set_draw_target(ProgressDrawTarget::hidden());
@@ -202,7 +220,7 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
     bar.set_style(
         ProgressStyle::with_template("{spinner} step {pos} {msg}").expect("static template"),
     );
-    let progress = |st: &specmla_sim::runner::RunStats| {
+    let progress = |st: &RunStats| {
         bar.set_position(st.steps);
         bar.set_message(format!(
             "{} / {} requests finished",
@@ -210,7 +228,7 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
         ));
     };
     if a.check_determinism {
-        return check_determinism(&s, a.seed, a.backend.into());
+        return check_determinism(s, a.seed, make);
     }
     let mut sink = match &a.trace {
         Some(path) => {
@@ -223,10 +241,10 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
         }
         None => None,
     };
-    let result = run_on(
-        a.backend.into(),
-        &s,
+    let result = run_with(
+        s,
         a.seed,
+        make,
         sink.as_mut().map(|x| x as &mut dyn StepSink),
         progress,
     );
@@ -237,7 +255,17 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
             eprintln!("FAIL: {e}");
             return Ok(ExitCode::from(1));
         }
-        Err(e) => return Err(e.into()),
+        Err(e) => {
+            bar.finish_and_clear();
+            // A run that never started (no GPU, say) leaves no empty trace behind.
+            if let Some(p) = &a.trace {
+                drop(sink);
+                if std::fs::metadata(p).is_ok_and(|m| m.len() == 0) {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+            return Err(e.into());
+        }
     };
     bar.finish_and_clear();
     if a.json {
@@ -260,6 +288,7 @@ fn print_summary(s: &RunSummary) {
         s.seed,
         s.backend
     );
+    say!("  device              {}", s.device);
     say!(
         "  requests            {} ({} finished)",
         st.requests,
@@ -333,11 +362,11 @@ fn print_summary(s: &RunSummary) {
 }
 
 /// Runs the scenario twice into memory and compares the traces record by record.
-fn check_determinism(s: &Scenario, seed: u64, device: DeviceBackend) -> Result<ExitCode> {
+fn check_determinism<B: RunBackend>(s: &Scenario, seed: u64, make: Factory<B>) -> Result<ExitCode> {
     let mut traces = Vec::new();
     for _ in 0..2 {
         let mut sink = TraceSink::new(Vec::new(), false);
-        match run_on(device, s, seed, Some(&mut sink), |_| {}) {
+        match run_with(s, seed, make, Some(&mut sink), |_| {}) {
             Err(e) if e.is_engine_failure() => {
                 eprintln!("FAIL: {e}");
                 return Ok(ExitCode::from(1));

@@ -1,6 +1,8 @@
-//! Runs a scenario end to end on the CPU or the CUDA backend: builds models, engine and
-//! checker, steps to completion, and summarizes what happened and which checks passed.
-//! The checks are the same on both backends.
+//! Runs a scenario end to end on any backend: builds models, engine and checker, steps
+//! to completion, and summarizes what happened and which checks passed. The caller
+//! passes a factory for the backend ([`run_with`]); the checks are the same on every
+//! backend. This library names no GPU type outside the `gpu` feature's one
+//! [`RunBackend`] impl: the `sim` binary resolves `--backend cpu|gpu` to a factory.
 
 use std::sync::Arc;
 
@@ -8,9 +10,7 @@ use serde::Serialize;
 use specmla_core::backend::Backend;
 use specmla_core::config::EngineConfig;
 use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
-use specmla_core::request::RequestSpec;
 use specmla_core::scheduler::{validate_workload, WorkloadError};
-use specmla_gpu::{GpuBackend, GpuBackendError};
 
 use crate::backend::{CpuBackend, CpuBackendError};
 use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tally, Tolerances};
@@ -20,7 +20,8 @@ use crate::record::trace_header;
 use crate::scenarios::{generate_workload, Scenario};
 use specmla_traces::TraceHeader;
 
-/// Why a run could not start or continue (bad input or environment: exit 2).
+/// Why a run could not start or continue. [`RunError::Engine`] is a failed run (exit 1);
+/// everything else is bad input or the environment (exit 2).
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
@@ -29,68 +30,69 @@ pub enum RunError {
     Workload(#[from] WorkloadError),
     #[error("the KV caches and weights would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or the block count")]
     CacheTooLarge(u64),
-    /// The engine failed mid-run (a failed run: exit 1).
+    /// The engine failed mid-run: a stall, or a backend error that is not the
+    /// environment's.
     #[error("{0}")]
     Engine(String),
-    /// The backend could not be used (no GPU, no driver, out of memory: exit 2).
+    /// The backend could not be created (no GPU, no driver, out of memory), or failed
+    /// mid-run because of the environment. The message names the backend:
+    /// `--backend gpu: no CUDA driver: ...`.
     #[error("{0}")]
     Environment(String),
     #[error("trace: {0}")]
     Trace(#[from] specmla_traces::TraceError),
 }
 
-/// Which device executes a run.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub enum DeviceBackend {
-    /// The CPU reference backend.
-    #[default]
-    Cpu,
-    /// The CUDA backend on GPU 0.
-    Gpu,
+/// What the runner and `replay` need from a backend beyond core's [`Backend`]: the kind
+/// a trace records, the device a report names, and which errors are the environment's.
+pub trait RunBackend: Backend {
+    /// The kind recorded in trace headers: `"cpu"` or `"gpu"`. Only the kind, so traces
+    /// of one seed from two machines of the same kind compare bit for bit.
+    const KIND: &'static str;
+    /// The device, for reports (never recorded in a trace).
+    fn device_name(&self) -> String;
+    /// Whether `e` is the environment's (no GPU, no driver, no compiler, out of device
+    /// memory: exit 2) rather than the engine's (a failed run: exit 1).
+    fn is_environment(e: &Self::Error) -> bool;
 }
 
-impl DeviceBackend {
-    /// The kind recorded in trace headers.
-    pub fn name(self) -> &'static str {
-        match self {
-            DeviceBackend::Cpu => "cpu",
-            DeviceBackend::Gpu => "gpu",
-        }
+impl RunBackend for CpuBackend {
+    const KIND: &'static str = "cpu";
+    fn device_name(&self) -> String {
+        "CPU reference (f32)".to_string()
     }
-
-    /// The kind named `name` ("cpu" or "gpu").
-    pub fn from_name(name: &str) -> Option<Self> {
-        match name {
-            "cpu" => Some(DeviceBackend::Cpu),
-            "gpu" => Some(DeviceBackend::Gpu),
-            _ => None,
-        }
-    }
-}
-
-/// Whether a backend error is the environment's (exit 2) rather than the engine's.
-pub trait BackendErrorKind {
-    fn is_environment(&self) -> bool;
-}
-
-impl BackendErrorKind for CpuBackendError {
-    fn is_environment(&self) -> bool {
+    fn is_environment(_: &CpuBackendError) -> bool {
         false
     }
 }
 
-impl BackendErrorKind for GpuBackendError {
-    fn is_environment(&self) -> bool {
-        GpuBackendError::is_environment(self)
+#[cfg(feature = "gpu")]
+impl RunBackend for specmla_gpu::GpuBackend {
+    const KIND: &'static str = "gpu";
+    fn device_name(&self) -> String {
+        specmla_gpu::GpuBackend::device_name(self).to_string()
+    }
+    fn is_environment(e: &specmla_gpu::GpuBackendError) -> bool {
+        e.is_environment()
     }
 }
 
-impl<E: std::error::Error + BackendErrorKind + 'static> From<EngineError<E>> for RunError {
-    fn from(e: EngineError<E>) -> Self {
-        match &e {
-            EngineError::Backend(b) if b.is_environment() => RunError::Environment(e.to_string()),
-            _ => RunError::Engine(e.to_string()),
+/// The factory of the CPU backend, in the shape [`run_with`] takes.
+pub fn cpu_backend(
+    cfg: &EngineConfig,
+    target: Arc<TargetModel>,
+    drafter: Arc<DrafterModel>,
+) -> Result<CpuBackend, CpuBackendError> {
+    Ok(CpuBackend::new(cfg, target, drafter))
+}
+
+/// An engine error of a run on `B`: the environment's (exit 2) or the engine's (exit 1).
+pub fn engine_error<B: RunBackend>(e: EngineError<B::Error>) -> RunError {
+    match &e {
+        EngineError::Backend(b) if B::is_environment(b) => {
+            RunError::Environment(format!("--backend {}: {e}", B::KIND))
         }
+        _ => RunError::Engine(e.to_string()),
     }
 }
 
@@ -212,8 +214,10 @@ impl RunStats {
 #[derive(Clone, Debug, Serialize)]
 pub struct RunSummary {
     pub scenario: String,
-    /// "cpu" or "gpu".
+    /// The backend kind, "cpu" or "gpu" (what a trace of the run records).
     pub backend: String,
+    /// The device that ran it, e.g. "NVIDIA H100 80GB HBM3" (reported, never recorded).
+    pub device: String,
     pub seed: u64,
     pub stats: RunStats,
     pub mean_acceptance_length: f64,
@@ -233,33 +237,31 @@ impl RunSummary {
     }
 }
 
-/// Runs `scenario` with `seed`, calling `on_step` after every step (progress bars).
+/// Runs `scenario` with `seed` on the CPU backend, calling `on_step` after every step
+/// (progress bars).
 pub fn run(
     scenario: &Scenario,
     seed: u64,
     on_step: impl FnMut(&RunStats),
 ) -> Result<RunSummary, RunError> {
-    run_with(scenario, seed, None, on_step)
+    run_with(scenario, seed, cpu_backend, None, on_step)
 }
 
-/// [`run`] on the CPU backend, also feeding every step to `sink` (trace recording).
-pub fn run_with(
+/// [`run`] on the backend `make` builds (after the config, workload and cache size are
+/// validated, from the config and the seed's weights), also feeding every step to
+/// `sink` (trace recording). A backend that cannot be created is
+/// [`RunError::Environment`], `--backend KIND: reason`.
+pub fn run_with<B, F>(
     scenario: &Scenario,
     seed: u64,
-    sink: Option<&mut dyn StepSink>,
-    on_step: impl FnMut(&RunStats),
-) -> Result<RunSummary, RunError> {
-    run_on(DeviceBackend::Cpu, scenario, seed, sink, on_step)
-}
-
-/// [`run_with`] on the chosen device backend.
-pub fn run_on(
-    device: DeviceBackend,
-    scenario: &Scenario,
-    seed: u64,
-    sink: Option<&mut dyn StepSink>,
-    on_step: impl FnMut(&RunStats),
-) -> Result<RunSummary, RunError> {
+    make: F,
+    mut sink: Option<&mut dyn StepSink>,
+    mut on_step: impl FnMut(&RunStats),
+) -> Result<RunSummary, RunError>
+where
+    B: RunBackend,
+    F: FnOnce(&EngineConfig, Arc<TargetModel>, Arc<DrafterModel>) -> Result<B, B::Error>,
+{
     let cfg = scenario.cfg.clone();
     cfg.validate()?;
     let workload = generate_workload(&scenario.workload, &cfg, seed);
@@ -270,104 +272,62 @@ pub fn run_on(
     }
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
-    let run = Run {
-        scenario,
+    let oracle = Arc::new(Oracle::new(&target));
+    // Bad input or the environment either way: the run never started.
+    let backend = make(&cfg, target, drafter)
+        .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
+    let device = backend.device_name();
+    let greedy = cfg.spec.temperature == 0.0;
+    let mut checker = SimChecker::new(
+        oracle,
+        &workload,
         seed,
-        device,
-        cfg: &cfg,
-        workload,
-        oracle: Arc::new(Oracle::new(&target)),
+        scenario.acceptance_rate,
+        greedy,
+    );
+    let opts = EngineOptions {
+        check_layouts: scenario.check_layouts,
+        check_drafter_batches: scenario.check_drafter_batches
+            && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep,
+        seed,
     };
-    match device {
-        DeviceBackend::Cpu => run.drive(CpuBackend::new(&cfg, target, drafter), sink, on_step),
-        DeviceBackend::Gpu => {
-            let backend = GpuBackend::new(&cfg, target, drafter)
-                .map_err(|e| RunError::Environment(format!("--backend gpu: {e}")))?;
-            run.drive(backend, sink, on_step)
-        }
+    if let Some(sink) = sink.as_deref_mut() {
+        sink.begin(trace_header(scenario, &cfg, seed, &workload, false, B::KIND))?;
     }
-}
-
-/// One run's inputs, shared by both backends.
-struct Run<'a> {
-    scenario: &'a Scenario,
-    seed: u64,
-    device: DeviceBackend,
-    cfg: &'a EngineConfig,
-    workload: Vec<RequestSpec>,
-    oracle: Arc<Oracle>,
-}
-
-impl Run<'_> {
-    fn drive<B>(
-        self,
-        backend: B,
-        mut sink: Option<&mut dyn StepSink>,
-        mut on_step: impl FnMut(&RunStats),
-    ) -> Result<RunSummary, RunError>
-    where
-        B: Backend,
-        B::Error: BackendErrorKind,
-    {
-        let (scenario, seed, cfg) = (self.scenario, self.seed, self.cfg);
-        let greedy = cfg.spec.temperature == 0.0;
-        let mut checker = SimChecker::new(
-            self.oracle,
-            &self.workload,
-            seed,
-            scenario.acceptance_rate,
-            greedy,
-        );
-        let opts = EngineOptions {
-            check_layouts: scenario.check_layouts,
-            check_drafter_batches: scenario.check_drafter_batches
-                && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep,
-            seed,
+    let mut stats = RunStats {
+        requests: workload.len(),
+        ..Default::default()
+    };
+    let mut engine =
+        Engine::new(cfg.clone(), opts, workload, backend).map_err(engine_error::<B>)?;
+    while stats.steps < scenario.max_steps {
+        let Some(outcome) = engine.step(&mut checker).map_err(engine_error::<B>)? else {
+            break;
         };
+        checker.check_step(&outcome, opts.check_layouts, opts.check_drafter_batches);
+        let forced = std::mem::take(&mut checker.forced_log);
         if let Some(sink) = sink.as_deref_mut() {
-            let header = trace_header(
-                scenario,
-                cfg,
-                seed,
-                &self.workload,
-                false,
-                self.device.name(),
-            );
-            sink.begin(header)?;
+            sink.step(&outcome, &forced)?;
         }
-        let mut stats = RunStats {
-            requests: self.workload.len(),
-            ..Default::default()
-        };
-        let mut engine = Engine::new(cfg.clone(), opts, self.workload, backend)?;
-        while stats.steps < scenario.max_steps {
-            let Some(outcome) = engine.step(&mut checker)? else {
-                break;
-            };
-            checker.check_step(&outcome, opts.check_layouts, opts.check_drafter_batches);
-            let forced = std::mem::take(&mut checker.forced_log);
-            if let Some(sink) = sink.as_deref_mut() {
-                sink.step(&outcome, &forced)?;
-            }
-            stats.absorb(&outcome);
-            on_step(&stats);
-        }
-        if let Some(sink) = sink {
-            sink.end()?;
-        }
-        Ok(RunSummary {
-            scenario: scenario.name.to_string(),
-            backend: self.device.name().to_string(),
-            seed,
-            mean_acceptance_length: stats.mean_acceptance_length(),
-            hit_step_limit: !engine.scheduler().is_done(),
-            stats,
-            checks: checker.tallies.iter().map(|(k, t)| (*k, *t)).collect(),
-            num_failures: checker.num_failures,
-            failures: checker.failures.clone(),
-            near_ties: checker.near_ties.clone(),
-            max_logit_error: checker.max_logit_error,
-            tolerances: checker.tolerances(),
-        })
+        stats.absorb(&outcome);
+        on_step(&stats);
     }
+    if let Some(sink) = sink {
+        sink.end()?;
+    }
+    Ok(RunSummary {
+        scenario: scenario.name.to_string(),
+        backend: B::KIND.to_string(),
+        device,
+        seed,
+        mean_acceptance_length: stats.mean_acceptance_length(),
+        hit_step_limit: !engine.scheduler().is_done(),
+        stats,
+        checks: checker.tallies.iter().map(|(k, t)| (*k, *t)).collect(),
+        num_failures: checker.num_failures,
+        failures: checker.failures.clone(),
+        near_ties: checker.near_ties.clone(),
+        max_logit_error: checker.max_logit_error,
+        tolerances: checker.tolerances(),
+    })
 }

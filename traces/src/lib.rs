@@ -18,5 +18,6 @@ pub use error::{Result, TraceError};
 pub use format::{FORMAT_VERSION, MAGIC, MAX_BLOCK_BYTES};
 pub use io::{read_all, read_all_from, Completeness, TraceReader, TraceWriter};
 pub use types::{
-    ForcedDraft, LayerDigest, RowPath, StepRecord, TraceFooter, TraceHeader, TraceRequest, TraceRow,
+    ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors, TraceFooter, TraceHeader,
+    TraceRequest, TraceRow,
 };

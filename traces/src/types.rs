@@ -138,9 +138,21 @@ pub struct StepRecord {
     pub layers: Vec<LayerDigest>,
     /// Digest of the drafter's inputs (primary passes) and its proposals.
     pub drafter_digest: u64,
-    /// With `trace_tensors`: per layer, the attention output as `[tokens, heads * v]`
-    /// flattened row-major.
-    pub tensors: Option<Vec<Vec<f32>>>,
+    /// With `trace_tensors`: the step's full attention outputs and logits.
+    pub tensors: Option<StepTensors>,
+}
+
+/// The full tensors of one step, stored when the header says `trace_tensors`, so a
+/// replay on another backend can compare values within a tolerance where digests of
+/// exact bits cannot.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepTensors {
+    /// Per layer, the attention output `[tokens, heads * v_head_dim]` flattened
+    /// row-major, tokens in plan order (planned row 0's tokens first).
+    pub attn_outputs: Vec<Vec<f32>>,
+    /// The target logits `[samples, vocab]` flattened row-major: for each planned row
+    /// that samples, in plan order, one row per sampled position (1 + its drafts).
+    pub logits: Vec<f32>,
 }
 
 /// Closes a complete trace; its absence means the run was cut short.

@@ -63,17 +63,20 @@ fn exact_float_bits_survive_including_nan_payloads() {
         0x7f80_0000,
     ];
     let mut rec = sample_records(1).remove(0);
-    rec.tensors = Some(vec![bits.iter().map(|&b| f32::from_bits(b)).collect()]);
+    let floats: Vec<f32> = bits.iter().map(|&b| f32::from_bits(b)).collect();
+    rec.tensors = Some(StepTensors {
+        attn_outputs: vec![floats.clone()],
+        logits: floats,
+    });
     let mut h = sample_header();
     h.acceptance_rate = f64::from_bits(0x7ff8_0000_0000_0042);
     let (bytes, _) = encode(&h, &[rec]);
     let (h2, r2, _) = read_all_from(&bytes[..], None).unwrap();
     assert_eq!(h2.acceptance_rate.to_bits(), 0x7ff8_0000_0000_0042);
-    let got: Vec<u32> = r2[0].tensors.as_ref().unwrap()[0]
-        .iter()
-        .map(|x| x.to_bits())
-        .collect();
-    assert_eq!(got, bits);
+    let t = r2[0].tensors.as_ref().unwrap();
+    let bits_of = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    assert_eq!(bits_of(&t.attn_outputs[0]), bits);
+    assert_eq!(bits_of(&t.logits), bits);
 }
 
 #[test]

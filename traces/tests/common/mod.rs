@@ -73,7 +73,10 @@ pub fn sample_record(step: u64) -> StepRecord {
             per_row: vec![step],
         }],
         drafter_digest: 5,
-        tensors: Some(vec![vec![step as f32, -0.5, 1e-3]]),
+        tensors: Some(StepTensors {
+            attn_outputs: vec![vec![step as f32, -0.5, 1e-3]],
+            logits: vec![0.25, -step as f32],
+        }),
     }
 }
 
@@ -287,7 +290,14 @@ pub fn record() -> impl Strategy<Value = StepRecord> {
         (any::<u64>(), nested(), small_u32s(), nested(), nested()),
         (vec(forced(), 0..3), any::<u64>(), any::<u64>()),
         (vec(layer(), 0..3), any::<u64>()),
-        proptest::option::of(vec(vec(finite_f32(), 0..8), 0..3)),
+        proptest::option::of(
+            (vec(vec(finite_f32(), 0..8), 0..3), vec(finite_f32(), 0..8)).prop_map(
+                |(attn_outputs, logits)| StepTensors {
+                    attn_outputs,
+                    logits,
+                },
+            ),
+        ),
     )
         .prop_map(
             |(
