@@ -1,12 +1,14 @@
-//! Shrinks a diverging trace to a minimal reproducer: the steps up to the first
-//! divergence, and the fewest requests that still diverge (delta debugging over request
-//! sets). Every candidate is re-recorded under the recorded faults, so the result
+//! Shrinks a diverging trace to a minimal reproducer, on the CPU backend: the steps up
+//! to the first divergence, and the fewest requests that still diverge (delta debugging
+//! over request sets). Every candidate is re-recorded under the recorded faults, so the result
 //! replays on its own: identical under the recorded faults, divergent under the
 //! replay's.
 
 use std::collections::BTreeSet;
 
 use specmla_core::fault::Faults;
+use specmla_sim::backend::CpuBackend;
+use specmla_sim::runner::RunBackend;
 use specmla_traces::{StepRecord, TraceHeader};
 
 use crate::replayer::{ReplayError, Replayer};
@@ -52,12 +54,14 @@ fn restrict(t: &Trace, keep: &BTreeSet<u64>, steps: usize) -> Trace {
     Trace { header, records }
 }
 
-/// Replays `t` under the faults it was recorded with and keeps the replay's records as
-/// the expected values, so a candidate stays what the original recording would have
-/// written for it.
+/// Replays `t` on the CPU under the faults it was recorded with and keeps the replay's
+/// records as the expected values, so a candidate stays what the original recording
+/// would have written for it, on the CPU: the header says so, and the result replays
+/// bit for bit there whichever backend recorded `t`.
 pub fn re_record(t: &Trace) -> Result<Trace, ReplayError> {
     let mut r = Replayer::new(&t.header, recorded_faults(&t.header))?;
-    let header = t.header.clone();
+    let mut header = t.header.clone();
+    header.backend = <CpuBackend as RunBackend>::KIND.to_string();
     let records = t
         .records
         .iter()

@@ -35,6 +35,10 @@ pub struct Divergence {
     pub drafter_requests: Vec<u64>,
     /// With stored tensors: the largest |difference| in the first divergent layer.
     pub max_abs_diff: Option<f32>,
+    /// Cross-backend with stored tensors: rows whose logits are beyond tolerance, and
+    /// the largest |difference| among all logits.
+    pub logit_rows: Vec<DivergentRow>,
+    pub logits_max_abs_diff: Option<f32>,
     /// Invariants the replayed step violated (rule: detail).
     pub violations: Vec<String>,
     /// Shadow-run mismatches (row layouts, drafter batch modes).
@@ -53,6 +57,8 @@ impl Divergence {
             drafter_differs: false,
             drafter_requests: Vec::new(),
             max_abs_diff: None,
+            logit_rows: Vec::new(),
+            logits_max_abs_diff: None,
             violations: Vec::new(),
             cross_checks: Vec::new(),
         }
@@ -77,6 +83,9 @@ impl Divergence {
                 self.layer_rows.len(),
                 paths.join(", ")
             ));
+        }
+        if !self.logit_rows.is_empty() {
+            parts.push(format!("logits of {} rows", self.logit_rows.len()));
         }
         if !self.token_rows.is_empty() {
             parts.push(format!("tokens of {} rows", self.token_rows.len()));
@@ -144,6 +153,8 @@ pub fn compare_step(rec: &StepRecord, got: &StepRecord) -> Option<Divergence> {
         drafter_differs,
         drafter_requests,
         max_abs_diff,
+        logit_rows: Vec::new(),
+        logits_max_abs_diff: None,
         violations: Vec::new(),
         cross_checks: Vec::new(),
     })
@@ -200,22 +211,62 @@ fn divergent_row(rec: &StepRecord, got: &StepRecord, r: usize) -> Option<Diverge
 
 fn max_abs_diff(rec: &StepRecord, got: &StepRecord, layer: usize) -> Option<f32> {
     let (a, b) = (
-        rec.tensors.as_ref()?.get(layer)?,
-        got.tensors.as_ref()?.get(layer)?,
+        rec.tensors.as_ref()?.attn_outputs.get(layer)?,
+        got.tensors.as_ref()?.attn_outputs.get(layer)?,
     );
-    Some(
-        a.iter()
-            .zip(b)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f32::max),
-    )
+    Some(largest_diff(a, b))
 }
 
-/// Absolute tolerance on attention outputs when replaying on the other backend (f32 on
-/// both; the two reduce in different orders, and observed differences are about 1e-6).
+/// The largest |a - b| (NaN differences are left out).
+fn largest_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+// ---------------------------------------------------------------------------------------
+// Cross-backend comparison. Its tolerances live here, and only here.
+// ---------------------------------------------------------------------------------------
+
+/// Absolute tolerance on stored tensors (attention outputs and logits) when a trace
+/// replays on the other backend. Both backends compute in f32 but reduce in different
+/// orders: the CPU and an H100 agree to about 1e-5 on logits and 1e-6 on attention
+/// outputs, while a real kernel bug (F1) moves attention outputs by about 0.8.
 pub const CROSS_ATOL: f32 = 1e-3;
-/// Relative tolerance on attention outputs when replaying on the other backend.
+/// Relative tolerance on stored tensors across backends: `|got - recorded| <= CROSS_ATOL
+/// + CROSS_RTOL * |recorded|`.
 pub const CROSS_RTOL: f32 = 1e-3;
+
+/// The tolerances of a cross-backend replay, as one value the report prints.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct CrossTolerances {
+    /// Absolute tolerance on attention outputs and logits.
+    pub atol: f32,
+    /// Relative tolerance on attention outputs and logits.
+    pub rtol: f32,
+    /// A differing token whose replayed logits are closer than this to the recorded
+    /// token's is a near-tie: reported, not a divergence. It is `sim`'s own near-tie
+    /// margin ([`specmla_sim::checks::NEAR_TIE_MARGIN`]).
+    pub near_tie_margin: f64,
+}
+
+/// The tolerances every cross-backend replay uses.
+pub const CROSS_TOLERANCES: CrossTolerances = CrossTolerances {
+    atol: CROSS_ATOL,
+    rtol: CROSS_RTOL,
+    near_tie_margin: specmla_sim::checks::NEAR_TIE_MARGIN,
+};
+
+impl CrossTolerances {
+    /// Whether `got` is within tolerance of `recorded`. Two NaNs (or two equal
+    /// infinities) agree; a NaN against a number never does.
+    pub fn within(&self, recorded: f32, got: f32) -> bool {
+        recorded == got
+            || (recorded.is_nan() && got.is_nan())
+            || (recorded - got).abs() <= self.atol + self.rtol * recorded.abs()
+    }
+}
 
 /// A token that differs across backends where the replayed logits are a near-tie.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -231,96 +282,85 @@ pub struct CrossNearTie {
     pub drafter: bool,
 }
 
-/// How a replayed token that differs from its record is judged across backends.
-fn judge(
-    logits: Option<&Vec<f32>>,
-    (recorded, replayed): (u32, u32),
-    near_tie: f64,
-) -> Option<f32> {
+/// The replayed logits' margin between the recorded and the replayed token, when it is
+/// a near-tie.
+fn near_tie(logits: Option<&Vec<f32>>, recorded: u32, replayed: u32, margin: f64) -> Option<f32> {
     let l = logits?;
     let (a, b) = (*l.get(recorded as usize)?, *l.get(replayed as usize)?);
-    let margin = (a - b).abs();
-    (f64::from(margin) < near_tie).then_some(margin)
+    let m = (a - b).abs();
+    (f64::from(m) < margin).then_some(m)
 }
 
-/// Cross-backend comparison: metadata and order exactly (the core is the same), tokens
-/// exactly except near-ties (returned, not divergent), attention outputs within
-/// [`CROSS_ATOL`] + [`CROSS_RTOL`] when the trace stores tensors. Digests of floating
-/// point outputs are not compared: they are expected to differ.
+/// Cross-backend comparison of a replayed step with its record:
+///
+/// - the metadata digest and row order exactly (the core is the same on both);
+/// - sampled and committed tokens and proposals exactly, except a differing token whose
+///   replayed logits put it within `tol.near_tie_margin` of the recorded one: that is a
+///   near-tie (returned), not a divergence. What was computed from the other token in
+///   the same step is not compared: the proposals of a row with a sampled near-tie, and
+///   a multi-step row's drafts after a near-tie among them;
+/// - with stored tensors, every layer's attention outputs and the logits within
+///   `tol.atol + tol.rtol * |recorded|`; the first layer beyond it is localized to rows
+///   and paths as [`compare_step`] does.
+///
+/// Digests of floating-point outputs (logits, hidden states, layers, drafter) are not
+/// compared: across backends they are expected to differ.
 pub fn compare_cross(
     rec: &StepRecord,
     got: &StepRecord,
     f: &crate::replayer::StepFindings,
-    near_tie: f64,
+    tol: &CrossTolerances,
 ) -> (Option<Divergence>, Vec<CrossNearTie>) {
     let metadata_differs = rec.metadata_digest != got.metadata_digest || rec.order != got.order;
     let ids = planned_req_ids(rec);
+    let margin = tol.near_tie_margin;
     let mut ties = Vec::new();
     let mut token_rows = Vec::new();
+    // Rows with a near-tie among their sampled tokens: the drafter started this step
+    // from another token, so their proposals differ as a consequence.
+    let mut tied_rows = Vec::new();
     for r in 0..rec.sampled.len().max(got.sampled.len()) {
-        let (a, b) = (rec.sampled.get(r), got.sampled.get(r));
         let req = ids.get(r).copied().unwrap_or(u64::MAX);
-        let excused = match (a, b) {
-            (Some(a), Some(b)) if a.len() == b.len() => {
-                a.iter().zip(b).enumerate().all(|(i, (&x, &y))| {
-                    x == y
-                        || judge(f.target_logits.get(&(req, i)), (x, y), near_tie).is_some_and(
-                            |m| {
-                                ties.push(CrossNearTie {
-                                    step: rec.step,
-                                    req_id: req,
-                                    position: i,
-                                    recorded: x,
-                                    replayed: y,
-                                    margin: m,
-                                    drafter: false,
-                                });
-                                true
-                            },
-                        )
-                })
+        let logits = |i: usize| f.target_logits.get(&(req, i));
+        // Each sampled position verifies recorded input tokens: it stands alone.
+        let (a, b) = (rec.sampled.get(r), got.sampled.get(r));
+        let sampled = match_tokens(a, b, logits, margin, false);
+        // Committed tokens follow from the sampled ones: they may differ only where a
+        // sampled token did.
+        let row_ties =
+            sampled.filter(|t| !t.is_empty() || rec.new_tokens.get(r) == got.new_tokens.get(r));
+        match row_ties {
+            Some(t) => {
+                if !t.is_empty() {
+                    tied_rows.push(r);
+                }
+                ties.extend(t.into_iter().map(|t| t.at(rec.step, req, false)));
             }
-            _ => a == b,
-        };
-        let new_same = rec.new_tokens.get(r) == got.new_tokens.get(r);
-        if !excused || (!new_same && a == b) {
-            token_rows.push((
+            None => token_rows.push((
                 r,
                 rec.new_tokens.get(r).cloned().unwrap_or_default(),
                 got.new_tokens.get(r).cloned().unwrap_or_default(),
-            ));
+            )),
         }
     }
     let mut drafter_requests = Vec::new();
-    for (r, &req) in ids.iter().enumerate() {
+    for r in 0..rec.proposals.len().max(got.proposals.len()) {
+        let req = ids.get(r).copied().unwrap_or(u64::MAX);
+        if tied_rows.contains(&r) {
+            continue;
+        }
+        let logits = |k: usize| f.draft_logits.get(&(req, k));
         let (a, b) = (rec.proposals.get(r), got.proposals.get(r));
-        let ok = match (a, b) {
-            (Some(a), Some(b)) if a.len() == b.len() => {
-                a.iter().zip(b).enumerate().all(|(k, (&x, &y))| {
-                    x == y
-                        || judge(f.draft_logits.get(&(req, k)), (x, y), near_tie).is_some_and(|m| {
-                            ties.push(CrossNearTie {
-                                step: rec.step,
-                                req_id: req,
-                                position: k,
-                                recorded: x,
-                                replayed: y,
-                                margin: m,
-                                drafter: true,
-                            });
-                            true
-                        })
-                })
-            }
-            _ => a == b,
-        };
-        if !ok {
-            drafter_requests.push(req);
+        match match_tokens(a, b, logits, margin, f.drafts_chain) {
+            Some(t) => ties.extend(t.into_iter().map(|t| t.at(rec.step, req, true))),
+            None => drafter_requests.push(req),
         }
     }
-    let (first_layer, layer_rows, max_abs_diff) = first_layer_beyond_tolerance(rec, got);
+    let (first_layer, layer_rows, max_abs_diff) = first_layer_beyond(rec, got, tol);
+    let (logit_rows, logits_max_abs_diff, logits_differ) = logits_beyond(rec, got, tol);
     let diverged = metadata_differs
         || first_layer.is_some()
+        || logits_differ
         || !token_rows.is_empty()
         || !drafter_requests.is_empty();
     let d = diverged.then(|| Divergence {
@@ -332,64 +372,164 @@ pub fn compare_cross(
         drafter_differs: !drafter_requests.is_empty(),
         drafter_requests,
         max_abs_diff,
+        logit_rows,
+        logits_max_abs_diff: logits_max_abs_diff.filter(|_| logits_differ),
         violations: Vec::new(),
         cross_checks: Vec::new(),
     });
     (d, ties)
 }
 
-/// Token ranges of the planned rows of a record (rows in execution order).
-fn planned_token_ranges(rec: &StepRecord) -> Vec<std::ops::Range<usize>> {
+/// A token excused as a near-tie, before it is placed in a step and request.
+struct Tie {
+    position: usize,
+    recorded: u32,
+    replayed: u32,
+    margin: f32,
+}
+
+impl Tie {
+    fn at(self, step: u64, req_id: u64, drafter: bool) -> CrossNearTie {
+        CrossNearTie {
+            step,
+            req_id,
+            position: self.position,
+            recorded: self.recorded,
+            replayed: self.replayed,
+            margin: self.margin,
+            drafter,
+        }
+    }
+}
+
+/// One row's tokens across backends: `Some(near-ties)` when they match, each differing
+/// token excused by the replayed logits at its position (`logits(i)`) putting it within
+/// `margin` of the recorded one; `None` when they do not. With `chain`, the tokens
+/// after an excused one were computed from it and are not compared.
+fn match_tokens<'a>(
+    rec: Option<&Vec<u32>>,
+    got: Option<&Vec<u32>>,
+    logits: impl Fn(usize) -> Option<&'a Vec<f32>>,
+    margin: f64,
+    chain: bool,
+) -> Option<Vec<Tie>> {
+    let (Some(a), Some(b)) = (rec, got) else {
+        return (rec == got).then(Vec::new);
+    };
+    if a.len() != b.len() {
+        return None;
+    }
+    let mut ties = Vec::new();
+    for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+        if x == y {
+            continue;
+        }
+        if chain && !ties.is_empty() {
+            break;
+        }
+        ties.push(Tie {
+            position: i,
+            recorded: x,
+            replayed: y,
+            margin: near_tie(logits(i), x, y, margin)?,
+        });
+    }
+    Some(ties)
+}
+
+/// Per planned row of a record (rows in execution order): `n` consecutive entries
+/// each, `n` given by `count`. A record whose order names missing rows stops early.
+fn planned_ranges(
+    rec: &StepRecord,
+    count: impl Fn(&specmla_traces::TraceRow) -> usize,
+) -> Vec<std::ops::Range<usize>> {
     let mut start = 0;
     rec.order
         .iter()
-        .filter_map(|&i| rec.rows.get(i as usize))
+        .map_while(|&i| rec.rows.get(i as usize))
         .map(|row| {
-            let r = start..start + row.num_scheduled_tokens as usize;
+            let r = start..start + count(row);
             start = r.end;
             r
         })
         .collect()
 }
 
-/// With tensors on both sides: the first layer where some row's attention output is
-/// beyond tolerance, those rows, and the largest |difference| in that layer.
-fn first_layer_beyond_tolerance(
+/// Rows (of `ranges`, entries `width` wide) with any value beyond tolerance.
+fn rows_beyond(
     rec: &StepRecord,
     got: &StepRecord,
+    ranges: &[std::ops::Range<usize>],
+    width: usize,
+    (a, b): (&[f32], &[f32]),
+    tol: &CrossTolerances,
+) -> Vec<DivergentRow> {
+    ranges
+        .iter()
+        .enumerate()
+        .filter(|(_, t)| (t.start * width..t.end * width).any(|i| !tol.within(a[i], b[i])))
+        .filter_map(|(r, _)| divergent_row(rec, got, r))
+        .collect()
+}
+
+/// With tensors on both sides: the first layer where some row's attention output is
+/// beyond tolerance, those rows, and the largest |difference| in that layer. A layer of
+/// another size diverges with no rows to name.
+fn first_layer_beyond(
+    rec: &StepRecord,
+    got: &StepRecord,
+    tol: &CrossTolerances,
 ) -> (Option<u32>, Vec<DivergentRow>, Option<f32>) {
     let (Some(ta), Some(tb)) = (&rec.tensors, &got.tensors) else {
         return (None, Vec::new(), None);
     };
-    let ranges = planned_token_ranges(rec);
-    for (l, (a, b)) in ta.iter().zip(tb).enumerate() {
-        let tokens: usize = ranges.last().map_or(0, |r| r.end);
-        if a.len() != b.len() || tokens == 0 {
-            if a.len() != b.len() {
-                return (Some(l as u32), Vec::new(), None);
-            }
+    let ranges = planned_ranges(rec, |row| row.num_scheduled_tokens as usize);
+    let tokens = ranges.last().map_or(0, |r| r.end);
+    let layers = ta.attn_outputs.len().max(tb.attn_outputs.len());
+    for l in 0..layers {
+        let (Some(a), Some(b)) = (ta.attn_outputs.get(l), tb.attn_outputs.get(l)) else {
+            return (Some(l as u32), Vec::new(), None);
+        };
+        if a.len() != b.len() || (tokens > 0 && a.len() % tokens != 0) {
+            return (Some(l as u32), Vec::new(), None);
+        }
+        if tokens == 0 {
             continue;
         }
-        let width = a.len() / tokens;
-        // NaN on either side is beyond any tolerance.
-        let beyond = |x: f32, y: f32| {
-            let d = (x - y).abs();
-            d.is_nan() || d > CROSS_ATOL + CROSS_RTOL * x.abs()
-        };
-        let rows: Vec<DivergentRow> = ranges
-            .iter()
-            .enumerate()
-            .filter(|(_, t)| (t.start * width..t.end * width).any(|i| beyond(a[i], b[i])))
-            .filter_map(|(r, _)| divergent_row(rec, got, r))
-            .collect();
+        let rows = rows_beyond(rec, got, &ranges, a.len() / tokens, (a, b), tol);
         if !rows.is_empty() {
-            let worst = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max);
-            return (Some(l as u32), rows, Some(worst));
+            return (Some(l as u32), rows, Some(largest_diff(a, b)));
         }
     }
     (None, Vec::new(), None)
+}
+
+/// With tensors on both sides: the rows whose logits are beyond tolerance, the largest
+/// |difference| among all logits, and whether the logits differ at all (rows or shape).
+fn logits_beyond(
+    rec: &StepRecord,
+    got: &StepRecord,
+    tol: &CrossTolerances,
+) -> (Vec<DivergentRow>, Option<f32>, bool) {
+    let (Some(ta), Some(tb)) = (&rec.tensors, &got.tensors) else {
+        return (Vec::new(), None, false);
+    };
+    let (a, b) = (&ta.logits, &tb.logits);
+    let ranges = planned_ranges(rec, |row| {
+        if row.samples {
+            1 + row.num_draft_tokens as usize
+        } else {
+            0
+        }
+    });
+    let samples = ranges.last().map_or(0, |r| r.end);
+    if a.len() != b.len() || (samples > 0 && a.len() % samples != 0) {
+        return (Vec::new(), None, true);
+    }
+    if samples == 0 {
+        return (Vec::new(), None, false);
+    }
+    let rows = rows_beyond(rec, got, &ranges, a.len() / samples, (a, b), tol);
+    let differ = !rows.is_empty();
+    (rows, Some(largest_diff(a, b)), differ)
 }

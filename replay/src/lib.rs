@@ -1,20 +1,26 @@
-//! specmla-replay: re-executes traces recorded by `sim --trace`, compares every step bit
-//! for bit with its record, localizes the first divergence, and shrinks diverging traces
-//! to minimal reproducers.
+//! specmla-replay: re-executes traces recorded by `sim --trace` on either backend,
+//! compares every step with its record (bit for bit on the backend kind that recorded
+//! it, within stated tolerances on another), localizes the first divergence, and
+//! shrinks diverging traces to minimal reproducers (on the CPU).
 #![forbid(unsafe_code)]
 
 pub mod bisect;
 pub mod compare;
 pub mod replayer;
 
+use std::sync::Arc;
+
 use serde::Serialize;
+use specmla_core::config::EngineConfig;
 use specmla_core::fault::Faults;
+use specmla_sim::model::{DrafterModel, TargetModel};
+use specmla_sim::runner::{cpu_backend, RunBackend};
 use specmla_traces::{StepRecord, TraceHeader};
 
-use compare::{compare_cross, compare_step, CrossNearTie, Divergence, CROSS_ATOL, CROSS_RTOL};
+use compare::{
+    compare_cross, compare_step, CrossNearTie, CrossTolerances, Divergence, CROSS_TOLERANCES,
+};
 use replayer::{ReplayError, Replayer};
-use specmla_sim::checks::Tolerances;
-use specmla_sim::runner::DeviceBackend;
 
 /// What a replay found.
 #[derive(Clone, Debug, Serialize)]
@@ -22,30 +28,50 @@ pub struct ReplayReport {
     pub steps_replayed: usize,
     pub steps_in_trace: usize,
     pub divergence: Option<Divergence>,
-    /// The backend the trace was recorded on and the one it replayed on.
+    /// The backend kind the trace was recorded on and the one it replayed on.
     pub recorded_on: String,
     pub replayed_on: String,
-    /// How steps were compared, in words.
+    /// The device the replay ran on.
+    pub device: String,
+    /// How steps were compared, in words: `bitwise (same backend)` or `cross-backend
+    /// (...)` with the tolerances.
     pub mode: String,
+    /// Cross-backend only: the tolerances applied.
+    pub tolerances: Option<CrossTolerances>,
     /// Cross-backend only: differing tokens excused as near-ties.
     pub near_ties: Vec<CrossNearTie>,
 }
 
-/// How a replay on `device` compares with a trace recorded on `recorded`.
-pub fn comparison_mode(recorded: &str, device: DeviceBackend, tensors: bool) -> String {
-    if recorded == device.name() {
-        return "bitwise (same backend)".to_string();
-    }
-    if tensors {
-        format!(
-            "cross-backend (metadata and tokens exact, near-ties reported; attention outputs within abs {CROSS_ATOL:e} + rel {CROSS_RTOL:e})"
-        )
-    } else {
-        "cross-backend (metadata and tokens exact, near-ties reported; the trace has no tensors, so only tokens are compared)".to_string()
+impl ReplayReport {
+    /// Whether the replay compared bit for bit (it ran on the backend kind that
+    /// recorded the trace).
+    pub fn bitwise(&self) -> bool {
+        self.tolerances.is_none()
     }
 }
 
-/// Replays `records` under `faults`, stopping at the first divergent step.
+/// How a replay on backend kind `replayed` compares with a trace recorded on
+/// `recorded` (with stored tensors or not), in words.
+pub fn comparison_mode(recorded: &str, replayed: &str, tensors: bool) -> String {
+    if recorded == replayed {
+        return "bitwise (same backend)".to_string();
+    }
+    let t = CROSS_TOLERANCES;
+    if tensors {
+        format!(
+            "cross-backend (metadata and tokens exact, near-ties under {:e} reported; attention outputs and logits within abs {:e} + rel {:e})",
+            t.near_tie_margin, t.atol, t.rtol
+        )
+    } else {
+        format!(
+            "cross-backend (metadata and tokens exact, near-ties under {:e} reported; the trace has no tensors, so only metadata and tokens are compared: record with --trace-tensors to compare values)",
+            t.near_tie_margin
+        )
+    }
+}
+
+/// Replays `records` on the CPU backend under `faults`, stopping at the first
+/// divergent step.
 pub fn replay_records(
     header: &TraceHeader,
     records: &[StepRecord],
@@ -61,28 +87,30 @@ pub fn replay_records_with(
     faults: Faults,
     on_step: impl FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    replay_records_on(DeviceBackend::Cpu, header, records, faults, on_step)
+    replay_records_on(header, records, faults, cpu_backend, on_step)
 }
 
-/// [`replay_records_with`] on the chosen device backend. On the backend that recorded
-/// the trace every step must match bit for bit; on the other, see [`compare_cross`].
-pub fn replay_records_on(
-    device: DeviceBackend,
+/// [`replay_records_with`] on the backend `make` builds. On the backend kind that
+/// recorded the trace every step must match bit for bit ([`compare_step`]); on another
+/// kind, within [`CROSS_TOLERANCES`] ([`compare_cross`]).
+pub fn replay_records_on<B: RunBackend>(
     header: &TraceHeader,
     records: &[StepRecord],
     faults: Faults,
+    make: impl FnOnce(&EngineConfig, Arc<TargetModel>, Arc<DrafterModel>) -> Result<B, B::Error>,
     mut on_step: impl FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
-    let mut r = Replayer::new_on(device, header, faults)?;
-    let same = header.backend == device.name();
-    let near_tie = Tolerances::default().near_tie_margin;
+    let mut r = Replayer::with_backend(header, faults, make)?;
+    let same = header.backend == B::KIND;
     let mut report = ReplayReport {
         steps_replayed: 0,
         steps_in_trace: records.len(),
         divergence: None,
         recorded_on: header.backend.clone(),
-        replayed_on: device.name().to_string(),
-        mode: comparison_mode(&header.backend, device, header.trace_tensors),
+        replayed_on: B::KIND.to_string(),
+        device: r.device_name().to_string(),
+        mode: comparison_mode(&header.backend, B::KIND, header.trace_tensors),
+        tolerances: (!same).then_some(CROSS_TOLERANCES),
         near_ties: Vec::new(),
     };
     // Under exactly the recorded faults, a step's own check failures were already there
@@ -94,7 +122,7 @@ pub fn replay_records_on(
         let mut found = if same {
             compare_step(rec, &got)
         } else {
-            let (d, ties) = compare_cross(rec, &got, &findings, near_tie);
+            let (d, ties) = compare_cross(rec, &got, &findings, &CROSS_TOLERANCES);
             report.near_ties.extend(ties);
             d
         };

@@ -22,13 +22,15 @@ use specmla_core::fault::{Fault, Faults};
 use specmla_replay::bisect::{bisect, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
-use specmla_sim::runner::DeviceBackend;
+use specmla_sim::runner::cpu_backend;
 use specmla_traces::{read_all, Completeness, RowPath, StepRecord, TraceWriter};
 
 /// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
-/// every step bit for bit with its record. On a divergence it names the first divergent
-/// step, then inside it the first divergent layer, the rows and tokens that differ and the
-/// path they took (decode rows, prefill rows, the context-chunk merge, the drafter).
+/// every step with its record: bit for bit on the backend kind that recorded it, within
+/// stated tolerances on the other (`--gpu` for a CPU trace, or the CPU for a GPU trace).
+/// On a divergence it names the first divergent step, then inside it the first divergent
+/// layer, the rows and tokens that differ and the path they took (decode rows, prefill
+/// rows, the context-chunk merge, the drafter).
 #[derive(Parser)]
 #[command(name = "replay", version, args_conflicts_with_subcommands = true)]
 struct Cli {
@@ -123,20 +125,21 @@ fn run(a: &RunArgs) -> Result<ExitCode> {
     let Some(path) = &a.trace else {
         bail!("a trace to replay is required (see --help)")
     };
-    let device = if a.gpu || a.backend == BackendArg::Gpu {
-        DeviceBackend::Gpu
-    } else {
-        DeviceBackend::Cpu
-    };
-    if a.bisect && device == DeviceBackend::Gpu {
-        bail!("--bisect runs on the CPU backend only; drop --gpu");
+    let gpu = a.gpu || a.backend == BackendArg::Gpu;
+    if a.bisect && gpu {
+        bail!("--bisect runs on the CPU backend only (it re-records candidates there); drop --gpu");
     }
     let t = load(path)?;
     let f = faults(&a.faults);
     if a.bisect {
         return run_bisect(&t, f, a.output.as_deref().expect("clap requires -o"));
     }
-    let report = replay_records_on(device, &t.header, &t.records, f, |_| {})?;
+    let (h, recs) = (&t.header, &t.records);
+    let report = if gpu {
+        replay_records_on(h, recs, f, specmla_gpu::GpuBackend::new, |_| {})?
+    } else {
+        replay_records_on(h, recs, f, cpu_backend, |_| {})?
+    };
     let truncated = read_all(path)
         .map(|(_, _, c)| matches!(c, Completeness::Truncated { .. }))
         .unwrap_or(false);
@@ -179,9 +182,10 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
         r.steps_in_trace
     );
     say!(
-        "recorded on {}, replayed on {}: {}",
+        "recorded on {}, replayed on {} ({}): {}",
         r.recorded_on,
         r.replayed_on,
+        r.device,
         r.mode
     );
     for t in &r.near_ties {
@@ -196,9 +200,8 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
             t.margin
         );
     }
-    let same = r.recorded_on == r.replayed_on;
     match &r.divergence {
-        None if same => say!("IDENTICAL: {} steps replayed bit for bit", r.steps_replayed),
+        None if r.bitwise() => say!("IDENTICAL: {} steps replayed bit for bit", r.steps_replayed),
         None => say!(
             "MATCHED: {} steps replayed within the cross-backend comparison ({} near-ties)",
             r.steps_replayed,
@@ -244,6 +247,18 @@ fn print_divergence(d: &Divergence, replayed: usize) {
     }
     if let Some(m) = d.max_abs_diff {
         say!("  max |diff|   {m:.3e} in that layer");
+    }
+    if !d.logit_rows.is_empty() || d.logits_max_abs_diff.is_some() {
+        let rows: Vec<String> = d
+            .logit_rows
+            .iter()
+            .map(|r| format!("{} (request {}, {})", r.row, r.req_id, r.path))
+            .collect();
+        say!(
+            "  logits       beyond tolerance in rows [{}]; max |diff| {:.3e}",
+            rows.join(", "),
+            d.logits_max_abs_diff.unwrap_or(f32::NAN)
+        );
     }
     for (row, want, got) in d.token_rows.iter().take(4) {
         say!("  tokens       row {row}: recorded {want:?}, replayed {got:?}");

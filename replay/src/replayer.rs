@@ -1,24 +1,22 @@
 //! Re-executes recorded steps: the recorded batches (not a new schedule) run through the
-//! core's executor on the CPU or the CUDA backend, with the recorded forced drafts and
-//! grammar states, and each step is re-recorded for comparison.
+//! core's executor on any backend (the caller passes its factory, as to `sim`'s
+//! runner), with the recorded forced drafts and grammar states, and each step is
+//! re-recorded for comparison.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use specmla_core::batch::{ScheduledBatch, ScheduledRow};
-use specmla_core::config::EngineConfig;
+use specmla_core::config::{EngineConfig, SpecMethod};
 use specmla_core::engine::{
     BatchContext, DraftOracle, DraftQuery, EngineError, EngineOptions, Executor, StepOutcome,
 };
 use specmla_core::fault::Faults;
 use specmla_core::grammar::{GrammarState, TokenAutomaton};
-use specmla_gpu::GpuBackend;
-use specmla_sim::backend::{CpuBackend, CpuBackendError};
+use specmla_sim::backend::CpuBackend;
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
-use specmla_sim::runner::{
-    cache_bytes, weight_bytes, BackendErrorKind, DeviceBackend, CACHE_LIMIT_BYTES,
-};
+use specmla_sim::runner::{cache_bytes, cpu_backend, weight_bytes, RunBackend, CACHE_LIMIT_BYTES};
 use specmla_sim::scenarios::grammar_from_seed;
 use specmla_traces::{StepRecord, TraceHeader};
 
@@ -31,14 +29,16 @@ pub enum ReplayError {
     Invalid(#[from] specmla_core::error::ConfigError),
     #[error("step {step}: {message}")]
     Engine { step: u64, message: String },
-    /// The backend cannot be used here (no GPU, no driver, out of memory).
+    /// The backend cannot be used here (no GPU, no driver, out of memory):
+    /// `--backend gpu: reason`.
     #[error("{0}")]
     Environment(String),
     #[error("step {step}: {reason}")]
     BadRecord { step: u64, reason: String },
 }
 
-/// What a replayed step's own checks found.
+/// What a replayed step's own checks found, and what a cross-backend comparison needs
+/// from the replay beyond its record.
 #[derive(Clone, Debug, Default)]
 pub struct StepFindings {
     /// Violated invariants, "rule: detail".
@@ -50,50 +50,22 @@ pub struct StepFindings {
     pub target_logits: BTreeMap<(u64, usize), Vec<f32>>,
     /// The drafter's own logits per `(req_id, draft index)`.
     pub draft_logits: BTreeMap<(u64, usize), Vec<f32>>,
+    /// Whether a row's drafts chain (multi-step: draft k + 1 is drafted from draft k),
+    /// so a draft after a differing one differs as a consequence. DFlash drafts a block
+    /// at once: each draft stands alone.
+    pub drafts_chain: bool,
 }
 
-/// The executor on either backend.
-enum Exec {
-    Cpu(Box<Executor<CpuBackend>>),
-    Gpu(Box<Executor<GpuBackend>>),
-}
-
-fn engine_error<E>(step: u64, e: EngineError<E>) -> ReplayError
-where
-    E: std::error::Error + BackendErrorKind + 'static,
-{
+/// An engine error at `step` on `B`: the environment's or a failed replay.
+fn engine_error<B: RunBackend>(step: u64, e: EngineError<B::Error>) -> ReplayError {
     match &e {
-        EngineError::Backend(b) if b.is_environment() => ReplayError::Environment(e.to_string()),
+        EngineError::Backend(b) if B::is_environment(b) => {
+            ReplayError::Environment(format!("--backend {}: step {step}: {e}", B::KIND))
+        }
         _ => ReplayError::Engine {
             step,
             message: e.to_string(),
         },
-    }
-}
-
-impl Exec {
-    fn config(&self) -> &EngineConfig {
-        match self {
-            Exec::Cpu(e) => e.config(),
-            Exec::Gpu(e) => e.config(),
-        }
-    }
-
-    fn execute(
-        &mut self,
-        step: u64,
-        batch: ScheduledBatch,
-        ctx: &ReplayContext,
-        oracle: &mut RecordedOracle,
-    ) -> Result<StepOutcome, ReplayError> {
-        match self {
-            Exec::Cpu(e) => e
-                .execute(batch, ctx, oracle)
-                .map_err(|x| engine_error::<CpuBackendError>(step, x)),
-            Exec::Gpu(e) => e
-                .execute(batch, ctx, oracle)
-                .map_err(|x| engine_error(step, x)),
-        }
     }
 }
 
@@ -125,25 +97,30 @@ impl DraftOracle for RecordedOracle {
     }
 }
 
-/// An executor rebuilt from a trace header.
-pub struct Replayer {
-    exec: Exec,
+/// An executor rebuilt from a trace header, on backend `B` (the CPU unless told).
+pub struct Replayer<B: RunBackend = CpuBackend> {
+    exec: Executor<B>,
     ctx: ReplayContext,
     tensors: bool,
+    device: String,
 }
 
-impl Replayer {
-    /// Rebuilds config, weights and caches from `header`, with `faults` switched on
-    /// (replacing the recorded ones).
+impl Replayer<CpuBackend> {
+    /// Rebuilds config, weights and caches from `header` on the CPU backend, with
+    /// `faults` switched on (replacing the recorded ones).
     pub fn new(header: &TraceHeader, faults: Faults) -> Result<Self, ReplayError> {
-        Self::new_on(DeviceBackend::Cpu, header, faults)
+        Self::with_backend(header, faults, cpu_backend)
     }
+}
 
-    /// [`Replayer::new`] on the chosen device backend.
-    pub fn new_on(
-        device: DeviceBackend,
+impl<B: RunBackend> Replayer<B> {
+    /// [`Replayer::new`] on the backend `make` builds from the trace's config and the
+    /// seed's weights. A backend that cannot be created is
+    /// [`ReplayError::Environment`], `--backend KIND: reason`.
+    pub fn with_backend(
         header: &TraceHeader,
         faults: Faults,
+        make: impl FnOnce(&EngineConfig, Arc<TargetModel>, Arc<DrafterModel>) -> Result<B, B::Error>,
     ) -> Result<Self, ReplayError> {
         let mut cfg = parse_config(header)?;
         cfg.faults = faults;
@@ -151,26 +128,17 @@ impl Replayer {
         let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, header.seed));
         // The recording's shadow checks are not in the header, so the replay always runs
         // both: they are sound (idempotent KV writes) and only add evidence.
-        let multi_step = cfg.spec.method == specmla_core::config::SpecMethod::MultiStep;
+        let multi_step = cfg.spec.method == SpecMethod::MultiStep;
         let opts = EngineOptions {
             seed: header.seed,
             check_layouts: true,
             check_drafter_batches: multi_step,
         };
         let vocab = cfg.model.vocab_size;
-        let exec = match device {
-            DeviceBackend::Cpu => Exec::Cpu(Box::new(
-                Executor::new(cfg.clone(), opts, CpuBackend::new(&cfg, target, drafter))
-                    .map_err(|e| engine_error::<CpuBackendError>(0, e))?,
-            )),
-            DeviceBackend::Gpu => {
-                let backend = GpuBackend::new(&cfg, target, drafter)
-                    .map_err(|e| ReplayError::Environment(format!("--gpu: {e}")))?;
-                Exec::Gpu(Box::new(
-                    Executor::new(cfg, opts, backend).map_err(|e| engine_error(0, e))?,
-                ))
-            }
-        };
+        let backend = make(&cfg, target, drafter)
+            .map_err(|e| ReplayError::Environment(format!("--backend {}: {e}", B::KIND)))?;
+        let device = backend.device_name();
+        let exec = Executor::new(cfg, opts, backend).map_err(|e| engine_error::<B>(0, e))?;
         let automata = header
             .workload
             .iter()
@@ -183,7 +151,13 @@ impl Replayer {
                 ..Default::default()
             },
             tensors: header.trace_tensors,
+            device,
         })
+    }
+
+    /// The device the replay runs on, for reports.
+    pub fn device_name(&self) -> &str {
+        &self.device
     }
 
     /// The config the replay runs.
@@ -234,7 +208,10 @@ impl Replayer {
             .map(|f| ((f.req_id, f.position), f.token))
             .collect();
         let mut oracle = RecordedOracle(forced);
-        let out = self.exec.execute(rec.step, batch, &self.ctx, &mut oracle)?;
+        let out = self
+            .exec
+            .execute(batch, &self.ctx, &mut oracle)
+            .map_err(|e| engine_error::<B>(rec.step, e))?;
         for (row, probs) in out.plan.rows.iter().zip(&out.proposal_probs) {
             self.ctx.draft_probs.insert(row.req_id, probs.clone());
         }
@@ -261,7 +238,8 @@ impl Replayer {
                 }))
                 .collect(),
             target_logits: target_logits(&out),
-            draft_logits: draft_logits(&out),
+            draft_logits: draft_logits(&out, self.exec.config().spec.k()),
+            drafts_chain: self.exec.config().spec.method == SpecMethod::MultiStep,
         };
         Ok((step_record(&out, &forced, self.tensors), findings))
     }
@@ -277,30 +255,30 @@ fn target_logits(out: &StepOutcome) -> BTreeMap<(u64, usize), Vec<f32>> {
     m
 }
 
-/// The drafter's logits behind each proposal: pass `p`, row `i` proposes draft `p` of
-/// its request; DFlash row `r` proposes drafts `0..K` from outputs `r * K ..`.
-fn draft_logits(out: &StepOutcome) -> BTreeMap<(u64, usize), Vec<f32>> {
+/// The drafter's logits behind each proposal, as the executor chose from them: the
+/// primary multi-step run's output `p`, row `r`, is planned row `r`'s draft `p` (the
+/// other batch mode's shadow passes are a check, and their outputs are not kept); DFlash
+/// row `r`'s drafts `0..k` come from output rows `r * k ..`.
+fn draft_logits(out: &StepOutcome, k: usize) -> BTreeMap<(u64, usize), Vec<f32>> {
     let mut m = BTreeMap::new();
-    if let Some(d) = &out.dflash {
-        let k = d.block_len.saturating_sub(1);
+    let rows = out.plan.rows.iter().enumerate();
+    if out.dflash.is_some() {
         if let Some(o) = out.drafter_outputs.first() {
-            for (r, &req) in d.req_ids.iter().enumerate() {
+            for (r, row) in rows {
                 for j in 0..k {
-                    m.insert((req, j), o.logits_row(r * k + j).to_vec());
+                    let i = r * k + j;
+                    if (i + 1) * o.vocab_size <= o.logits.len() {
+                        m.insert((row.req_id, j), o.logits_row(i).to_vec());
+                    }
                 }
             }
         }
         return m;
     }
-    for (p, (pass, o)) in out
-        .drafter_passes
-        .iter()
-        .zip(&out.drafter_outputs)
-        .enumerate()
-    {
-        for (i, &req) in pass.req_ids.iter().enumerate() {
-            if (i + 1) * o.vocab_size <= o.logits.len() {
-                m.insert((req, p), o.logits_row(i).to_vec());
+    for (r, row) in rows {
+        for (p, o) in out.drafter_outputs.iter().enumerate() {
+            if (r + 1) * o.vocab_size <= o.logits.len() {
+                m.insert((row.req_id, p), o.logits_row(r).to_vec());
             }
         }
     }

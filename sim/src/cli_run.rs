@@ -108,7 +108,8 @@ pub struct RunArgs {
     /// Record every step into a trace file (replay it with `replay`).
     #[arg(long, value_name = "FILE")]
     pub trace: Option<std::path::PathBuf>,
-    /// Also store every layer's full attention outputs in the trace.
+    /// Also store every layer's full attention outputs and the logits in the trace (a
+    /// replay on the other backend compares them within tolerances).
     #[arg(long, requires = "trace")]
     pub trace_tensors: bool,
     /// Run twice and name the first step whose trace record differs.

@@ -1,7 +1,8 @@
 //! Conversion of engine steps into trace records (the trace format is its own set of
 //! types, so it stays stable while the core changes): the batch as scheduled, what each
 //! row sampled and accepted, and digests of the exact bits of the metadata, every
-//! layer's attention output per row, the logits, hidden states and drafter inputs.
+//! layer's attention output per row, the logits, hidden states and drafter inputs (and
+//! with `--trace-tensors` the attention outputs and logits themselves).
 
 use specmla_core::config::EngineConfig;
 use specmla_core::engine::StepOutcome;
@@ -10,8 +11,8 @@ use specmla_core::plan::StepPlan;
 use specmla_core::request::RequestSpec;
 use specmla_traces::format::encode_payload;
 use specmla_traces::{
-    digest_f32, Fnv1a64, ForcedDraft, LayerDigest, RowPath, StepRecord, TraceHeader, TraceRequest,
-    TraceRow, FORMAT_VERSION,
+    digest_f32, Fnv1a64, ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors, TraceHeader,
+    TraceRequest, TraceRow, FORMAT_VERSION,
 };
 
 use crate::scenarios::Scenario;
@@ -112,7 +113,10 @@ pub fn step_record(o: &StepOutcome, forced: &[(u64, usize, u32)], tensors: bool)
         hidden_digest: digest_f32(&o.target.hidden),
         layers: layer_digests(o),
         drafter_digest: drafter_digest(o),
-        tensors: tensors.then(|| o.target.attn_outputs.clone()),
+        tensors: tensors.then(|| StepTensors {
+            attn_outputs: o.target.attn_outputs.clone(),
+            logits: o.target.logits.clone(),
+        }),
     }
 }
 
@@ -224,7 +228,7 @@ pub struct TraceSink<W: std::io::Write> {
 }
 
 impl<W: std::io::Write> TraceSink<W> {
-    /// A sink writing to `out`; `tensors` also stores full attention outputs.
+    /// A sink writing to `out`; `tensors` also stores full attention outputs and logits.
     pub fn new(out: W, tensors: bool) -> Self {
         Self {
             out: Some(out),

@@ -278,13 +278,7 @@ where
         .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
     let device = backend.device_name();
     let greedy = cfg.spec.temperature == 0.0;
-    let mut checker = SimChecker::new(
-        oracle,
-        &workload,
-        seed,
-        scenario.acceptance_rate,
-        greedy,
-    );
+    let mut checker = SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, greedy);
     let opts = EngineOptions {
         check_layouts: scenario.check_layouts,
         check_drafter_batches: scenario.check_drafter_batches
@@ -292,7 +286,14 @@ where
         seed,
     };
     if let Some(sink) = sink.as_deref_mut() {
-        sink.begin(trace_header(scenario, &cfg, seed, &workload, false, B::KIND))?;
+        sink.begin(trace_header(
+            scenario,
+            &cfg,
+            seed,
+            &workload,
+            false,
+            B::KIND,
+        ))?;
     }
     let mut stats = RunStats {
         requests: workload.len(),

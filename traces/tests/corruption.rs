@@ -5,7 +5,7 @@ mod common;
 
 use common::{encode, header, read_outcome, record, sample_header, sample_records, Outcome};
 use proptest::prelude::*;
-use specmla_traces::format::{tagged_block, TAG_FOOTER, TAG_RECORD};
+use specmla_traces::format::{encode_payload, header_block, tagged_block, TAG_FOOTER, TAG_RECORD};
 use specmla_traces::{
     read_all_from, StepRecord, TraceError, TraceHeader, FORMAT_VERSION, MAGIC, MAX_BLOCK_BYTES,
 };
@@ -132,14 +132,52 @@ fn a_future_version_gets_the_version_message() {
     assert!(matches!(err, TraceError::Version { written: 3, .. }));
 }
 
+/// The header as format 1 wrote it: no `backend` field.
+#[derive(serde::Serialize)]
+struct HeaderV1 {
+    format_version: u32,
+    tool_version: String,
+    scenario: String,
+    seed: u64,
+    config_json: String,
+    faults: Vec<String>,
+    acceptance_rate: f64,
+    trace_tensors: bool,
+    workload: Vec<specmla_traces::TraceRequest>,
+}
+
 #[test]
 fn a_version_1_trace_without_a_backend_is_refused_by_version() {
-    // Version 1 headers had no `backend` field; read as version 2 they would misparse,
-    // so the version check must stop them first.
-    let (mut bytes, _) = encode(&sample_header(), &sample_records(1));
+    // A real format-1 header block: its payload lacks `backend`, so read as version 2
+    // it would misparse; the version check must stop it first, in one line.
+    let h = sample_header();
+    let v1 = HeaderV1 {
+        format_version: 1,
+        tool_version: h.tool_version,
+        scenario: h.scenario,
+        seed: h.seed,
+        config_json: h.config_json,
+        faults: h.faults,
+        acceptance_rate: h.acceptance_rate,
+        trace_tensors: h.trace_tensors,
+        workload: h.workload,
+    };
+    let mut bytes = header_block(&encode_payload(&v1).unwrap());
     bytes[8..12].copy_from_slice(&1u32.to_le_bytes());
     let err = read_all_from(&bytes[..], None).unwrap_err();
+    assert!(matches!(
+        err,
+        TraceError::Version {
+            written: 1,
+            reads: 2
+        }
+    ));
     assert_eq!(err.to_string(), "trace written by format 1, this reads 2");
+    // The same bytes stamped version 2 are not a valid header: the check is what
+    // makes the message clear.
+    bytes[8..12].copy_from_slice(&2u32.to_le_bytes());
+    let err = read_all_from(&bytes[..], None).unwrap_err();
+    assert!(!matches!(err, TraceError::Version { .. }), "{err}");
 }
 
 /// A valid header followed by a record block prefix declaring `len` and a few bytes.

@@ -7,7 +7,8 @@ use std::io::{self, Write};
 use common::{encode, header, record, sample_header, sample_records};
 use proptest::prelude::*;
 use specmla_traces::{
-    read_all, read_all_from, Completeness, TraceError, TraceReader, TraceWriter, FORMAT_VERSION,
+    read_all, read_all_from, Completeness, StepTensors, TraceError, TraceReader, TraceWriter,
+    FORMAT_VERSION,
 };
 
 proptest! {
@@ -77,6 +78,19 @@ fn exact_float_bits_survive_including_nan_payloads() {
     let bits_of = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     assert_eq!(bits_of(&t.attn_outputs[0]), bits);
     assert_eq!(bits_of(&t.logits), bits);
+}
+
+/// The header says which backend kind recorded the trace, and reads back as written.
+#[test]
+fn the_header_backend_round_trips() {
+    for kind in ["cpu", "gpu"] {
+        let mut h = sample_header();
+        h.backend = kind.to_string();
+        let (bytes, _) = encode(&h, &sample_records(2));
+        let (h2, _, _) = read_all_from(&bytes[..], None).unwrap();
+        assert_eq!(h2.backend, kind);
+        assert_eq!(h2, h);
+    }
 }
 
 #[test]

@@ -5,8 +5,8 @@
 use proptest::collection::vec;
 use proptest::prelude::*;
 use specmla_traces::{
-    ForcedDraft, LayerDigest, RowPath, StepRecord, TraceError, TraceHeader, TraceReader,
-    TraceRequest, TraceRow, TraceWriter, FORMAT_VERSION,
+    ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors, TraceError, TraceHeader,
+    TraceReader, TraceRequest, TraceRow, TraceWriter, FORMAT_VERSION,
 };
 
 /// A small fixed header.
@@ -75,7 +75,7 @@ pub fn sample_record(step: u64) -> StepRecord {
         drafter_digest: 5,
         tensors: Some(StepTensors {
             attn_outputs: vec![vec![step as f32, -0.5, 1e-3]],
-            logits: vec![0.25, -step as f32],
+            logits: vec![0.25, -(step as f32)],
         }),
     }
 }
