@@ -125,3 +125,18 @@ extern "C" __global__ void fill(float* __restrict__ x, float v, int n) {
     int i = blockIdx.x * THREADS + threadIdx.x;
     if (i < n) x[i] = v;
 }
+
+// Deterministic pseudo-random bf16 in [-1, 1) from an integer hash of (seed, index), for
+// benchmark inputs too large to draw on the host.
+extern "C" __global__ void fill_bf16_hash(unsigned short* __restrict__ x, long long n, unsigned seed) {
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n; i += (long long)gridDim.x * THREADS) {
+        unsigned h = (unsigned)i * 2654435761u ^ (unsigned)(i >> 32) * 40503u ^ seed;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        h ^= h >> 13;
+        h *= 3266489917u;
+        h ^= h >> 16;
+        float v = (float)(h & 0xffffff) / 8388608.0f - 1.0f;
+        x[i] = (unsigned short)(__float_as_uint(v) >> 16);
+    }
+}

@@ -275,6 +275,94 @@ pub fn check_chunked_prefill(
     })
 }
 
+/// Tolerance of the bf16 tensor-core decode against f64 on the same (bf16) inputs: the
+/// probabilities are rounded to bf16 before P V, about 2^-9 relative each.
+pub const BF16_TOL: f64 = 1e-2;
+
+/// Random values rounded to bf16: the device gets the bits, the reference their exact f32.
+pub fn bf16_vec(rng: &mut ChaCha8Rng, len: usize, a: f32) -> (Vec<u16>, Vec<f32>) {
+    (0..len)
+        .map(|_| {
+            let b = half::bf16::from_f32(rng.gen_range(-a..a));
+            (b.to_bits(), b.to_f32())
+        })
+        .unzip()
+}
+
+/// The tensor-core decode (bf16 cache, DeepSeek-V3 widths) against f64 on the same
+/// bf16 inputs: one request per entry of `ctx` (seq_len = ctx + q_len).
+pub fn check_flash_decode(
+    dev: &GpuDevice,
+    k: &Kernels,
+    (q_len, heads, page, split): (usize, usize, usize, usize),
+    ctx: &[usize],
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    use crate::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let batch = ctx.len();
+    let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
+    let max_len = *seq_lens.iter().max().unwrap_or(&1) as usize;
+    let width = max_len.div_ceil(page).max(1);
+    let num_blocks = batch * width + 1;
+    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..blocks.len()).rev() {
+        blocks.swap(i, rng.gen_range(0..=i));
+    }
+    let table = blocks[..batch * width].to_vec();
+    let (cache_bits, cache) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
+    let rows = q_len * heads;
+    let (q_bits, q) = bf16_vec(&mut rng, batch * rows * FLASH_DIM, 1.0);
+    let s = FlashShape {
+        batch,
+        q_len,
+        heads,
+        page,
+        width,
+        split_size: split,
+        max_splits: max_len.div_ceil(split).max(1),
+    };
+    let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
+    let (o_part, lse_part) = (
+        poisoned(s.max_splits * batch * rows * FLASH_DV)?,
+        poisoned(s.max_splits * batch * rows)?,
+    );
+    let (out, lse) = (poisoned(batch * rows * FLASH_DV)?, poisoned(batch * rows)?);
+    let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
+    let (td, sd) = (upload(dev, &table)?, upload(dev, &seq_lens)?);
+    let bufs = FlashBufs {
+        q: qd.ptr(),
+        cache: cd.ptr(),
+        block_table: td.ptr(),
+        seq_lens: sd.ptr(),
+        o_part: o_part.ptr(),
+        lse_part: lse_part.ptr(),
+        out: out.ptr(),
+        lse: lse.ptr(),
+    };
+    let scale = 1.0 / 192f32.sqrt();
+    k.flash_decode(dev, s, bufs, scale)?;
+    let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
+    let shape = (q_len, heads, FLASH_DIM, FLASH_DV, page, width);
+    let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale as f64);
+    // The reference's LSE is [heads, tokens]; the kernel's is [batch, q_len * heads].
+    let tokens = batch * q_len;
+    let want_lse: Vec<f64> = (0..batch * rows)
+        .map(|i| {
+            let (b, r) = (i / rows, i % rows);
+            let (j, h) = (r / heads, r % heads);
+            want_lse[h * tokens + b * q_len + j]
+        })
+        .collect();
+    let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
+    Ok(CaseResult {
+        kernel: "flash_decode",
+        case: format!("bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}"),
+        max_rel_err: err,
+        passed: err <= BF16_TOL,
+    })
+}
+
 /// Largest |got - want| / max(1, |want|); NaN (an unwritten output) counts as infinite.
 fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
@@ -357,6 +445,18 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
                 results.push(check_decode(dev, &k, s, &ctx, seed)?);
             }
         }
+    }
+    for (i, (q_len, heads, page, split, ctx)) in [
+        (1, 128, 64, 256, vec![0, 1, 63, 64, 65, 1000]),
+        (2, 128, 64, 512, vec![31, 32, 33, 700]),
+        (4, 16, 64, 256, vec![0, 5, 129, 2047]),
+        (1, 16, 16, 64, vec![3, 17, 300]),
+        (3, 64, 64, 1024, vec![4000]),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        results.push(check_flash_decode(dev, &k, (q_len, heads, page, split), &ctx, 500 + i as u64)?);
     }
     let tiny = MlaDims {
         heads: 4,

@@ -192,14 +192,30 @@ pub unsafe fn launch(
     grid: (usize, usize),
     args: &[Arg],
 ) -> Result<(), GpuError> {
-    if grid.0 == 0 || grid.1 == 0 {
-        return Ok(());
-    }
     let cfg = LaunchConfig {
         grid_dim: (grid.0 as u32, grid.1 as u32, 1),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
+    // SAFETY: forwarded to the caller's contract.
+    unsafe { launch_cfg(dev, f, name, cfg, args) }
+}
+
+/// [`launch`] with an explicit grid, block and dynamic shared memory.
+///
+/// # Safety
+/// As [`launch`]; the kernel must also accept `cfg`'s block size and shared memory.
+pub unsafe fn launch_cfg(
+    dev: &GpuDevice,
+    f: &CudaFunction,
+    name: &str,
+    cfg: LaunchConfig,
+    args: &[Arg],
+) -> Result<(), GpuError> {
+    let (x, y, z) = cfg.grid_dim;
+    if x == 0 || y == 0 || z == 0 {
+        return Ok(());
+    }
     let mut b = dev.stream.launch_builder(f);
     for a in args {
         match a {

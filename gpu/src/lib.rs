@@ -4,6 +4,7 @@
 //! on machines without a GPU.
 
 pub mod backend;
+pub mod bench;
 pub mod checks;
 pub mod checks_dense;
 pub mod device;

@@ -9,16 +9,22 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule};
 
 use crate::device::{GpuDevice, GpuError};
-use crate::launch::{launch, Arg, DPtr, THREADS};
+use crate::launch::{launch, launch_cfg, Arg, DPtr, THREADS};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::LaunchConfig;
 
 /// The kernels' CUDA C sources, compiled as one module after `common.cuh`.
-pub const KERNEL_SRC: [&str; 3] = [
+pub const KERNEL_SRC: [&str; 4] = [
     include_str!("../kernels/mla.cu"),
     include_str!("../kernels/prefill.cu"),
     include_str!("../kernels/dense.cu"),
+    include_str!("../kernels/flash_decode.cu"),
 ];
 
-const NAMES: [&str; 16] = [
+const NAMES: [&str; 19] = [
+    "fill_bf16_hash",
+    "flash_decode",
+    "flash_combine",
     "kv_write",
     "mla_decode",
     "gather_context",
@@ -129,6 +135,57 @@ pub struct State {
     pub lse: DPtr<f32>,
 }
 
+/// Latent width and value width the tensor-core decode is built for (DeepSeek-V3).
+pub const FLASH_DIM: usize = 576;
+pub const FLASH_DV: usize = 512;
+/// Query rows (tokens x heads) per CTA of the tensor-core decode.
+pub const FLASH_ROWS: usize = 64;
+const FLASH_THREADS: u32 = 256;
+/// Dynamic shared memory of `flash_decode`: 64 query rows and two 32-key stages, each row
+/// padded to 584 bf16.
+const FLASH_SMEM_BYTES: usize = (FLASH_ROWS + 2 * 32) * 584 * 2;
+
+/// Shape of one tensor-core decode launch (bf16 cache, 576/512 widths).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashShape {
+    pub batch: usize,
+    pub q_len: usize,
+    pub heads: usize,
+    pub page: usize,
+    /// Block-table width.
+    pub width: usize,
+    /// Keys per split, a multiple of 32; fixed in batch-invariant mode.
+    pub split_size: usize,
+    /// Splits the partial buffers hold per request.
+    pub max_splits: usize,
+}
+
+impl FlashShape {
+    /// Query rows per request (token-major, then heads).
+    pub fn rows(&self) -> usize {
+        self.q_len * self.heads
+    }
+}
+
+/// Device buffers of one tensor-core decode.
+#[derive(Clone, Copy, Debug)]
+pub struct FlashBufs {
+    /// `[batch, rows, 576]` bf16.
+    pub q: DPtr<u16>,
+    /// `[slots, 576]` bf16.
+    pub cache: DPtr<u16>,
+    pub block_table: DPtr<i32>,
+    pub seq_lens: DPtr<i32>,
+    /// `[max_splits, batch, rows, 512]`.
+    pub o_part: DPtr<f32>,
+    /// `[max_splits, batch, rows]`.
+    pub lse_part: DPtr<f32>,
+    /// `[batch, rows, 512]`.
+    pub out: DPtr<f32>,
+    /// `[batch, rows]`.
+    pub lse: DPtr<f32>,
+}
+
 /// The compiled kernels.
 pub struct Kernels {
     _module: Arc<CudaModule>,
@@ -150,10 +207,69 @@ impl Kernels {
                 .map_err(GpuError::driver(format!("loading kernel {name}")))?;
             fns.insert(name, f);
         }
+        fns["flash_decode"]
+            .set_attribute(
+                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                FLASH_SMEM_BYTES as i32,
+            )
+            .map_err(GpuError::driver("raising flash_decode's shared memory limit"))?;
         Ok(Self {
             _module: module,
             fns,
         })
+    }
+
+    /// Tensor-core decode: every request's keys `[0, seq_len)` in splits of
+    /// `split_size`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
+    /// then the splits merged in split order. `scale` is the softmax scale.
+    pub fn flash_decode(&self, dev: &GpuDevice, s: FlashShape, b: FlashBufs, scale: f32) -> Result<(), GpuError> {
+        assert!(s.split_size % 32 == 0 && s.split_size > 0, "split size {} is not a multiple of 32", s.split_size);
+        let rows = s.rows();
+        b.q.need(s.batch * rows * FLASH_DIM);
+        b.block_table.need(s.batch * s.width);
+        b.seq_lens.need(s.batch);
+        b.o_part.need(s.max_splits * s.batch * rows * FLASH_DV);
+        b.lse_part.need(s.max_splits * s.batch * rows);
+        b.out.need(s.batch * rows * FLASH_DV);
+        b.lse.need(s.batch * rows);
+        let mut args: Vec<Arg> = vec![
+            b.q.into(),
+            b.cache.into(),
+            b.block_table.into(),
+            b.seq_lens.into(),
+            b.o_part.into(),
+            b.lse_part.into(),
+        ];
+        for x in [s.batch, rows, s.heads, s.q_len, s.page, s.width, s.split_size] {
+            args.push(x.into());
+        }
+        args.push((scale * std::f32::consts::LOG2_E).into());
+        let cfg = LaunchConfig {
+            grid_dim: (rows.div_ceil(FLASH_ROWS) as u32, s.max_splits as u32, s.batch as u32),
+            block_dim: (FLASH_THREADS, 1, 1),
+            shared_mem_bytes: FLASH_SMEM_BYTES as u32,
+        };
+        // SAFETY: argument list matches flash_decode; sizes checked above; the caller's
+        // seq_lens need at most max_splits splits and its block table covers them.
+        unsafe { launch_cfg(dev, &self.fns["flash_decode"], "flash_decode", cfg, &args) }?;
+        let args = [
+            b.o_part.into(),
+            b.lse_part.into(),
+            b.seq_lens.into(),
+            b.out.into(),
+            b.lse.into(),
+            s.batch.into(),
+            rows.into(),
+            s.split_size.into(),
+            s.max_splits.into(),
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, s.batch as u32, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: argument list matches flash_combine; sizes checked above.
+        unsafe { launch_cfg(dev, &self.fns["flash_combine"], "flash_combine", cfg, &args) }
     }
 
     /// # Safety
@@ -618,6 +734,15 @@ impl Kernels {
         ];
         // SAFETY: argument list matches concat_rows; sizes checked above.
         unsafe { self.go(dev, "concat_rows", (n, 1), &args) }
+    }
+
+    /// Fills `n` bf16 values with a deterministic hash of `(seed, index)` in [-1, 1).
+    pub fn fill_bf16_hash(&self, dev: &GpuDevice, x: DPtr<u16>, n: usize, seed: u32) -> Result<(), GpuError> {
+        x.need(n);
+        let args = [x.into(), Arg::I64(n as i64), Arg::I32(seed as i32)];
+        // SAFETY: argument list matches fill_bf16_hash (the seed's bits pass as an int);
+        // size checked above; the kernel strides over n.
+        unsafe { self.go(dev, "fill_bf16_hash", (blocks(n).min(1 << 20), 1), &args) }
     }
 
     /// Sets the first `n` values of `x` to `v`.

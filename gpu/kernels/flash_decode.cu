@@ -1,0 +1,238 @@
+// Tensor-core MLA decode over a bf16 paged latent cache (DeepSeek-V3 widths: 576-wide
+// latent rows, the first 512 of which are V). FlashAttention-2 structure on mma.sync:
+// a CTA takes 64 query rows (token-major, then heads) of one request and one split of its
+// keys, streams 32-key tiles of the cache through shared memory with cp.async (double
+// buffered), keeps the 64 x 512 output in registers, and writes a partial result that
+// flash_combine merges in split order. Split boundaries are absolute positions, so a
+// request's bits do not depend on the batch.
+//
+// Warp w owns rows 16 * (w % 4) and V columns 256 * (w / 4): the two warps of a row group
+// both compute its scores (a 53% QK overhead that keeps the softmax warp-local and the
+// accumulator at 128 registers per thread).
+
+#define FD_D 576
+#define FD_DV 512
+#define FD_ROWS 64
+#define FD_KEYS 32
+#define FD_STRIDE 584  // 576 + 8: rows land on distinct banks for ldmatrix
+#define FD_THREADS 256
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) {
+    return (unsigned)__cvta_generic_to_shared(p);
+}
+
+// 16-byte async copy; when !valid the destination is zero-filled (no global read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+__device__ __forceinline__ void cp_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+__device__ __forceinline__ void cp_wait_0() { asm volatile("cp.async.wait_group 0;\n" ::); }
+
+__device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(unsigned* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+// c += a (16x16 bf16, row) * b (16x8 bf16, col), f32 accumulate.
+__device__ __forceinline__ void mma16816(float* c, const unsigned* a, unsigned b0, unsigned b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// Two f32 to a bf16x2 register, round to nearest even; `lo` in the low half.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
+// o_part [max_splits, B, rows, 512] f32; lse_part [max_splits, B, rows] f32 (natural log).
+extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
+    flash_decode(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
+                 const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                 float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
+                 int heads, int q_len, int page, int width, int split_size, float scale_log2) {
+    extern __shared__ __align__(16) unsigned short smem[];
+    unsigned short* qs = smem;                            // [64][584]
+    unsigned short* ks = smem + FD_ROWS * FD_STRIDE;      // [2][32][584]
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int rg = warp % 4, vh = warp / 4;
+    const int row0 = blockIdx.x * FD_ROWS, sp = blockIdx.y, b = blockIdx.z;
+    const int seq_len = seq_lens[b];
+    const int kv_start = sp * split_size;
+    const int kv_end = min(kv_start + split_size, seq_len);
+    if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
+
+    // Q rows of this CTA (zero-filled past the request's rows).
+    const unsigned short* qb = q + (long long)b * rows * FD_D;
+    for (int c = tid; c < FD_ROWS * (FD_D / 8); c += FD_THREADS) {
+        int r = c / (FD_D / 8), ch = c % (FD_D / 8);
+        bool ok = row0 + r < rows;
+        cp_async16(qs + r * FD_STRIDE + ch * 8, qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
+    }
+    const int* bt = block_table + (long long)b * width;
+    auto load_tile = [&](int stage, int t0) {
+        unsigned short* dst = ks + stage * FD_KEYS * FD_STRIDE;
+        for (int c = tid; c < FD_KEYS * (FD_D / 8); c += FD_THREADS) {
+            int k = c / (FD_D / 8), ch = c % (FD_D / 8);
+            int pos = t0 + k;
+            bool ok = pos < kv_end;
+            long long slot = ok ? (long long)bt[pos / page] * page + pos % page : 0;
+            cp_async16(dst + k * FD_STRIDE + ch * 8, cache + slot * FD_D + ch * 8, ok);
+        }
+    };
+    if (kv_start < kv_end) load_tile(0, kv_start);
+    cp_commit();
+
+    // Each thread holds two rows of its warp's 16: lane / 4 and lane / 4 + 8.
+    int limit[2];
+    bool live[2];
+    for (int i = 0; i < 2; ++i) {
+        int r = row0 + rg * 16 + lane / 4 + i * 8;
+        live[i] = r < rows;
+        int j = r / heads;
+        limit[i] = max(seq_len - q_len + j + 1, 0);
+    }
+    float o[32][4];
+#pragma unroll
+    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+
+    int it = 0;
+    for (int t0 = kv_start; t0 < kv_end; t0 += FD_KEYS, ++it) {
+        if (t0 + FD_KEYS < kv_end) load_tile((it + 1) & 1, t0 + FD_KEYS);
+        cp_commit();
+        cp_wait_1();
+        __syncthreads();
+        const unsigned short* kt = ks + (it & 1) * FD_KEYS * FD_STRIDE;
+        float s[4][4];
+#pragma unroll
+        for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll 4
+        for (int kk = 0; kk < FD_D; kk += 16) {
+            unsigned a[4], bb[4];
+            ldsm_x4(a, qs + (rg * 16 + lane % 16) * FD_STRIDE + kk + (lane / 16) * 8);
+#pragma unroll
+            for (int np = 0; np < 2; ++np) {
+                ldsm_x4(bb, kt + (np * 16 + (lane / 16) * 8 + lane % 8) * FD_STRIDE + kk + ((lane / 8) % 2) * 8);
+                mma16816(s[2 * np], a, bb[0], bb[1]);
+                mma16816(s[2 * np + 1], a, bb[2], bb[3]);
+            }
+        }
+        // Mask, scale, online softmax (rows i = 0, 1 of this thread).
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int pos = t0 + n * 8 + (lane % 4) * 2 + e;
+                    float v = (live[i] && pos < limit[i]) ? s[n][2 * i + e] * scale_log2 : NEG_INF;
+                    s[n][2 * i + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            float m_new = fmaxf(m[i], mx);
+            float base = m_new == NEG_INF ? 0.f : m_new;
+            alpha[i] = exp2f(m[i] - base);
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < 4; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float p = exp2f(s[n][2 * i + e] - base);
+                    s[n][2 * i + e] = p;
+                    sum += p;
+                }
+            }
+            l[i] = l[i] * alpha[i] + sum;
+            m[i] = m_new;
+        }
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            o[n][0] *= alpha[0];
+            o[n][1] *= alpha[0];
+            o[n][2] *= alpha[1];
+            o[n][3] *= alpha[1];
+        }
+        // O += P V over this warp's 256 V columns; P comes straight from the scores.
+#pragma unroll
+        for (int kh = 0; kh < 2; ++kh) {
+            unsigned a[4] = {pack_bf16(s[2 * kh][0], s[2 * kh][1]), pack_bf16(s[2 * kh][2], s[2 * kh][3]),
+                             pack_bf16(s[2 * kh + 1][0], s[2 * kh + 1][1]),
+                             pack_bf16(s[2 * kh + 1][2], s[2 * kh + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < 16; ++dp) {
+                unsigned bb[4];
+                int n0 = vh * 256 + dp * 16;
+                ldsm_x4_t(bb, kt + (kh * 16 + lane % 8 + ((lane / 8) % 2) * 8) * FD_STRIDE + n0 + (lane / 16) * 8);
+                mma16816(o[2 * dp], a, bb[0], bb[1]);
+                mma16816(o[2 * dp + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();  // the next iteration's prefetch overwrites this stage
+    }
+    cp_wait_0();
+
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+    }
+    long long base = ((long long)sp * batch + b) * rows;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int r = row0 + rg * 16 + lane / 4 + i * 8;
+        if (!live[i]) continue;
+        float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        float* dst = o_part + (base + r) * FD_DV + vh * 256 + (lane % 4) * 2;
+#pragma unroll
+        for (int n = 0; n < 32; ++n) {
+            dst[n * 8] = o[n][2 * i] * inv;
+            dst[n * 8 + 1] = o[n][2 * i + 1] * inv;
+        }
+        if (vh == 0 && lane % 4 == 0)
+            lse_part[base + r] = l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
+    }
+}
+
+// Merges the splits of every row in split order, in f32: out [B, rows, 512], lse [B, rows].
+extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                                         const int* __restrict__ seq_lens, float* __restrict__ out,
+                                         float* __restrict__ lse, int batch, int rows, int split_size,
+                                         int max_splits) {
+    int r = blockIdx.x, b = blockIdx.y;
+    int n = (seq_lens[b] + split_size - 1) / split_size;
+    n = max(1, min(n, max_splits));
+    float mx = NEG_INF;
+    for (int s = 0; s < n; ++s) mx = fmaxf(mx, lse_part[((long long)s * batch + b) * rows + r]);
+    float denom = 0.f;
+    for (int s = 0; s < n; ++s) {
+        float w = mx == NEG_INF ? 0.f : __expf(lse_part[((long long)s * batch + b) * rows + r] - mx);
+        denom += w;
+    }
+    for (int d = threadIdx.x; d < FD_DV; d += blockDim.x) {
+        float acc = 0.f;
+        for (int s = 0; s < n; ++s) {
+            long long i = ((long long)s * batch + b) * rows + r;
+            float w = mx == NEG_INF ? 0.f : __expf(lse_part[i] - mx);
+            acc += w * o_part[i * FD_DV + d];
+        }
+        out[((long long)b * rows + r) * FD_DV + d] = denom > 0.f ? acc / denom : 0.f;
+    }
+    if (threadIdx.x == 0) lse[(long long)b * rows + r] = denom > 0.f ? mx + logf(denom) : NEG_INF;
+}

@@ -1,0 +1,392 @@
+//! `gpu-bench` measurements: the two ceilings (a large device-to-device copy and a large
+//! bf16 cuBLAS GEMM) and our attention paths at the SPEC section 12 shapes, each timed
+//! with CUDA events (warm-up, then the median of many runs) and reported against the
+//! ceilings measured in the same run. One CSV row per measurement.
+
+use std::sync::Arc;
+
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::sys::CUevent_flags;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::device::{GpuDevice, GpuError};
+use crate::launch::{copy, Buf};
+use crate::ops::{
+    DecodeBufs, DecodeShape, FlashBufs, FlashShape, KeyBufs, Kernels, MlaDims, State, FLASH_DIM,
+    FLASH_DV, FLASH_ROWS,
+};
+
+/// Header of the CSV `gpu-bench` writes (and `plots` reads).
+pub const CSV_HEADER: &str =
+    "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm";
+
+/// Split size of the batch-invariant mode: fixed, so a request's splits never depend on
+/// the batch. A multiple of every page size the bench uses.
+pub const INVARIANT_SPLIT_TOKENS: usize = 1024;
+
+/// One attention shape of the sweep.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BenchShape {
+    pub heads: usize,
+    pub q_len: usize,
+    pub batch: usize,
+    pub context: usize,
+    pub page: usize,
+}
+
+impl BenchShape {
+    /// Useful bytes (SPEC section 12): queries, the latent cache once, outputs; bf16.
+    pub fn bytes(&self) -> f64 {
+        let (b, s, h, l) = (self.batch, self.q_len, self.heads, self.context);
+        (b * (s * h * 576 * 2 + l * 576 * 2 + s * h * 512 * 2)) as f64
+    }
+    /// FLOPs (SPEC section 12): QK over 576 and PV over 512 for every query and key.
+    pub fn flops(&self) -> f64 {
+        let (b, s, h, l) = (self.batch, self.q_len, self.heads, self.context);
+        (b * h * s) as f64 * (2.0 * 576.0 * l as f64 + 2.0 * 512.0 * l as f64)
+    }
+}
+
+/// One measured row.
+#[derive(Clone, Debug)]
+pub struct Measurement {
+    pub kernel: &'static str,
+    pub mode: &'static str,
+    pub shape: Option<BenchShape>,
+    pub time_us: f64,
+    pub bytes: f64,
+    pub flops: f64,
+}
+
+/// The measured ceilings of this run.
+#[derive(Clone, Copy, Debug)]
+pub struct Ceilings {
+    /// Device-to-device copy, bytes read + written per second.
+    pub copy_gb_per_s: f64,
+    /// bf16 GEMM (8192^3 by default) through cuBLAS.
+    pub gemm_tflop_per_s: f64,
+}
+
+impl Measurement {
+    pub fn gb_per_s(&self) -> f64 {
+        self.bytes / self.time_us / 1e3
+    }
+    pub fn tflop_per_s(&self) -> f64 {
+        self.flops / self.time_us / 1e6
+    }
+    /// The CSV row, with percentages of the ceilings.
+    pub fn csv(&self, c: &Ceilings) -> String {
+        let s = self.shape.unwrap_or(BenchShape {
+            heads: 0,
+            q_len: 0,
+            batch: 0,
+            context: 0,
+            page: 0,
+        });
+        let (gb, tf) = (self.gb_per_s(), self.tflop_per_s());
+        format!(
+            "{},{},{},{},{},{},{},{:.3},{:.0},{:.0},{:.2},{:.3},{:.2},{:.2}",
+            self.kernel,
+            self.mode,
+            s.heads,
+            s.q_len,
+            s.batch,
+            s.context,
+            s.page,
+            self.time_us,
+            self.bytes,
+            self.flops,
+            gb,
+            tf,
+            100.0 * gb / c.copy_gb_per_s,
+            100.0 * tf / c.gemm_tflop_per_s
+        )
+    }
+}
+
+/// Times `f` with CUDA events: `warmup` runs, then the median of `reps` timed runs, in µs.
+pub fn time_us(
+    dev: &GpuDevice,
+    warmup: usize,
+    reps: usize,
+    mut f: impl FnMut() -> Result<(), GpuError>,
+) -> Result<f64, GpuError> {
+    for _ in 0..warmup {
+        f()?;
+    }
+    let ev = || {
+        dev.ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+            .map_err(GpuError::driver("creating a timing event"))
+    };
+    let mut times = Vec::with_capacity(reps);
+    for _ in 0..reps.max(1) {
+        let (start, end) = (ev()?, ev()?);
+        start.record(&dev.stream).map_err(GpuError::driver("recording an event"))?;
+        f()?;
+        end.record(&dev.stream).map_err(GpuError::driver("recording an event"))?;
+        let ms = start.elapsed_ms(&end).map_err(GpuError::driver("reading an event"))?;
+        times.push(ms as f64 * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// Measures both ceilings.
+pub fn ceilings(dev: &Arc<GpuDevice>, quick: bool) -> Result<Ceilings, GpuError> {
+    let copy_bytes: usize = if quick { 256 << 20 } else { 1 << 30 };
+    let n = copy_bytes / 4;
+    let (src, dst) = (
+        Buf::<f32>::uninit(dev, n, "copy-ceiling source")?,
+        Buf::<f32>::uninit(dev, n, "copy-ceiling destination")?,
+    );
+    let t = time_us(dev, 3, if quick { 10 } else { 30 }, || {
+        copy(dev, src.ptr(), dst.ptr(), n)
+    })?;
+    let copy_gb_per_s = 2.0 * copy_bytes as f64 / t / 1e3;
+    let gemm_tflop_per_s = gemm_rate(dev, if quick { 4096 } else { 8192 })?;
+    Ok(Ceilings {
+        copy_gb_per_s,
+        gemm_tflop_per_s,
+    })
+}
+
+/// bf16 GEMM `n^3` through cuBLAS (f32 accumulate), TFLOP/s.
+fn gemm_rate(dev: &Arc<GpuDevice>, n: usize) -> Result<f64, GpuError> {
+    let blas = CudaBlas::new(Arc::clone(&dev.stream))
+        .map_err(|e| GpuError::NoDevice(format!("cuBLAS could not be loaded: {e:?}")))?;
+    let mk = |what: &str| -> Result<cudarc::driver::CudaSlice<half::bf16>, GpuError> {
+        dev.stream
+            .alloc_zeros::<half::bf16>(n * n)
+            .map_err(|e| GpuError::alloc(what, n * n * 2, e))
+    };
+    let (a, b, mut c) = (mk("GEMM A")?, mk("GEMM B")?, mk("GEMM C")?);
+    let cfg = GemmConfig {
+        transa: cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+        transb: cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+        m: n as i32,
+        n: n as i32,
+        k: n as i32,
+        alpha: half::bf16::ONE,
+        lda: n as i32,
+        ldb: n as i32,
+        beta: half::bf16::ZERO,
+        ldc: n as i32,
+    };
+    let t = time_us(dev, 3, 10, || {
+        // SAFETY: A, B and C are n x n device matrices matching cfg.
+        unsafe { blas.gemm(cfg, &a, &b, &mut c) }
+            .map_err(|e| GpuError::NoDevice(format!("cuBLAS GEMM failed: {e:?}")))
+    })?;
+    Ok(2.0 * (n as f64).powi(3) / t / 1e6)
+}
+
+/// Device inputs of one decode shape: bf16 queries and paged cache, a shuffled block
+/// table, every request at `context` keys.
+pub struct DecodeInputs {
+    pub shape: BenchShape,
+    pub q: Buf<u16>,
+    pub cache: Buf<u16>,
+    pub block_table: Buf<i32>,
+    pub seq_lens: Buf<i32>,
+    pub width: usize,
+}
+
+impl DecodeInputs {
+    pub fn new(dev: &GpuDevice, k: &Kernels, s: BenchShape, seed: u64) -> Result<Self, GpuError> {
+        let width = s.context.div_ceil(s.page);
+        let blocks = s.batch * width;
+        let rows = s.q_len * s.heads;
+        let q = Buf::<u16>::uninit(dev, s.batch * rows * FLASH_DIM, "bench queries")?;
+        let cache = Buf::<u16>::uninit(dev, blocks * s.page * FLASH_DIM, "bench KV cache")?;
+        k.fill_bf16_hash(dev, q.ptr(), q.len(), seed as u32)?;
+        k.fill_bf16_hash(dev, cache.ptr(), cache.len(), seed as u32 ^ 0x9e37_79b9)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let mut table: Vec<i32> = (0..blocks as i32).collect();
+        for i in (1..table.len()).rev() {
+            table.swap(i, rng.gen_range(0..=i));
+        }
+        Ok(Self {
+            shape: s,
+            q,
+            cache,
+            block_table: Buf::from_host(dev, &table, "bench block table")?,
+            seq_lens: Buf::from_host(dev, &vec![s.context as i32; s.batch], "bench seq_lens")?,
+            width,
+        })
+    }
+}
+
+/// Split size of the fast mode: enough splits for about two waves of CTAs on `sms`
+/// multiprocessors, never below 256 keys.
+pub fn fast_split_tokens(s: &BenchShape, sms: usize) -> usize {
+    let ctas = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
+    let splits = (2 * sms).div_ceil(ctas).clamp(1, s.context.div_ceil(256).max(1));
+    s.context.div_ceil(splits).div_ceil(s.page.max(32)) * s.page.max(32)
+}
+
+/// Times the tensor-core decode at `inp.shape` with `split_size` keys per split.
+pub fn bench_flash(
+    dev: &GpuDevice,
+    k: &Kernels,
+    inp: &DecodeInputs,
+    split_size: usize,
+    mode: &'static str,
+    reps: usize,
+) -> Result<Measurement, GpuError> {
+    let s = inp.shape;
+    let rows = s.q_len * s.heads;
+    let max_splits = s.context.div_ceil(split_size).max(1);
+    let o_part = Buf::<f32>::uninit(dev, max_splits * s.batch * rows * FLASH_DV, "bench partial outputs")?;
+    let lse_part = Buf::<f32>::uninit(dev, max_splits * s.batch * rows, "bench partial lse")?;
+    let out = Buf::<f32>::uninit(dev, s.batch * rows * FLASH_DV, "bench outputs")?;
+    let lse = Buf::<f32>::uninit(dev, s.batch * rows, "bench lse")?;
+    let shape = FlashShape {
+        batch: s.batch,
+        q_len: s.q_len,
+        heads: s.heads,
+        page: s.page,
+        width: inp.width,
+        split_size,
+        max_splits,
+    };
+    let bufs = FlashBufs {
+        q: inp.q.ptr(),
+        cache: inp.cache.ptr(),
+        block_table: inp.block_table.ptr(),
+        seq_lens: inp.seq_lens.ptr(),
+        o_part: o_part.ptr(),
+        lse_part: lse_part.ptr(),
+        out: out.ptr(),
+        lse: lse.ptr(),
+    };
+    let scale = 1.0 / 192f32.sqrt();
+    let t = time_us(dev, 3, reps, || k.flash_decode(dev, shape, bufs, scale))?;
+    Ok(Measurement {
+        kernel: "decode",
+        mode,
+        shape: Some(s),
+        time_us: t,
+        bytes: s.bytes(),
+        flops: s.flops(),
+    })
+}
+
+/// Times the f32 correctness-baseline decode (`mla_decode`) at `s`, inputs f32.
+pub fn bench_baseline_decode(dev: &GpuDevice, k: &Kernels, s: BenchShape, reps: usize) -> Result<Measurement, GpuError> {
+    let width = s.context.div_ceil(s.page);
+    let tokens = s.batch * s.q_len;
+    let mut rng = ChaCha8Rng::seed_from_u64(7);
+    let mut table: Vec<i32> = (0..(s.batch * width) as i32).collect();
+    for i in (1..table.len()).rev() {
+        table.swap(i, rng.gen_range(0..=i));
+    }
+    let cache = Buf::<f32>::uninit(dev, s.batch * width * s.page * FLASH_DIM, "baseline cache")?;
+    let q = Buf::<f32>::uninit(dev, tokens * s.heads * FLASH_DIM, "baseline queries")?;
+    k.fill(dev, cache.ptr(), 0.01, cache.len())?;
+    k.fill(dev, q.ptr(), 0.01, q.len())?;
+    let split = INVARIANT_SPLIT_TOKENS;
+    let seq = vec![s.context as i32; s.batch];
+    let splits = vec![s.context.div_ceil(split) as i32; s.batch];
+    let (td, sd, nd) = (
+        Buf::from_host(dev, &table, "baseline table")?,
+        Buf::from_host(dev, &seq, "baseline seq_lens")?,
+        Buf::from_host(dev, &splits, "baseline splits")?,
+    );
+    let out = Buf::<f32>::uninit(dev, tokens * s.heads * FLASH_DV, "baseline out")?;
+    let lse = Buf::<f32>::uninit(dev, tokens * s.heads, "baseline lse")?;
+    let shape = DecodeShape {
+        num_rows: s.batch,
+        q_len: s.q_len,
+        heads: s.heads,
+        dim: FLASH_DIM,
+        dv: FLASH_DV,
+        page: s.page,
+        width,
+        split_size: split,
+    };
+    let bufs = DecodeBufs {
+        q: q.ptr(),
+        cache: cache.ptr(),
+        block_table: td.ptr(),
+        seq_lens: sd.ptr(),
+        num_splits: nd.ptr(),
+        out: out.ptr(),
+        lse: lse.ptr(),
+    };
+    let t = time_us(dev, 1, reps, || k.decode(dev, shape, bufs, 0.07))?;
+    Ok(Measurement {
+        kernel: "decode_f32_baseline",
+        mode: "invariant",
+        shape: Some(s),
+        time_us: t,
+        bytes: s.bytes(),
+        flops: s.flops(),
+    })
+}
+
+/// Times our prefill path on a spec-step shape: per request, the context gathered from
+/// the cache, K/V materialized per head, full attention of the q_len queries, and the
+/// causal new-token block merged by LSE (f32, as the backend runs it).
+pub fn bench_prefill_path(dev: &GpuDevice, k: &Kernels, s: BenchShape, reps: usize) -> Result<Measurement, GpuError> {
+    let d = MlaDims {
+        heads: s.heads,
+        kv_lora: FLASH_DV,
+        rope: FLASH_DIM - FLASH_DV,
+        nope: 128,
+        dv: 128,
+    };
+    let width = s.context.div_ceil(s.page);
+    let cache = Buf::<f32>::uninit(dev, s.batch * width * s.page * FLASH_DIM, "prefill-path cache")?;
+    k.fill(dev, cache.ptr(), 0.01, cache.len())?;
+    let table: Vec<i32> = (0..(s.batch * width) as i32).collect();
+    let td = Buf::from_host(dev, &table, "prefill-path table")?;
+    let n = s.context;
+    let ws = Buf::<f32>::uninit(dev, n * FLASH_DIM, "prefill-path context")?;
+    let w_uk = Buf::<f32>::uninit(dev, d.heads * d.kv_lora * d.nope, "prefill-path w_uk")?;
+    let w_uv = Buf::<f32>::uninit(dev, d.heads * d.kv_lora * d.dv, "prefill-path w_uv")?;
+    k.fill(dev, w_uk.ptr(), 0.01, w_uk.len())?;
+    k.fill(dev, w_uv.ptr(), 0.01, w_uv.len())?;
+    let k_nope = Buf::<f32>::uninit(dev, n * d.heads * d.nope, "prefill-path k_nope")?;
+    let v = Buf::<f32>::uninit(dev, n * d.heads * d.dv, "prefill-path v")?;
+    let q = Buf::<f32>::uninit(dev, s.q_len * d.heads * d.qk(), "prefill-path q")?;
+    k.fill(dev, q.ptr(), 0.01, q.len())?;
+    let part = |what: &str| Buf::<f32>::uninit(dev, s.q_len * d.heads * d.dv.max(1), what);
+    let (o1, o2) = (part("prefill-path out")?, part("prefill-path new out")?);
+    let (l1, l2) = (part("prefill-path lse")?, part("prefill-path new lse")?);
+    let t = time_us(dev, 1, reps, || {
+        for b in 0..s.batch {
+            let row = td.ptr().range(b * width, width);
+            k.gather_context(dev, cache.ptr(), row, ws.ptr(), 0, n, s.page, FLASH_DIM)?;
+            k.expand(dev, d, ws.ptr(), w_uk.ptr(), w_uv.ptr(), k_nope.ptr(), v.ptr(), n)?;
+            let keys = KeyBufs {
+                k_nope: k_nope.ptr(),
+                latent: ws.ptr(),
+                v: v.ptr(),
+                n,
+            };
+            let acc = State {
+                out: o1.ptr(),
+                lse: l1.ptr(),
+            };
+            k.attend(dev, d, q.ptr(), s.q_len, keys, false, acc)?;
+            let new_keys = KeyBufs { n: s.q_len, ..keys };
+            let new = State {
+                out: o2.ptr(),
+                lse: l2.ptr(),
+            };
+            k.attend(dev, d, q.ptr(), s.q_len, new_keys, true, new)?;
+            k.merge(dev, d, acc, new, s.q_len, false)?;
+        }
+        Ok(())
+    })?;
+    Ok(Measurement {
+        kernel: "prefill_path",
+        mode: "invariant",
+        shape: Some(s),
+        time_us: t,
+        bytes: s.bytes(),
+        flops: s.flops(),
+    })
+}

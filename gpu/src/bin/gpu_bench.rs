@@ -1,0 +1,167 @@
+//! `gpu-bench`: measures the ceilings (device-to-device copy, bf16 cuBLAS GEMM), then our
+//! MLA decode kernels at the SPEC section 12 shapes (or the shapes given on the command
+//! line), and writes a table and a CSV. Exit 2 without a usable GPU (one line).
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::Parser;
+use specmla_gpu::bench::{
+    bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_split_tokens,
+    BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER, INVARIANT_SPLIT_TOKENS,
+};
+use specmla_gpu::ops::Kernels;
+use specmla_gpu::{GpuDevice, GpuError};
+
+/// Benchmarks of the MLA decode kernels against measured ceilings.
+#[derive(Parser)]
+#[command(name = "gpu-bench", version)]
+struct Cli {
+    /// A short sweep (a few shapes, fewer repetitions, smaller ceilings).
+    #[arg(long)]
+    quick: bool,
+    /// Heads (repeatable; default 128 and 16).
+    #[arg(long)]
+    heads: Vec<usize>,
+    /// q_len (repeatable; default 1, 2, 4).
+    #[arg(long = "q-len")]
+    q_len: Vec<usize>,
+    /// Batch (repeatable; default 32, 64, 128).
+    #[arg(long)]
+    batch: Vec<usize>,
+    /// Context length in tokens (repeatable; default 4096, 8192, 16384).
+    #[arg(long)]
+    context: Vec<usize>,
+    /// Page size in tokens.
+    #[arg(long, default_value_t = 64)]
+    page: usize,
+    /// Timed repetitions per point (the median is reported).
+    #[arg(long, default_value_t = 20)]
+    reps: usize,
+    /// Also time the spec-step comparison with our prefill path (B 16, L 2048, q 2..4).
+    #[arg(long)]
+    spec: bool,
+    /// Write the CSV here.
+    #[arg(long, default_value = "gpu-bench.csv")]
+    csv: std::path::PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn or(v: &[usize], d: &[usize]) -> Vec<usize> {
+    if v.is_empty() {
+        d.to_vec()
+    } else {
+        v.to_vec()
+    }
+}
+
+fn shapes(cli: &Cli) -> Vec<BenchShape> {
+    let q = if cli.quick { vec![128] } else { vec![128, 16] };
+    let heads = or(&cli.heads, &q);
+    let q_lens = or(&cli.q_len, &[1, 2, 4]);
+    let batches = or(&cli.batch, if cli.quick { &[64] } else { &[32, 64, 128] });
+    let contexts = or(&cli.context, if cli.quick { &[4096] } else { &[4096, 8192, 16384] });
+    let mut out = Vec::new();
+    for &heads in &heads {
+        for &q_len in &q_lens {
+            for &batch in &batches {
+                for &context in &contexts {
+                    out.push(BenchShape { heads, q_len, batch, context, page: cli.page });
+                }
+            }
+        }
+    }
+    out
+}
+
+fn run(cli: &Cli) -> Result<(), GpuError> {
+    let dev = Arc::new(GpuDevice::open(0)?);
+    let sms = dev
+        .ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(GpuError::driver("reading the SM count"))? as usize;
+    let k = Kernels::load(&dev)?;
+    let c = ceilings(&dev, cli.quick)?;
+    println!("device: {} ({}, {sms} SMs)", dev.name, dev.arch);
+    println!(
+        "ceilings: copy {:.0} GB/s (read + write), bf16 GEMM {:.1} TFLOP/s",
+        c.copy_gb_per_s, c.gemm_tflop_per_s
+    );
+    let mut rows: Vec<Measurement> = Vec::new();
+    println!(
+        "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10} {:>8} {:>8} {:>6} {:>6}",
+        "kernel", "mode", "H", "q", "B", "L", "time us", "GB/s", "TFLOP/s", "%copy", "%gemm"
+    );
+    let reps = if cli.quick { cli.reps.min(10) } else { cli.reps };
+    for s in shapes(cli) {
+        let inp = DecodeInputs::new(&dev, &k, s, 11)?;
+        let inv = bench_flash(&dev, &k, &inp, INVARIANT_SPLIT_TOKENS, "invariant", reps)?;
+        let fast = bench_flash(&dev, &k, &inp, fast_split_tokens(&s, sms), "fast", reps)?;
+        for m in [inv, fast] {
+            print_row(&m, &c);
+            rows.push(m);
+        }
+    }
+    if cli.spec || !cli.quick {
+        for q_len in 2..=4 {
+            let s = BenchShape { heads: 128, q_len, batch: 16, context: 2048, page: cli.page };
+            let inp = DecodeInputs::new(&dev, &k, s, 12)?;
+            let d = bench_flash(&dev, &k, &inp, INVARIANT_SPLIT_TOKENS, "invariant", reps)?;
+            drop(inp);
+            let p = bench_prefill_path(&dev, &k, s, 3)?;
+            println!("spec step q {q_len}: decode {:.1} us, prefill path {:.1} us ({:.1}x)", d.time_us, p.time_us, p.time_us / d.time_us);
+            for m in [d, p] {
+                print_row(&m, &c);
+                rows.push(m);
+            }
+        }
+        let s = BenchShape { heads: 128, q_len: 1, batch: 32, context: 4096, page: cli.page };
+        let m = bench_baseline_decode(&dev, &k, s, 3)?;
+        print_row(&m, &c);
+        rows.push(m);
+    }
+    write_csv(&cli.csv, &c, &rows)
+        .map_err(|e| GpuError::NoDevice(format!("writing {}: {e}", cli.csv.display())))?;
+    println!("wrote {}", cli.csv.display());
+    Ok(())
+}
+
+fn print_row(m: &Measurement, c: &Ceilings) {
+    let s = m.shape.expect("kernel rows have shapes");
+    println!(
+        "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10.1} {:>8.0} {:>8.1} {:>5.1}% {:>5.1}%",
+        m.kernel,
+        m.mode,
+        s.heads,
+        s.q_len,
+        s.batch,
+        s.context,
+        m.time_us,
+        m.gb_per_s(),
+        m.tflop_per_s(),
+        100.0 * m.gb_per_s() / c.copy_gb_per_s,
+        100.0 * m.tflop_per_s() / c.gemm_tflop_per_s
+    );
+}
+
+fn write_csv(path: &std::path::Path, c: &Ceilings, rows: &[Measurement]) -> std::io::Result<()> {
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
+    writeln!(f, "{CSV_HEADER}")?;
+    writeln!(f, "copy,ceiling,0,0,0,0,0,0,0,0,{:.2},0,100,0", c.copy_gb_per_s)?;
+    writeln!(f, "gemm_bf16,ceiling,0,0,0,0,0,0,0,0,0,{:.3},0,100", c.gemm_tflop_per_s)?;
+    for m in rows {
+        writeln!(f, "{}", m.csv(c))?;
+    }
+    f.flush()
+}
