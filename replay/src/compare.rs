@@ -233,18 +233,18 @@ fn largest_diff(a: &[f32], b: &[f32]) -> f32 {
 /// replays on the other backend. Both backends compute in f32 but reduce in different
 /// orders: the CPU and an H100 agree to about 1e-5 on logits and 1e-6 on attention
 /// outputs, while a real kernel bug (F1) moves attention outputs by about 0.8.
-pub const CROSS_ATOL: f32 = 1e-3;
+pub const CROSS_ATOL: f64 = 1e-3;
 /// Relative tolerance on stored tensors across backends: `|got - recorded| <= CROSS_ATOL
 /// + CROSS_RTOL * |recorded|`.
-pub const CROSS_RTOL: f32 = 1e-3;
+pub const CROSS_RTOL: f64 = 1e-3;
 
 /// The tolerances of a cross-backend replay, as one value the report prints.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize)]
 pub struct CrossTolerances {
     /// Absolute tolerance on attention outputs and logits.
-    pub atol: f32,
+    pub atol: f64,
     /// Relative tolerance on attention outputs and logits.
-    pub rtol: f32,
+    pub rtol: f64,
     /// A differing token whose replayed logits are closer than this to the recorded
     /// token's is a near-tie: reported, not a divergence. It is `sim`'s own near-tie
     /// margin ([`specmla_sim::checks::NEAR_TIE_MARGIN`]).
@@ -262,9 +262,8 @@ impl CrossTolerances {
     /// Whether `got` is within tolerance of `recorded`. Two NaNs (or two equal
     /// infinities) agree; a NaN against a number never does.
     pub fn within(&self, recorded: f32, got: f32) -> bool {
-        recorded == got
-            || (recorded.is_nan() && got.is_nan())
-            || (recorded - got).abs() <= self.atol + self.rtol * recorded.abs()
+        let (a, b) = (f64::from(recorded), f64::from(got));
+        a == b || (a.is_nan() && b.is_nan()) || (a - b).abs() <= self.atol + self.rtol * a.abs()
     }
 }
 

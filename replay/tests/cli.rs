@@ -18,17 +18,22 @@ fn dir() -> PathBuf {
     d
 }
 
-/// A trace of mixed_mtp with 6 requests, written through the library.
+/// A trace of mixed_mtp with 6 requests, written through the library, once: tests run
+/// in parallel, and none may read it half written.
 fn trace() -> PathBuf {
-    let p = dir().join("t.bin");
-    if !p.exists() {
-        let mut s = specmla_sim::scenarios::by_name("mixed_mtp").unwrap();
-        s.workload.num_requests = 6;
-        let mut sink =
-            specmla_sim::record::TraceSink::new(std::fs::File::create(&p).unwrap(), false);
-        specmla_sim::runner::run_with(&s, 0, Some(&mut sink), |_| {}).unwrap();
-    }
-    p
+    static TRACE: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    TRACE
+        .get_or_init(|| {
+            let p = dir().join("t.bin");
+            let mut s = specmla_sim::scenarios::by_name("mixed_mtp").unwrap();
+            s.workload.num_requests = 6;
+            let mut sink =
+                specmla_sim::record::TraceSink::new(std::fs::File::create(&p).unwrap(), false);
+            let cpu = specmla_sim::runner::cpu_backend;
+            specmla_sim::runner::run_with(&s, 0, cpu, Some(&mut sink), |_| {}).unwrap();
+            p
+        })
+        .clone()
 }
 
 fn assert_exit2(args: &[&str], needle: &str) {
@@ -201,16 +206,68 @@ fn hand_edited_records_are_errors_not_panics() {
 fn gpu_replay_without_a_gpu_is_one_line_and_exit_2() {
     let t = trace();
     let t = t.to_string_lossy();
-    let o = bin("replay", &["--gpu", &t]);
-    if o.status.code() != Some(0) {
-        assert_exit2(&["--gpu", &t], "--gpu: ");
-        let err = String::from_utf8_lossy(&o.stderr).into_owned();
-        assert_eq!(err.trim().lines().count(), 1, "{err}");
-    } else {
-        assert!(String::from_utf8_lossy(&o.stdout).contains("replayed on gpu"));
+    for flags in [&["--gpu"][..], &["--backend", "gpu"]] {
+        let args: Vec<&str> = flags.iter().copied().chain([&*t]).collect();
+        let o = bin("replay", &args);
+        if o.status.code() == Some(0) {
+            // A machine with a GPU replayed the CPU trace across backends.
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.contains("replayed on gpu"), "{out}");
+            assert!(out.contains("cross-backend"), "{out}");
+        } else {
+            assert_exit2(&args, "error: --backend gpu: ");
+        }
     }
     assert_exit2(
         &["--gpu", "--bisect", "-o", "/tmp/never.bin", &t],
-        "CPU backend only",
+        "--bisect runs on the CPU backend only",
     );
+    assert!(!std::path::Path::new("/tmp/never.bin").exists());
+}
+
+/// The report says how it compared: bit for bit on the recording's backend kind, within
+/// the printed tolerances on another (a CPU trace relabelled "gpu" replays on the CPU
+/// exactly as a GPU trace would).
+#[test]
+fn the_report_states_the_comparison_mode_and_tolerances() {
+    let o = bin("replay", &[trace().to_str().unwrap(), "--json"]);
+    assert_eq!(o.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["mode"], "bitwise (same backend)");
+    assert_eq!(
+        (v["recorded_on"].as_str(), v["replayed_on"].as_str()),
+        (Some("cpu"), Some("cpu"))
+    );
+    assert!(v["tolerances"].is_null() && v["device"].is_string(), "{v}");
+
+    let (mut header, records, _) = specmla_traces::read_all(trace()).unwrap();
+    header.backend = "gpu".into();
+    let mut w = specmla_traces::TraceWriter::new(Vec::new(), &header).unwrap();
+    for r in &records {
+        w.write_step(r).unwrap();
+    }
+    let p = dir().join("gpu-labelled.bin");
+    std::fs::write(&p, w.finish().unwrap()).unwrap();
+    let o = bin("replay", &[p.to_str().unwrap(), "--json"]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let mode = v["mode"].as_str().unwrap();
+    assert!(mode.starts_with("cross-backend"), "{mode}");
+    assert!(mode.contains("no tensors"), "{mode}");
+    assert_eq!(v["tolerances"]["atol"], 1e-3);
+    assert_eq!(v["tolerances"]["rtol"], 1e-3);
+    assert_eq!(v["tolerances"]["near_tie_margin"], 1e-3);
+    let o = bin("replay", &[p.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("recorded on gpu, replayed on cpu"), "{out}");
+    assert!(
+        out.contains("only metadata and tokens are compared"),
+        "{out}"
+    );
+    assert!(out.contains("MATCHED:"), "{out}");
 }

@@ -8,15 +8,20 @@ use specmla_replay::bisect::{bisect, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::replay_records;
 use specmla_sim::record::TraceSink;
-use specmla_sim::runner::run_with;
+use specmla_sim::runner::{cpu_backend, run_with};
 use specmla_sim::scenarios;
 
 /// Records `scenario` (with at most `requests` requests) into memory.
 fn record(scenario: &str, requests: usize, seed: u64) -> (Trace, Vec<u8>) {
+    record_with(scenario, requests, seed, false)
+}
+
+/// [`record`], with full tensors when `tensors`.
+fn record_with(scenario: &str, requests: usize, seed: u64, tensors: bool) -> (Trace, Vec<u8>) {
     let mut s = scenarios::by_name(scenario).unwrap();
     s.workload.num_requests = s.workload.num_requests.min(requests);
-    let mut sink = TraceSink::new(Vec::new(), false);
-    let sum = run_with(&s, seed, Some(&mut sink), |_| {}).unwrap();
+    let mut sink = TraceSink::new(Vec::new(), tensors);
+    let sum = run_with(&s, seed, cpu_backend, Some(&mut sink), |_| {}).unwrap();
     assert!(sum.passed(), "{scenario}: {:?}", sum.failures);
     let bytes = sink.into_inner().unwrap();
     let (header, records, _) =
@@ -130,4 +135,10 @@ fn same_seed_same_trace_bytes() {
     let (_, c) = record("grammar_mixed", 6, 4);
     assert_eq!(a, b);
     assert_ne!(a, c);
+    // With full tensors too, and the header names the backend kind, not the device.
+    let (t, a) = record_with("grammar_mixed", 6, 3, true);
+    let (_, b) = record_with("grammar_mixed", 6, 3, true);
+    assert_eq!(a, b);
+    assert_eq!(t.header.backend, "cpu");
+    assert!(t.records.iter().all(|r| r.tensors.is_some()));
 }

@@ -41,6 +41,8 @@ fn default_run_passes_and_summarizes() {
     assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
     for key in [
         "scenario mixed_mtp",
+        "backend cpu",
+        "device              CPU reference (f32)",
         "mean acceptance len",
         "spec == greedy",
         "oracle agreement",
@@ -57,6 +59,8 @@ fn json_summary_is_machine_readable() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON on stdout");
     assert_eq!(v["scenario"], "graphs");
     assert_eq!(v["num_failures"], 0);
+    assert_eq!(v["backend"], "cpu");
+    assert_eq!(v["device"], "CPU reference (f32)");
     assert!(
         v["stats"]["graph_steps"].as_u64().unwrap() > 0,
         "graphs scenario replayed no graph"
@@ -324,14 +328,34 @@ fn trace_and_determinism_flags() {
 
 #[test]
 fn gpu_backend_without_a_gpu_is_one_line_and_exit_2() {
-    let o = sim(&["--backend", "gpu", "--steps", "2"]);
+    let dir = std::env::temp_dir().join(format!("specmla-cli-gpu-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let t = dir.join("gpu.bin");
+    let args = [
+        "--backend",
+        "gpu",
+        "--steps",
+        "2",
+        "--trace",
+        t.to_str().unwrap(),
+    ];
+    let o = sim(&args);
     if o.status.code() == Some(0) {
         // A machine with a GPU ran it; the device results are in BENCHMARKS.md.
         assert!(String::from_utf8_lossy(&o.stdout).contains("backend gpu"));
+        let (h, _, _) = specmla_traces::read_all(&t).unwrap();
+        assert_eq!(h.backend, "gpu");
         return;
     }
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(2), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.starts_with("error: --backend gpu: "), "{err}");
+    for args in [&args[..], &["--backend", "gpu", "--check-determinism"]] {
+        let o = sim(args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(err.starts_with("error: --backend gpu: "), "{err}");
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // A run that never started leaves no empty trace behind.
+    assert!(!t.exists());
+    assert_bad_input(&["--backend", "tpu"], &["cpu", "gpu"]);
 }
