@@ -1,20 +1,18 @@
 // Tensor-core MLA decode over a bf16 paged latent cache (DeepSeek-V3 widths: 576-wide
 // latent rows, the first 512 of which are V). FlashAttention-2 structure on mma.sync:
 // a CTA takes 64 query rows (token-major, then heads) of one request and one split of its
-// keys, streams 32-key tiles of the cache through shared memory with cp.async (double
+// keys, streams 64-key tiles of the cache through shared memory with cp.async (double
 // buffered), keeps the 64 x 512 output in registers, and writes a partial result that
 // flash_combine merges in split order. Split boundaries are absolute positions, so a
 // request's bits do not depend on the batch.
 //
-// Warp w owns rows 16 * (w % 4) and V columns 256 * (w / 4): the two warps of a row group
-// both compute its scores (a 53% QK overhead that keeps the softmax warp-local and the
-// accumulator at 128 registers per thread).
 
 #define FD_D 576
 #define FD_DV 512
 #define FD_ROWS 64
-#define FD_KEYS 32
-#define FD_STRIDE 584  // 576 + 8: rows land on distinct banks for ldmatrix
+#ifndef FD_KEYS
+#define FD_KEYS 64
+#endif
 #define FD_THREADS 256
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
@@ -55,16 +53,30 @@ __device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
     return r;
 }
 
+// Element offset of 16-byte chunk `ch` of row `r` in a [rows][576] tile: chunks are
+// XOR-swizzled by the row's low three bits, so the 8 rows one ldmatrix reads at one
+// column sit in 8 different bank groups without padding (the padding would not fit).
+__device__ __forceinline__ int swz(int r, int ch) { return r * FD_D + ((ch ^ (r & 7)) << 3); }
+
+#define FD_PSTRIDE (FD_KEYS + 8)
+
 // q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
 // o_part [max_splits, B, rows, 512] f32; lse_part [max_splits, B, rows] f32 (natural log).
+//
+// Warp w owns rows 16 * (w % 4) and V columns 256 * (w / 4). The two warps of a row group
+// split each key tile's scores in halves, exchange row maxima and probabilities through
+// shared memory (a 64-thread named barrier per pair), and each multiplies the whole
+// tile's P into its V half.
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                  const int* __restrict__ block_table, const int* __restrict__ seq_lens,
                  float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
                  int heads, int q_len, int page, int width, int split_size, float scale_log2) {
     extern __shared__ __align__(16) unsigned short smem[];
-    unsigned short* qs = smem;                            // [64][584]
-    unsigned short* ks = smem + FD_ROWS * FD_STRIDE;      // [2][32][584]
+    unsigned short* qs = smem;                          // [64][576] swizzled
+    unsigned short* ks = qs + FD_ROWS * FD_D;           // [2][FD_KEYS][576] swizzled
+    unsigned short* ps = ks + 2 * FD_KEYS * FD_D;       // [4][16][FD_PSTRIDE] probabilities
+    float* red = (float*)(ps + 4 * 16 * FD_PSTRIDE);    // [4][2][16] row maxima, then sums
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int rg = warp % 4, vh = warp / 4;
     const int row0 = blockIdx.x * FD_ROWS, sp = blockIdx.y, b = blockIdx.z;
@@ -78,17 +90,17 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     for (int c = tid; c < FD_ROWS * (FD_D / 8); c += FD_THREADS) {
         int r = c / (FD_D / 8), ch = c % (FD_D / 8);
         bool ok = row0 + r < rows;
-        cp_async16(qs + r * FD_STRIDE + ch * 8, qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
+        cp_async16(qs + swz(r, ch), qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
     }
     const int* bt = block_table + (long long)b * width;
     auto load_tile = [&](int stage, int t0) {
-        unsigned short* dst = ks + stage * FD_KEYS * FD_STRIDE;
+        unsigned short* dst = ks + stage * FD_KEYS * FD_D;
         for (int c = tid; c < FD_KEYS * (FD_D / 8); c += FD_THREADS) {
             int k = c / (FD_D / 8), ch = c % (FD_D / 8);
             int pos = t0 + k;
             bool ok = pos < kv_end;
             long long slot = ok ? (long long)bt[pos / page] * page + pos % page : 0;
-            cp_async16(dst + k * FD_STRIDE + ch * 8, cache + slot * FD_D + ch * 8, ok);
+            cp_async16(dst + swz(k, ch), cache + slot * FD_D + ch * 8, ok);
         }
     };
     if (kv_start < kv_end) load_tile(0, kv_start);
@@ -107,6 +119,10 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
 #pragma unroll
     for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int half_keys = FD_KEYS / 2, kbase = vh * half_keys;
+    unsigned short* pw = ps + rg * 16 * FD_PSTRIDE;
+    float* rmax = red + rg * 32;  // [2 halves][16 rows]
+    const int pair_barrier = 1 + rg;
 
     int it = 0;
     for (int t0 = kv_start; t0 < kv_end; t0 += FD_KEYS, ++it) {
@@ -114,44 +130,53 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         cp_commit();
         cp_wait_1();
         __syncthreads();
-        const unsigned short* kt = ks + (it & 1) * FD_KEYS * FD_STRIDE;
-        float s[4][4];
+        const unsigned short* kt = ks + (it & 1) * FD_KEYS * FD_D;
+        // Scores of this warp's half of the tile's keys.
+        float s[FD_KEYS / 16][4];
 #pragma unroll
-        for (int n = 0; n < 4; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < FD_KEYS / 16; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll 4
         for (int kk = 0; kk < FD_D; kk += 16) {
             unsigned a[4], bb[4];
-            ldsm_x4(a, qs + (rg * 16 + lane % 16) * FD_STRIDE + kk + (lane / 16) * 8);
+            int qr = rg * 16 + lane % 16;
+            ldsm_x4(a, qs + swz(qr, kk / 8 + lane / 16));
 #pragma unroll
-            for (int np = 0; np < 2; ++np) {
-                ldsm_x4(bb, kt + (np * 16 + (lane / 16) * 8 + lane % 8) * FD_STRIDE + kk + ((lane / 8) % 2) * 8);
+            for (int np = 0; np < FD_KEYS / 32; ++np) {
+                int kr = kbase + np * 16 + (lane / 16) * 8 + lane % 8;
+                ldsm_x4(bb, kt + swz(kr, kk / 8 + (lane / 8) % 2));
                 mma16816(s[2 * np], a, bb[0], bb[1]);
                 mma16816(s[2 * np + 1], a, bb[2], bb[3]);
             }
         }
-        // Mask, scale, online softmax (rows i = 0, 1 of this thread).
+        float mx[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = NEG_INF;
+#pragma unroll
+            for (int n = 0; n < FD_KEYS / 16; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int pos = t0 + kbase + n * 8 + (lane % 4) * 2 + e;
+                    float v = (live[i] && pos < limit[i]) ? s[n][2 * i + e] * scale_log2 : NEG_INF;
+                    s[n][2 * i + e] = v;
+                    mx[i] = fmaxf(mx[i], v);
+                }
+            }
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffff, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffff, mx[i], 2));
+            if (lane % 4 == 0) rmax[vh * 16 + lane / 4 + i * 8] = mx[i];
+        }
+        asm volatile("bar.sync %0, 64;\n" ::"r"(pair_barrier));
         float alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            float mx = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < 4; ++n) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    int pos = t0 + n * 8 + (lane % 4) * 2 + e;
-                    float v = (live[i] && pos < limit[i]) ? s[n][2 * i + e] * scale_log2 : NEG_INF;
-                    s[n][2 * i + e] = v;
-                    mx = fmaxf(mx, v);
-                }
-            }
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            float m_new = fmaxf(m[i], mx);
+            float other = rmax[(1 - vh) * 16 + lane / 4 + i * 8];
+            float m_new = fmaxf(m[i], fmaxf(mx[i], other));
             float base = m_new == NEG_INF ? 0.f : m_new;
             alpha[i] = exp2f(m[i] - base);
             float sum = 0.f;
 #pragma unroll
-            for (int n = 0; n < 4; ++n) {
+            for (int n = 0; n < FD_KEYS / 16; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float p = exp2f(s[n][2 * i + e] - base);
@@ -162,6 +187,13 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             l[i] = l[i] * alpha[i] + sum;
             m[i] = m_new;
         }
+        // This warp's probabilities into the pair's P tile, as bf16.
+#pragma unroll
+        for (int n = 0; n < FD_KEYS / 16; ++n) {
+            int col = kbase + n * 8 + (lane % 4) * 2;
+            *(unsigned*)(pw + (lane / 4) * FD_PSTRIDE + col) = pack_bf16(s[n][0], s[n][1]);
+            *(unsigned*)(pw + (lane / 4 + 8) * FD_PSTRIDE + col) = pack_bf16(s[n][2], s[n][3]);
+        }
 #pragma unroll
         for (int n = 0; n < 32; ++n) {
             o[n][0] *= alpha[0];
@@ -169,30 +201,36 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             o[n][2] *= alpha[1];
             o[n][3] *= alpha[1];
         }
-        // O += P V over this warp's 256 V columns; P comes straight from the scores.
+        asm volatile("bar.sync %0, 64;\n" ::"r"(pair_barrier));
+        // O += P V over this warp's 256 V columns and all of the tile's keys.
 #pragma unroll
-        for (int kh = 0; kh < 2; ++kh) {
-            unsigned a[4] = {pack_bf16(s[2 * kh][0], s[2 * kh][1]), pack_bf16(s[2 * kh][2], s[2 * kh][3]),
-                             pack_bf16(s[2 * kh + 1][0], s[2 * kh + 1][1]),
-                             pack_bf16(s[2 * kh + 1][2], s[2 * kh + 1][3])};
+        for (int kh = 0; kh < FD_KEYS / 16; ++kh) {
+            unsigned a[4];
+            ldsm_x4(a, pw + (lane % 16) * FD_PSTRIDE + kh * 16 + (lane / 16) * 8);
 #pragma unroll
             for (int dp = 0; dp < 16; ++dp) {
                 unsigned bb[4];
                 int n0 = vh * 256 + dp * 16;
-                ldsm_x4_t(bb, kt + (kh * 16 + lane % 8 + ((lane / 8) % 2) * 8) * FD_STRIDE + n0 + (lane / 16) * 8);
+                int kr = kh * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+                ldsm_x4_t(bb, kt + swz(kr, n0 / 8 + lane / 16));
                 mma16816(o[2 * dp], a, bb[0], bb[1]);
                 mma16816(o[2 * dp + 1], a, bb[2], bb[3]);
             }
         }
-        __syncthreads();  // the next iteration's prefetch overwrites this stage
+        __syncthreads();  // the next prefetch, P tile and maxima overwrite this tile's
     }
     cp_wait_0();
 
+    // Each warp summed only its half of every tile's keys: add the partner's sums.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
         l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+        if (lane % 4 == 0) rmax[vh * 16 + lane / 4 + i * 8] = l[i];
     }
+    asm volatile("bar.sync %0, 64;\n" ::"r"(pair_barrier));
+#pragma unroll
+    for (int i = 0; i < 2; ++i) l[i] += rmax[(1 - vh) * 16 + lane / 4 + i * 8];
     long long base = ((long long)sp * batch + b) * rows;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

@@ -223,7 +223,8 @@ impl DecodeInputs {
 pub fn fast_split_tokens(s: &BenchShape, sms: usize) -> usize {
     let ctas = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
     let splits = (2 * sms).div_ceil(ctas).clamp(1, s.context.div_ceil(256).max(1));
-    s.context.div_ceil(splits).div_ceil(s.page.max(32)) * s.page.max(32)
+    let unit = s.page.max(crate::ops::FLASH_KEYS);
+    s.context.div_ceil(splits).div_ceil(unit) * unit
 }
 
 /// Times the tensor-core decode at `inp.shape` with `split_size` keys per split.

@@ -141,9 +141,13 @@ pub const FLASH_DV: usize = 512;
 /// Query rows (tokens x heads) per CTA of the tensor-core decode.
 pub const FLASH_ROWS: usize = 64;
 const FLASH_THREADS: u32 = 256;
-/// Dynamic shared memory of `flash_decode`: 64 query rows and two 32-key stages, each row
-/// padded to 584 bf16.
-const FLASH_SMEM_BYTES: usize = (FLASH_ROWS + 2 * 32) * 584 * 2;
+/// Keys per tile of `flash_decode` (FD_KEYS in the kernel).
+pub const FLASH_KEYS: usize = 64;
+/// Dynamic shared memory of `flash_decode`: 64 query rows and two key stages of 576 bf16
+/// (swizzled, unpadded), four 16-row probability tiles and the pairs' row maxima: 226 KiB
+/// of the 227 KiB an H100 block may have.
+const FLASH_SMEM_BYTES: usize =
+    (FLASH_ROWS + 2 * FLASH_KEYS) * 576 * 2 + 4 * 16 * (FLASH_KEYS + 8) * 2 + 4 * 32 * 4;
 
 /// Shape of one tensor-core decode launch (bf16 cache, 576/512 widths).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -154,7 +158,7 @@ pub struct FlashShape {
     pub page: usize,
     /// Block-table width.
     pub width: usize,
-    /// Keys per split, a multiple of 32; fixed in batch-invariant mode.
+    /// Keys per split, a multiple of [`FLASH_KEYS`]; fixed in batch-invariant mode.
     pub split_size: usize,
     /// Splits the partial buffers hold per request.
     pub max_splits: usize,
@@ -223,7 +227,11 @@ impl Kernels {
     /// `split_size`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
     /// then the splits merged in split order. `scale` is the softmax scale.
     pub fn flash_decode(&self, dev: &GpuDevice, s: FlashShape, b: FlashBufs, scale: f32) -> Result<(), GpuError> {
-        assert!(s.split_size % 32 == 0 && s.split_size > 0, "split size {} is not a multiple of 32", s.split_size);
+        assert!(
+            s.split_size % FLASH_KEYS == 0 && s.split_size > 0,
+            "split size {} is not a multiple of {FLASH_KEYS}",
+            s.split_size
+        );
         let rows = s.rows();
         b.q.need(s.batch * rows * FLASH_DIM);
         b.block_table.need(s.batch * s.width);
