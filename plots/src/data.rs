@@ -1,0 +1,404 @@
+//! The `gpu-bench` CSV: its schema, parsing with line-and-column errors, and the two
+//! ceilings (copy bandwidth, bf16 GEMM rate) the pictures measure kernels against.
+
+use std::path::Path;
+
+use crate::error::PlotError;
+
+/// The header line, field by field, exactly as `gpu-bench` writes it.
+pub const HEADER: [&str; 14] = [
+    "kernel",
+    "mode",
+    "heads",
+    "q_len",
+    "batch",
+    "context",
+    "page",
+    "time_us",
+    "bytes",
+    "flops",
+    "gb_per_s",
+    "tflop_per_s",
+    "pct_copy",
+    "pct_gemm",
+];
+
+/// Ceiling row: device-to-device copy; `gb_per_s` is read + write bandwidth.
+pub const COPY_KERNEL: &str = "copy";
+/// Ceiling row: bf16 GEMM; `tflop_per_s` is the measured rate.
+pub const GEMM_KERNEL: &str = "gemm_bf16";
+/// Our uniform MLA decode kernel (`mode` is `invariant` or `fast`).
+pub const DECODE_KERNEL: &str = "decode";
+/// Our materialized prefill path, timed on spec-step shapes.
+pub const PREFILL_KERNEL: &str = "prefill_path";
+
+/// One measurement (or ceiling) line of the CSV.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    /// 1-based line in the file, for messages.
+    pub line: u64,
+    /// Which kernel: `copy`, `gemm_bf16`, `decode`, `prefill_path`, `triton_peer`, ...
+    pub kernel: String,
+    /// Kernel variant (`invariant`, `fast`); may be empty.
+    pub mode: String,
+    /// Query heads.
+    pub heads: u32,
+    /// Query tokens per request (1 + K on a spec step).
+    pub q_len: u32,
+    /// Requests in the batch.
+    pub batch: u32,
+    /// Tokens of KV per request.
+    pub context: u64,
+    /// KV page size in tokens.
+    pub page: u32,
+    /// Kernel time.
+    pub time_us: f64,
+    /// Bytes the kernel moves (the bench's count).
+    pub bytes: f64,
+    /// Floating-point operations the kernel does.
+    pub flops: f64,
+    /// Achieved bandwidth.
+    pub gb_per_s: f64,
+    /// Achieved compute rate.
+    pub tflop_per_s: f64,
+    /// Bandwidth as a percentage of the copy ceiling.
+    pub pct_copy: f64,
+    /// Compute rate as a percentage of the GEMM ceiling.
+    pub pct_gemm: f64,
+}
+
+impl Row {
+    /// Whether this row is a ceiling (copy or GEMM) rather than a kernel measurement.
+    pub fn is_ceiling(&self) -> bool {
+        self.kernel == COPY_KERNEL || self.kernel == GEMM_KERNEL
+    }
+
+    /// FLOP per byte, when both counts are positive.
+    pub fn arithmetic_intensity(&self) -> Option<f64> {
+        (self.flops > 0.0 && self.bytes > 0.0).then(|| self.flops / self.bytes)
+    }
+
+    /// `kernel` or `kernel/mode`, for legends.
+    pub fn kernel_label(&self) -> String {
+        kernel_label(&self.kernel, &self.mode)
+    }
+}
+
+/// `kernel` or `kernel/mode` when the mode is set.
+pub fn kernel_label(kernel: &str, mode: &str) -> String {
+    if mode.is_empty() {
+        kernel.to_string()
+    } else {
+        format!("{kernel}/{mode}")
+    }
+}
+
+/// The best measured ceilings; `None` where the CSV has no usable row.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Ceilings {
+    /// Copy bandwidth, read + write, GB/s.
+    pub copy_gb_per_s: Option<f64>,
+    /// bf16 GEMM rate, TFLOP/s.
+    pub gemm_tflop_per_s: Option<f64>,
+}
+
+/// A parsed CSV file.
+#[derive(Debug, Clone)]
+pub struct Bench {
+    /// The path as given, for messages.
+    pub path: String,
+    /// Every data row, in file order.
+    pub rows: Vec<Row>,
+}
+
+impl Bench {
+    /// Reads and parses `path`.
+    pub fn load(path: &Path) -> Result<Self, PlotError> {
+        let shown = path.display().to_string();
+        let bytes = std::fs::read(path).map_err(|source| PlotError::Read {
+            path: shown.clone(),
+            source,
+        })?;
+        Self::parse(&bytes, &shown)
+    }
+
+    /// Parses CSV text; `path` only names the file in messages.
+    ///
+    /// Blank lines and lines starting with `#` are skipped (hand-typed peer numbers may
+    /// carry a note); line numbers in errors still count them.
+    pub fn parse(text: &[u8], path: &str) -> Result<Self, PlotError> {
+        // A spreadsheet that saved hand-typed peer numbers may have put a UTF-8 BOM first.
+        let text = text.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(text);
+        let mut reader = csv::ReaderBuilder::new()
+            .has_headers(false)
+            .flexible(true)
+            .trim(csv::Trim::All)
+            .comment(Some(b'#'))
+            .from_reader(text);
+        let csv_error = |e: csv::Error| PlotError::Csv {
+            path: path.to_string(),
+            message: e.to_string().replace('\n', " "),
+        };
+        let mut records = reader.records();
+        let header = match records.next() {
+            None => {
+                return Err(PlotError::Empty {
+                    path: path.to_string(),
+                    expected: HEADER.join(","),
+                })
+            }
+            Some(r) => r.map_err(csv_error)?,
+        };
+        if !header.iter().eq(HEADER.iter().copied()) {
+            return Err(PlotError::Header {
+                path: path.to_string(),
+                line: line_of(&header, text),
+                found: header.iter().collect::<Vec<_>>().join(","),
+                expected: HEADER.join(","),
+            });
+        }
+        let mut rows = Vec::new();
+        for record in records {
+            let record = record.map_err(csv_error)?;
+            rows.push(parse_row(&record, line_of(&record, text), path)?);
+        }
+        Ok(Self {
+            path: path.to_string(),
+            rows,
+        })
+    }
+
+    /// Rows that measure a kernel (not a ceiling).
+    pub fn measurements(&self) -> impl Iterator<Item = &Row> {
+        self.rows.iter().filter(|r| !r.is_ceiling())
+    }
+
+    /// The ceilings: the best (largest positive) value over all rows of each kind, since
+    /// a bench may measure a ceiling at several sizes and only the fastest is the roof.
+    pub fn ceilings(&self) -> Ceilings {
+        let best = |kernel: &str, value: fn(&Row) -> f64| {
+            self.rows
+                .iter()
+                .filter(|r| r.kernel == kernel)
+                .map(value)
+                .filter(|v| *v > 0.0)
+                .reduce(f64::max)
+        };
+        Ceilings {
+            copy_gb_per_s: best(COPY_KERNEL, |r| r.gb_per_s),
+            gemm_tflop_per_s: best(GEMM_KERNEL, |r| r.tflop_per_s),
+        }
+    }
+}
+
+/// The 1-based line a record starts on. The csv crate's position points at where it
+/// started reading, before any comment or blank lines it skipped, so skip those here.
+fn line_of(record: &csv::StringRecord, text: &[u8]) -> u64 {
+    let mut start = record
+        .position()
+        .map_or(0, |p| p.byte() as usize)
+        .min(text.len());
+    let mut line = 1 + text[..start].iter().filter(|b| **b == b'\n').count() as u64;
+    loop {
+        let rest = &text[start..];
+        let end = rest.iter().position(|b| *b == b'\n');
+        let this = &rest[..end.unwrap_or(rest.len())];
+        let skipped = this.is_empty() || this == b"\r" || this.starts_with(b"#");
+        match end {
+            Some(end) if skipped => {
+                start += end + 1;
+                line += 1;
+            }
+            _ => return line,
+        }
+    }
+}
+
+fn parse_row(record: &csv::StringRecord, line: u64, path: &str) -> Result<Row, PlotError> {
+    if record.len() != HEADER.len() {
+        return Err(PlotError::FieldCount {
+            path: path.to_string(),
+            line,
+            found: record.len(),
+            expected: HEADER.len(),
+        });
+    }
+    let field = |column: usize| Field {
+        text: &record[column],
+        path,
+        line,
+        column,
+    };
+    let kernel = field(0).text.to_string();
+    if kernel.is_empty() {
+        return Err(field(0).error("kernel is empty".into()));
+    }
+    Ok(Row {
+        line,
+        kernel,
+        mode: field(1).text.to_string(),
+        heads: field(2).int()?,
+        q_len: field(3).int()?,
+        batch: field(4).int()?,
+        context: field(5).int()?,
+        page: field(6).int()?,
+        time_us: field(7).float()?,
+        bytes: field(8).float()?,
+        flops: field(9).float()?,
+        gb_per_s: field(10).float()?,
+        tflop_per_s: field(11).float()?,
+        pct_copy: field(12).float()?,
+        pct_gemm: field(13).float()?,
+    })
+}
+
+/// One field with what a message needs to name it.
+struct Field<'a> {
+    text: &'a str,
+    path: &'a str,
+    line: u64,
+    /// 0-based index into [`HEADER`].
+    column: usize,
+}
+
+impl Field<'_> {
+    fn error(&self, reason: String) -> PlotError {
+        PlotError::Field {
+            path: self.path.to_string(),
+            line: self.line,
+            column: self.column + 1,
+            name: HEADER[self.column],
+            reason,
+        }
+    }
+
+    fn int<T: std::str::FromStr>(&self) -> Result<T, PlotError> {
+        if self.text.is_empty() {
+            return Err(self.error("empty (write 0 where a field does not apply)".into()));
+        }
+        self.text
+            .parse()
+            .map_err(|_| self.error(format!("`{}` is not a non-negative integer", self.text)))
+    }
+
+    fn float(&self) -> Result<f64, PlotError> {
+        if self.text.is_empty() {
+            return Err(self.error("empty (write 0 where a field does not apply)".into()));
+        }
+        let value: f64 = self
+            .text
+            .parse()
+            .map_err(|_| self.error(format!("`{}` is not a number", self.text)))?;
+        // "nan" and "inf" parse as f64 but would silently vanish from a log axis.
+        if !value.is_finite() || value < 0.0 {
+            return Err(self.error(format!(
+                "`{}` is not a finite non-negative number",
+                self.text
+            )));
+        }
+        Ok(value)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const HEAD: &str =
+        "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm\n";
+
+    fn parse(body: &str) -> Result<Bench, PlotError> {
+        Bench::parse(format!("{HEAD}{body}").as_bytes(), "t.csv")
+    }
+
+    #[test]
+    fn parses_every_field_of_a_synthetic_csv() {
+        let bench = parse(
+            "copy,,0,0,0,0,0,0,0,0,3000.5,0,0,0\n\
+             gemm_bf16,,0,0,0,0,0,0,0,0,0,700,0,0\n\
+             decode,fast,128,4,64,8192,64,123.25,1.5e9,2.5e11,2400,350.5,80,50.1\n",
+        )
+        .unwrap();
+        assert_eq!(bench.rows.len(), 3);
+        let d = &bench.rows[2];
+        assert_eq!(d.line, 4);
+        assert_eq!((d.kernel.as_str(), d.mode.as_str()), ("decode", "fast"));
+        assert_eq!(
+            (d.heads, d.q_len, d.batch, d.context, d.page),
+            (128, 4, 64, 8192, 64)
+        );
+        assert_eq!(d.time_us, 123.25);
+        assert_eq!(d.bytes, 1.5e9);
+        assert_eq!(d.flops, 2.5e11);
+        assert_eq!((d.gb_per_s, d.tflop_per_s), (2400.0, 350.5));
+        assert_eq!((d.pct_copy, d.pct_gemm), (80.0, 50.1));
+        assert_eq!(d.arithmetic_intensity(), Some(2.5e11 / 1.5e9));
+        assert_eq!(d.kernel_label(), "decode/fast");
+        assert_eq!(bench.measurements().count(), 1);
+        assert_eq!(
+            bench.ceilings(),
+            Ceilings {
+                copy_gb_per_s: Some(3000.5),
+                gemm_tflop_per_s: Some(700.0)
+            }
+        );
+    }
+
+    #[test]
+    fn ceilings_take_the_best_row_and_ignore_zeros() {
+        let bench = parse(
+            "copy,,0,0,0,0,0,0,0,0,2000,0,0,0\n\
+             copy,,0,0,0,0,0,0,0,0,3100,0,0,0\n\
+             gemm_bf16,,0,0,0,0,0,0,0,0,0,0,0,0\n",
+        )
+        .unwrap();
+        let c = bench.ceilings();
+        assert_eq!(c.copy_gb_per_s, Some(3100.0));
+        assert_eq!(c.gemm_tflop_per_s, None);
+    }
+
+    #[test]
+    fn bad_field_names_its_line_and_column() {
+        let err = parse(
+            "# a note\n\
+             decode,fast,128,4,64,8192,64,1,1,1,1,1,1,1\n\
+             \n\
+             decode,fast,128,4,64,8192,64,abc,1,1,1,1,1,1\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            err,
+            "t.csv line 5, column 8 (time_us): `abc` is not a number"
+        );
+        let err = parse("decode,fast,1.5,4,64,8192,64,1,1,1,1,1,1,1\n").unwrap_err();
+        assert!(
+            err.to_string().contains("line 2, column 3 (heads)"),
+            "{err}"
+        );
+        let err = parse("decode,fast,1,4,64,8192,64,1,1,1,nan,1,1,1\n").unwrap_err();
+        assert!(err.to_string().contains("column 11 (gb_per_s)"), "{err}");
+        let err = parse("decode,fast,1,4,64,8192,64,1,1,1,1\n").unwrap_err();
+        assert_eq!(err.to_string(), "t.csv line 2: 11 fields, expected 14");
+    }
+
+    #[test]
+    fn header_must_match_exactly() {
+        let err = Bench::parse(b"kernel,mode,heads\ndecode,fast,1\n", "t.csv").unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("t.csv line 1: header is `kernel,mode,heads`"),
+            "{err}"
+        );
+        let with_bom = format!("\u{feff}{HEAD}decode,fast,1,4,64,8192,64,1,1,1,1,1,1,1\n");
+        assert_eq!(
+            Bench::parse(with_bom.as_bytes(), "t.csv")
+                .unwrap()
+                .rows
+                .len(),
+            1
+        );
+        let err = Bench::parse(b"", "t.csv").unwrap_err();
+        assert!(err.to_string().starts_with("t.csv is empty"), "{err}");
+    }
+}

@@ -1,0 +1,79 @@
+//! specmla-plots: draws the pictures of a `gpu-bench` CSV (throughput, bandwidth,
+//! spec-step decode vs prefill, roofline) as PNG and SVG with an embedded font.
+//!
+//! [`run`] plans every picture first, so bad input or a missing ceiling fails before any
+//! file is written, then draws the planned ones. A picture without rows is skipped with
+//! a note, not an error.
+
+#![forbid(unsafe_code)]
+
+pub mod data;
+pub mod error;
+pub mod font;
+pub mod render;
+pub mod roofline;
+pub mod spec;
+pub mod style;
+pub mod throughput;
+
+use std::path::{Path, PathBuf};
+
+pub use error::PlotError;
+
+use render::Picture;
+
+/// Whether a picture is drawn, or why not.
+pub enum Plan<P> {
+    /// Draw it.
+    Draw(P),
+    /// Skip it; the note says which rows are missing.
+    Skip(String),
+}
+
+/// What [`run`] did.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    /// Files written, PNG then SVG per picture.
+    pub written: Vec<PathBuf>,
+    /// (picture, note) for each picture skipped for lack of rows.
+    pub skipped: Vec<(&'static str, String)>,
+}
+
+/// Parses `csv`, then writes every picture it has rows for into `out_dir` (created if
+/// missing). `title` is appended to every picture's title (device, date).
+pub fn run(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, PlotError> {
+    font::register()?;
+    let bench = data::Bench::load(csv)?;
+
+    use throughput::Metric;
+    let throughput = throughput::plan(&bench, Metric::Tflops, title)?;
+    let bandwidth = throughput::plan(&bench, Metric::Gbps, title)?;
+    let spec = spec::plan(&bench, title)?;
+    let roofline = roofline::plan(&bench, title)?;
+
+    std::fs::create_dir_all(out_dir).map_err(|source| PlotError::OutDir {
+        path: out_dir.to_path_buf(),
+        source,
+    })?;
+    let mut outcome = Outcome::default();
+    draw(throughput, "throughput", out_dir, &mut outcome)?;
+    draw(bandwidth, "bandwidth", out_dir, &mut outcome)?;
+    draw(spec, "spec_decode_vs_prefill", out_dir, &mut outcome)?;
+    draw(roofline, "roofline", out_dir, &mut outcome)?;
+    Ok(outcome)
+}
+
+fn draw<P: Picture>(
+    plan: Plan<P>,
+    name: &'static str,
+    out_dir: &Path,
+    outcome: &mut Outcome,
+) -> Result<(), PlotError> {
+    match plan {
+        Plan::Draw(picture) => outcome
+            .written
+            .extend(render::write_png_and_svg(&picture, out_dir)?),
+        Plan::Skip(note) => outcome.skipped.push((name, note)),
+    }
+    Ok(())
+}
