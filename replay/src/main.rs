@@ -341,7 +341,7 @@ fn show(a: &ShowArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let h = &t.header;
-    say!("trace: scenario {}, seed {}, format {}, written by specmla {}, {} requests, {} steps, faults recorded: {:?}", h.scenario, h.seed, h.format_version, h.tool_version, h.workload.len(), t.records.len(), h.faults);
+    say!("trace: scenario {}, seed {}, format {}, written by specmla {} on the {} backend{}, {} requests, {} steps, faults recorded: {:?}", h.scenario, h.seed, h.format_version, h.tool_version, h.backend, if h.trace_tensors { " with tensors" } else { "" }, h.workload.len(), t.records.len(), h.faults);
     for r in records {
         if a.step.is_some() {
             print_step_detail(r);

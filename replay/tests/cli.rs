@@ -66,13 +66,17 @@ fn show_prints_steps_and_json() {
     let t = trace();
     let o = bin("replay", &["show", t.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0));
-    assert!(String::from_utf8_lossy(&o.stdout).contains("step     0:"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("step     0:"), "{out}");
+    assert!(out.contains("format 2, written by specmla"), "{out}");
+    assert!(out.contains("on the cpu backend,"), "{out}");
     let o = bin(
         "replay",
         &["show", t.to_str().unwrap(), "--step", "3", "--json"],
     );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["steps"][0]["step"], 3);
+    assert_eq!(v["header"]["backend"], "cpu");
     assert_eq!(v["header"]["config"]["spec"]["num_speculative_tokens"], 3);
     assert_exit2(
         &["show", t.to_str().unwrap(), "--step", "99999"],
