@@ -13,7 +13,14 @@
 #ifndef FD_KEYS
 #define FD_KEYS 64
 #endif
-#define FD_THREADS 256
+// Warps per row group: each owns 512 / FD_VPARTS V columns and FD_KEYS / FD_VPARTS keys of
+// every tile's scores.
+#ifndef FD_VPARTS
+#define FD_VPARTS 4
+#endif
+#define FD_THREADS (128 * FD_VPARTS)
+#define FD_VCOLS (FD_DV / FD_VPARTS)
+#define FD_WKEYS (FD_KEYS / FD_VPARTS)
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) {
     return (unsigned)__cvta_generic_to_shared(p);
@@ -63,10 +70,10 @@ __device__ __forceinline__ int swz(int r, int ch) { return r * FD_D + ((ch ^ (r 
 // q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
 // o_part [max_splits, B, rows, 512] f32; lse_part [max_splits, B, rows] f32 (natural log).
 //
-// Warp w owns rows 16 * (w % 4) and V columns 256 * (w / 4). The two warps of a row group
-// split each key tile's scores in halves, exchange row maxima and probabilities through
-// shared memory (a 64-thread named barrier per pair), and each multiplies the whole
-// tile's P into its V half.
+// Warp w owns rows 16 * (w % 4) and V columns FD_VCOLS * (w / 4). The FD_VPARTS warps of a
+// row group split each key tile's scores, exchange row maxima and probabilities through
+// shared memory (a named barrier per row group), and each multiplies the whole tile's P
+// into its V columns.
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                  const int* __restrict__ block_table, const int* __restrict__ seq_lens,
@@ -76,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     unsigned short* qs = smem;                          // [64][576] swizzled
     unsigned short* ks = qs + FD_ROWS * FD_D;           // [2][FD_KEYS][576] swizzled
     unsigned short* ps = ks + 2 * FD_KEYS * FD_D;       // [4][16][FD_PSTRIDE] probabilities
-    float* red = (float*)(ps + 4 * 16 * FD_PSTRIDE);    // [4][2][16] row maxima, then sums
+    float* red = (float*)(ps + 4 * 16 * FD_PSTRIDE);    // [4][FD_VPARTS][16] maxima, then sums
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int rg = warp % 4, vh = warp / 4;
     const int row0 = blockIdx.x * FD_ROWS, sp = blockIdx.y, b = blockIdx.z;
@@ -115,14 +122,14 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         int j = r / heads;
         limit[i] = max(seq_len - q_len + j + 1, 0);
     }
-    float o[32][4];
+    float o[FD_VCOLS / 8][4];
 #pragma unroll
-    for (int n = 0; n < 32; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    for (int n = 0; n < FD_VCOLS / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
-    const int half_keys = FD_KEYS / 2, kbase = vh * half_keys;
+    const int kbase = vh * FD_WKEYS;
     unsigned short* pw = ps + rg * 16 * FD_PSTRIDE;
-    float* rmax = red + rg * 32;  // [2 halves][16 rows]
-    const int pair_barrier = 1 + rg;
+    float* rmax = red + rg * 16 * FD_VPARTS;  // [FD_VPARTS][16 rows]
+    const int group_barrier = 1 + rg;
 
     int it = 0;
     for (int t0 = kv_start; t0 < kv_end; t0 += FD_KEYS, ++it) {
@@ -132,16 +139,16 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         __syncthreads();
         const unsigned short* kt = ks + (it & 1) * FD_KEYS * FD_D;
         // Scores of this warp's half of the tile's keys.
-        float s[FD_KEYS / 16][4];
+        float s[FD_WKEYS / 8][4];
 #pragma unroll
-        for (int n = 0; n < FD_KEYS / 16; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        for (int n = 0; n < FD_WKEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll 4
         for (int kk = 0; kk < FD_D; kk += 16) {
             unsigned a[4], bb[4];
             int qr = rg * 16 + lane % 16;
             ldsm_x4(a, qs + swz(qr, kk / 8 + lane / 16));
 #pragma unroll
-            for (int np = 0; np < FD_KEYS / 32; ++np) {
+            for (int np = 0; np < FD_WKEYS / 16; ++np) {
                 int kr = kbase + np * 16 + (lane / 16) * 8 + lane % 8;
                 ldsm_x4(bb, kt + swz(kr, kk / 8 + (lane / 8) % 2));
                 mma16816(s[2 * np], a, bb[0], bb[1]);
@@ -153,7 +160,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         for (int i = 0; i < 2; ++i) {
             mx[i] = NEG_INF;
 #pragma unroll
-            for (int n = 0; n < FD_KEYS / 16; ++n) {
+            for (int n = 0; n < FD_WKEYS / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     int pos = t0 + kbase + n * 8 + (lane % 4) * 2 + e;
@@ -166,17 +173,19 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffff, mx[i], 2));
             if (lane % 4 == 0) rmax[vh * 16 + lane / 4 + i * 8] = mx[i];
         }
-        asm volatile("bar.sync %0, 64;\n" ::"r"(pair_barrier));
+        asm volatile("bar.sync %0, %1;\n" ::"r"(group_barrier), "n"(FD_VPARTS * 32));
         float alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            float other = rmax[(1 - vh) * 16 + lane / 4 + i * 8];
-            float m_new = fmaxf(m[i], fmaxf(mx[i], other));
+            float all = NEG_INF;  // the same order in every warp of the group
+#pragma unroll
+            for (int v = 0; v < FD_VPARTS; ++v) all = fmaxf(all, rmax[v * 16 + lane / 4 + i * 8]);
+            float m_new = fmaxf(m[i], all);
             float base = m_new == NEG_INF ? 0.f : m_new;
             alpha[i] = exp2f(m[i] - base);
             float sum = 0.f;
 #pragma unroll
-            for (int n = 0; n < FD_KEYS / 16; ++n) {
+            for (int n = 0; n < FD_WKEYS / 8; ++n) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
                     float p = exp2f(s[n][2 * i + e] - base);
@@ -189,28 +198,28 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
         }
         // This warp's probabilities into the pair's P tile, as bf16.
 #pragma unroll
-        for (int n = 0; n < FD_KEYS / 16; ++n) {
+        for (int n = 0; n < FD_WKEYS / 8; ++n) {
             int col = kbase + n * 8 + (lane % 4) * 2;
             *(unsigned*)(pw + (lane / 4) * FD_PSTRIDE + col) = pack_bf16(s[n][0], s[n][1]);
             *(unsigned*)(pw + (lane / 4 + 8) * FD_PSTRIDE + col) = pack_bf16(s[n][2], s[n][3]);
         }
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
+        for (int n = 0; n < FD_VCOLS / 8; ++n) {
             o[n][0] *= alpha[0];
             o[n][1] *= alpha[0];
             o[n][2] *= alpha[1];
             o[n][3] *= alpha[1];
         }
-        asm volatile("bar.sync %0, 64;\n" ::"r"(pair_barrier));
-        // O += P V over this warp's 256 V columns and all of the tile's keys.
+        asm volatile("bar.sync %0, %1;\n" ::"r"(group_barrier), "n"(FD_VPARTS * 32));
+        // O += P V over this warp's V columns and all of the tile's keys.
 #pragma unroll
         for (int kh = 0; kh < FD_KEYS / 16; ++kh) {
             unsigned a[4];
             ldsm_x4(a, pw + (lane % 16) * FD_PSTRIDE + kh * 16 + (lane / 16) * 8);
 #pragma unroll
-            for (int dp = 0; dp < 16; ++dp) {
+            for (int dp = 0; dp < FD_VCOLS / 16; ++dp) {
                 unsigned bb[4];
-                int n0 = vh * 256 + dp * 16;
+                int n0 = vh * FD_VCOLS + dp * 16;
                 int kr = kh * 16 + lane % 8 + ((lane / 8) % 2) * 8;
                 ldsm_x4_t(bb, kt + swz(kr, n0 / 8 + lane / 16));
                 mma16816(o[2 * dp], a, bb[0], bb[1]);
@@ -221,25 +230,30 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     }
     cp_wait_0();
 
-    // Each warp summed only its half of every tile's keys: add the partner's sums.
+    // Each warp summed only its share of every tile's keys: add the others' sums, in order.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
         l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
         if (lane % 4 == 0) rmax[vh * 16 + lane / 4 + i * 8] = l[i];
     }
-    asm volatile("bar.sync %0, 64;\n" ::"r"(pair_barrier));
+    asm volatile("bar.sync %0, %1;\n" ::"r"(group_barrier), "n"(FD_VPARTS * 32));
 #pragma unroll
-    for (int i = 0; i < 2; ++i) l[i] += rmax[(1 - vh) * 16 + lane / 4 + i * 8];
+    for (int i = 0; i < 2; ++i) {
+        float total = 0.f;
+#pragma unroll
+        for (int v = 0; v < FD_VPARTS; ++v) total += rmax[v * 16 + lane / 4 + i * 8];
+        l[i] = total;
+    }
     long long base = ((long long)sp * batch + b) * rows;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         int r = row0 + rg * 16 + lane / 4 + i * 8;
         if (!live[i]) continue;
         float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-        float* dst = o_part + (base + r) * FD_DV + vh * 256 + (lane % 4) * 2;
+        float* dst = o_part + (base + r) * FD_DV + vh * FD_VCOLS + (lane % 4) * 2;
 #pragma unroll
-        for (int n = 0; n < 32; ++n) {
+        for (int n = 0; n < FD_VCOLS / 8; ++n) {
             dst[n * 8] = o[n][2 * i] * inv;
             dst[n * 8 + 1] = o[n][2 * i + 1] * inv;
         }

@@ -140,14 +140,17 @@ pub const FLASH_DIM: usize = 576;
 pub const FLASH_DV: usize = 512;
 /// Query rows (tokens x heads) per CTA of the tensor-core decode.
 pub const FLASH_ROWS: usize = 64;
-const FLASH_THREADS: u32 = 256;
+/// Warps per 16-row group of `flash_decode` (FD_VPARTS in the kernel).
+const FLASH_VPARTS: usize = 4;
+const FLASH_THREADS: u32 = 128 * FLASH_VPARTS as u32;
 /// Keys per tile of `flash_decode` (FD_KEYS in the kernel).
 pub const FLASH_KEYS: usize = 64;
 /// Dynamic shared memory of `flash_decode`: 64 query rows and two key stages of 576 bf16
 /// (swizzled, unpadded), four 16-row probability tiles and the pairs' row maxima: 226 KiB
 /// of the 227 KiB an H100 block may have.
-const FLASH_SMEM_BYTES: usize =
-    (FLASH_ROWS + 2 * FLASH_KEYS) * 576 * 2 + 4 * 16 * (FLASH_KEYS + 8) * 2 + 4 * 32 * 4;
+const FLASH_SMEM_BYTES: usize = (FLASH_ROWS + 2 * FLASH_KEYS) * 576 * 2
+    + 4 * 16 * (FLASH_KEYS + 8) * 2
+    + 4 * FLASH_VPARTS * 16 * 4;
 
 /// Shape of one tensor-core decode launch (bf16 cache, 576/512 widths).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
