@@ -17,7 +17,7 @@ pub const AXIS_DESC_PX: u32 = 18;
 /// Tick label and legend text size, px.
 pub const LABEL_PX: u32 = 15;
 /// Width of the legend column to the right of the chart, px.
-pub const LEGEND_WIDTH_PX: u32 = 300;
+pub const LEGEND_WIDTH_PX: u32 = 340;
 
 /// A qualitative palette (Tableau 10): distinct on screen and in print.
 const PALETTE: [RGBColor; 10] = [
