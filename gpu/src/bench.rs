@@ -13,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::{copy, Buf};
 use crate::ops::{
-    DecodeBufs, DecodeShape, FlashBufs, FlashShape, KeyBufs, Kernels, MlaDims, State, FLASH_DIM,
+    DecodeBufs, DecodeShape, FlashBufs, FlashShape, Kernels, KeyBufs, MlaDims, State, FLASH_DIM,
     FLASH_DV, FLASH_ROWS,
 };
 
@@ -123,10 +123,15 @@ pub fn time_us(
     let mut times = Vec::with_capacity(reps);
     for _ in 0..reps.max(1) {
         let (start, end) = (ev()?, ev()?);
-        start.record(&dev.stream).map_err(GpuError::driver("recording an event"))?;
+        start
+            .record(&dev.stream)
+            .map_err(GpuError::driver("recording an event"))?;
         f()?;
-        end.record(&dev.stream).map_err(GpuError::driver("recording an event"))?;
-        let ms = start.elapsed_ms(&end).map_err(GpuError::driver("reading an event"))?;
+        end.record(&dev.stream)
+            .map_err(GpuError::driver("recording an event"))?;
+        let ms = start
+            .elapsed_ms(&end)
+            .map_err(GpuError::driver("reading an event"))?;
         times.push(ms as f64 * 1e3);
     }
     times.sort_by(f64::total_cmp);
@@ -222,7 +227,9 @@ impl DecodeInputs {
 /// multiprocessors, never below 256 keys.
 pub fn fast_split_tokens(s: &BenchShape, sms: usize) -> usize {
     let ctas = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
-    let splits = (2 * sms).div_ceil(ctas).clamp(1, s.context.div_ceil(256).max(1));
+    let splits = (2 * sms)
+        .div_ceil(ctas)
+        .clamp(1, s.context.div_ceil(256).max(1));
     let unit = s.page.max(crate::ops::FLASH_KEYS);
     s.context.div_ceil(splits).div_ceil(unit) * unit
 }
@@ -239,7 +246,11 @@ pub fn bench_flash(
     let s = inp.shape;
     let rows = s.q_len * s.heads;
     let max_splits = s.context.div_ceil(split_size).max(1);
-    let o_part = Buf::<f32>::uninit(dev, max_splits * s.batch * rows * FLASH_DV, "bench partial outputs")?;
+    let o_part = Buf::<f32>::uninit(
+        dev,
+        max_splits * s.batch * rows * FLASH_DV,
+        "bench partial outputs",
+    )?;
     let lse_part = Buf::<f32>::uninit(dev, max_splits * s.batch * rows, "bench partial lse")?;
     let out = Buf::<f32>::uninit(dev, s.batch * rows * FLASH_DV, "bench outputs")?;
     let lse = Buf::<f32>::uninit(dev, s.batch * rows, "bench lse")?;
@@ -275,7 +286,12 @@ pub fn bench_flash(
 }
 
 /// Times the f32 correctness-baseline decode (`mla_decode`) at `s`, inputs f32.
-pub fn bench_baseline_decode(dev: &GpuDevice, k: &Kernels, s: BenchShape, reps: usize) -> Result<Measurement, GpuError> {
+pub fn bench_baseline_decode(
+    dev: &GpuDevice,
+    k: &Kernels,
+    s: BenchShape,
+    reps: usize,
+) -> Result<Measurement, GpuError> {
     let width = s.context.div_ceil(s.page);
     let tokens = s.batch * s.q_len;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
@@ -330,7 +346,12 @@ pub fn bench_baseline_decode(dev: &GpuDevice, k: &Kernels, s: BenchShape, reps: 
 /// Times our prefill path on a spec-step shape: per request, the context gathered from
 /// the cache, K/V materialized per head, full attention of the q_len queries, and the
 /// causal new-token block merged by LSE (f32, as the backend runs it).
-pub fn bench_prefill_path(dev: &GpuDevice, k: &Kernels, s: BenchShape, reps: usize) -> Result<Measurement, GpuError> {
+pub fn bench_prefill_path(
+    dev: &GpuDevice,
+    k: &Kernels,
+    s: BenchShape,
+    reps: usize,
+) -> Result<Measurement, GpuError> {
     let d = MlaDims {
         heads: s.heads,
         kv_lora: FLASH_DV,
@@ -339,7 +360,11 @@ pub fn bench_prefill_path(dev: &GpuDevice, k: &Kernels, s: BenchShape, reps: usi
         dv: 128,
     };
     let width = s.context.div_ceil(s.page);
-    let cache = Buf::<f32>::uninit(dev, s.batch * width * s.page * FLASH_DIM, "prefill-path cache")?;
+    let cache = Buf::<f32>::uninit(
+        dev,
+        s.batch * width * s.page * FLASH_DIM,
+        "prefill-path cache",
+    )?;
     k.fill(dev, cache.ptr(), 0.01, cache.len())?;
     let table: Vec<i32> = (0..(s.batch * width) as i32).collect();
     let td = Buf::from_host(dev, &table, "prefill-path table")?;
@@ -360,7 +385,16 @@ pub fn bench_prefill_path(dev: &GpuDevice, k: &Kernels, s: BenchShape, reps: usi
         for b in 0..s.batch {
             let row = td.ptr().range(b * width, width);
             k.gather_context(dev, cache.ptr(), row, ws.ptr(), 0, n, s.page, FLASH_DIM)?;
-            k.expand(dev, d, ws.ptr(), w_uk.ptr(), w_uv.ptr(), k_nope.ptr(), v.ptr(), n)?;
+            k.expand(
+                dev,
+                d,
+                ws.ptr(),
+                w_uk.ptr(),
+                w_uv.ptr(),
+                k_nope.ptr(),
+                v.ptr(),
+                n,
+            )?;
             let keys = KeyBufs {
                 k_nope: k_nope.ptr(),
                 latent: ws.ptr(),

@@ -456,7 +456,13 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     .into_iter()
     .enumerate()
     {
-        results.push(check_flash_decode(dev, &k, (q_len, heads, page, split), &ctx, 500 + i as u64)?);
+        results.push(check_flash_decode(
+            dev,
+            &k,
+            (q_len, heads, page, split),
+            &ctx,
+            500 + i as u64,
+        )?);
     }
     let tiny = MlaDims {
         heads: 4,

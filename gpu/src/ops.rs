@@ -219,7 +219,9 @@ impl Kernels {
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 FLASH_SMEM_BYTES as i32,
             )
-            .map_err(GpuError::driver("raising flash_decode's shared memory limit"))?;
+            .map_err(GpuError::driver(
+                "raising flash_decode's shared memory limit",
+            ))?;
         Ok(Self {
             _module: module,
             fns,
@@ -229,9 +231,15 @@ impl Kernels {
     /// Tensor-core decode: every request's keys `[0, seq_len)` in splits of
     /// `split_size`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
     /// then the splits merged in split order. `scale` is the softmax scale.
-    pub fn flash_decode(&self, dev: &GpuDevice, s: FlashShape, b: FlashBufs, scale: f32) -> Result<(), GpuError> {
+    pub fn flash_decode(
+        &self,
+        dev: &GpuDevice,
+        s: FlashShape,
+        b: FlashBufs,
+        scale: f32,
+    ) -> Result<(), GpuError> {
         assert!(
-            s.split_size % FLASH_KEYS == 0 && s.split_size > 0,
+            s.split_size.is_multiple_of(FLASH_KEYS) && s.split_size > 0,
             "split size {} is not a multiple of {FLASH_KEYS}",
             s.split_size
         );
@@ -251,12 +259,24 @@ impl Kernels {
             b.o_part.into(),
             b.lse_part.into(),
         ];
-        for x in [s.batch, rows, s.heads, s.q_len, s.page, s.width, s.split_size] {
+        for x in [
+            s.batch,
+            rows,
+            s.heads,
+            s.q_len,
+            s.page,
+            s.width,
+            s.split_size,
+        ] {
             args.push(x.into());
         }
         args.push((scale * std::f32::consts::LOG2_E).into());
         let cfg = LaunchConfig {
-            grid_dim: (rows.div_ceil(FLASH_ROWS) as u32, s.max_splits as u32, s.batch as u32),
+            grid_dim: (
+                rows.div_ceil(FLASH_ROWS) as u32,
+                s.max_splits as u32,
+                s.batch as u32,
+            ),
             block_dim: (FLASH_THREADS, 1, 1),
             shared_mem_bytes: FLASH_SMEM_BYTES as u32,
         };
@@ -748,7 +768,13 @@ impl Kernels {
     }
 
     /// Fills `n` bf16 values with a deterministic hash of `(seed, index)` in [-1, 1).
-    pub fn fill_bf16_hash(&self, dev: &GpuDevice, x: DPtr<u16>, n: usize, seed: u32) -> Result<(), GpuError> {
+    pub fn fill_bf16_hash(
+        &self,
+        dev: &GpuDevice,
+        x: DPtr<u16>,
+        n: usize,
+        seed: u32,
+    ) -> Result<(), GpuError> {
         x.need(n);
         let args = [x.into(), Arg::I64(n as i64), Arg::I32(seed as i32)];
         // SAFETY: argument list matches fill_bf16_hash (the seed's bits pass as an int);

@@ -71,13 +71,26 @@ fn shapes(cli: &Cli) -> Vec<BenchShape> {
     let heads = or(&cli.heads, &q);
     let q_lens = or(&cli.q_len, &[1, 2, 4]);
     let batches = or(&cli.batch, if cli.quick { &[64] } else { &[32, 64, 128] });
-    let contexts = or(&cli.context, if cli.quick { &[4096] } else { &[4096, 8192, 16384] });
+    let contexts = or(
+        &cli.context,
+        if cli.quick {
+            &[4096]
+        } else {
+            &[4096, 8192, 16384]
+        },
+    );
     let mut out = Vec::new();
     for &heads in &heads {
         for &q_len in &q_lens {
             for &batch in &batches {
                 for &context in &contexts {
-                    out.push(BenchShape { heads, q_len, batch, context, page: cli.page });
+                    out.push(BenchShape {
+                        heads,
+                        q_len,
+                        batch,
+                        context,
+                        page: cli.page,
+                    });
                 }
             }
         }
@@ -89,7 +102,9 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     let dev = Arc::new(GpuDevice::open(0)?);
     let sms = dev
         .ctx
-        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
         .map_err(GpuError::driver("reading the SM count"))? as usize;
     let k = Kernels::load(&dev)?;
     let c = ceilings(&dev, cli.quick)?;
@@ -103,7 +118,11 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10} {:>8} {:>8} {:>6} {:>6}",
         "kernel", "mode", "H", "q", "B", "L", "time us", "GB/s", "TFLOP/s", "%copy", "%gemm"
     );
-    let reps = if cli.quick { cli.reps.min(10) } else { cli.reps };
+    let reps = if cli.quick {
+        cli.reps.min(10)
+    } else {
+        cli.reps
+    };
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
         let inv = bench_flash(&dev, &k, &inp, INVARIANT_SPLIT_TOKENS, "invariant", reps)?;
@@ -115,18 +134,35 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     }
     if cli.spec || !cli.quick {
         for q_len in 2..=4 {
-            let s = BenchShape { heads: 128, q_len, batch: 16, context: 2048, page: cli.page };
+            let s = BenchShape {
+                heads: 128,
+                q_len,
+                batch: 16,
+                context: 2048,
+                page: cli.page,
+            };
             let inp = DecodeInputs::new(&dev, &k, s, 12)?;
             let d = bench_flash(&dev, &k, &inp, INVARIANT_SPLIT_TOKENS, "invariant", reps)?;
             drop(inp);
             let p = bench_prefill_path(&dev, &k, s, 3)?;
-            println!("spec step q {q_len}: decode {:.1} us, prefill path {:.1} us ({:.1}x)", d.time_us, p.time_us, p.time_us / d.time_us);
+            println!(
+                "spec step q {q_len}: decode {:.1} us, prefill path {:.1} us ({:.1}x)",
+                d.time_us,
+                p.time_us,
+                p.time_us / d.time_us
+            );
             for m in [d, p] {
                 print_row(&m, &c);
                 rows.push(m);
             }
         }
-        let s = BenchShape { heads: 128, q_len: 1, batch: 32, context: 4096, page: cli.page };
+        let s = BenchShape {
+            heads: 128,
+            q_len: 1,
+            batch: 32,
+            context: 4096,
+            page: cli.page,
+        };
         let m = bench_baseline_decode(&dev, &k, s, 3)?;
         print_row(&m, &c);
         rows.push(m);
@@ -158,8 +194,16 @@ fn print_row(m: &Measurement, c: &Ceilings) {
 fn write_csv(path: &std::path::Path, c: &Ceilings, rows: &[Measurement]) -> std::io::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(f, "{CSV_HEADER}")?;
-    writeln!(f, "copy,ceiling,0,0,0,0,0,0,0,0,{:.2},0,100,0", c.copy_gb_per_s)?;
-    writeln!(f, "gemm_bf16,ceiling,0,0,0,0,0,0,0,0,0,{:.3},0,100", c.gemm_tflop_per_s)?;
+    writeln!(
+        f,
+        "copy,ceiling,0,0,0,0,0,0,0,0,{:.2},0,100,0",
+        c.copy_gb_per_s
+    )?;
+    writeln!(
+        f,
+        "gemm_bf16,ceiling,0,0,0,0,0,0,0,0,0,{:.3},0,100",
+        c.gemm_tflop_per_s
+    )?;
     for m in rows {
         writeln!(f, "{}", m.csv(c))?;
     }
