@@ -13,6 +13,10 @@
 #ifndef FD_KEYS
 #define FD_KEYS 64
 #endif
+// Key tiles in flight: FD_STAGES - 1 prefetched while one is consumed.
+#ifndef FD_STAGES
+#define FD_STAGES 2
+#endif
 // Warps per row group: each owns 512 / FD_VPARTS V columns and FD_KEYS / FD_VPARTS keys of
 // every tile's scores.
 #ifndef FD_VPARTS
@@ -32,7 +36,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                  "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-__device__ __forceinline__ void cp_wait_1() { asm volatile("cp.async.wait_group 1;\n" ::); }
+// Waits until at most FD_STAGES - 2 copy groups are pending: the oldest tile has landed.
+__device__ __forceinline__ void cp_wait_stage() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(FD_STAGES - 2));
+}
 __device__ __forceinline__ void cp_wait_0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
 __device__ __forceinline__ void ldsm_x4(unsigned* r, const void* p) {
@@ -81,8 +88,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
                  int heads, int q_len, int page, int width, int split_size, float scale_log2) {
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* qs = smem;                          // [64][576] swizzled
-    unsigned short* ks = qs + FD_ROWS * FD_D;           // [2][FD_KEYS][576] swizzled
-    unsigned short* ps = ks + 2 * FD_KEYS * FD_D;       // [4][16][FD_PSTRIDE] probabilities
+    unsigned short* ks = qs + FD_ROWS * FD_D;           // [FD_STAGES][FD_KEYS][576] swizzled
+    unsigned short* ps = ks + FD_STAGES * FD_KEYS * FD_D;  // [4][16][FD_PSTRIDE] probabilities
     float* red = (float*)(ps + 4 * 16 * FD_PSTRIDE);    // [4][FD_VPARTS][16] maxima, then sums
     const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
     const int rg = warp % 4, vh = warp / 4;
@@ -110,8 +117,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             cp_async16(dst + swz(k, ch), cache + slot * FD_D + ch * 8, ok);
         }
     };
-    if (kv_start < kv_end) load_tile(0, kv_start);
-    cp_commit();
+    // Prologue: the first FD_STAGES - 1 tiles (one commit group each, empty past the end).
+#pragma unroll
+    for (int st = 0; st < FD_STAGES - 1; ++st) {
+        if (kv_start + st * FD_KEYS < kv_end) load_tile(st, kv_start + st * FD_KEYS);
+        cp_commit();
+    }
 
     // Each thread holds two rows of its warp's 16: lane / 4 and lane / 4 + 8.
     int limit[2];
@@ -130,106 +141,113 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     unsigned short* pw = ps + rg * 16 * FD_PSTRIDE;
     float* rmax = red + rg * 16 * FD_VPARTS;  // [FD_VPARTS][16 rows]
     const int group_barrier = 1 + rg;
+    // A row group past the request's rows (16 heads fill one group of four) only helps
+    // load tiles: skipping its math leaves the live groups the SM's tensor cores.
+    const bool group_live = row0 + rg * 16 < rows;
 
     int it = 0;
     for (int t0 = kv_start; t0 < kv_end; t0 += FD_KEYS, ++it) {
-        if (t0 + FD_KEYS < kv_end) load_tile((it + 1) & 1, t0 + FD_KEYS);
+        int ahead = t0 + (FD_STAGES - 1) * FD_KEYS;
+        if (ahead < kv_end) load_tile((it + FD_STAGES - 1) % FD_STAGES, ahead);
         cp_commit();
-        cp_wait_1();
+        cp_wait_stage();
         __syncthreads();
-        const unsigned short* kt = ks + (it & 1) * FD_KEYS * FD_D;
-        // Scores of this warp's half of the tile's keys.
-        float s[FD_WKEYS / 8][4];
+        if (group_live) {
+            const unsigned short* kt = ks + (it % FD_STAGES) * FD_KEYS * FD_D;
+            // Scores of this warp's share of the tile's keys.
+            float s[FD_WKEYS / 8][4];
 #pragma unroll
-        for (int n = 0; n < FD_WKEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            for (int n = 0; n < FD_WKEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
 #pragma unroll 4
-        for (int kk = 0; kk < FD_D; kk += 16) {
-            unsigned a[4], bb[4];
-            int qr = rg * 16 + lane % 16;
-            ldsm_x4(a, qs + swz(qr, kk / 8 + lane / 16));
+            for (int kk = 0; kk < FD_D; kk += 16) {
+                unsigned a[4], bb[4];
+                int qr = rg * 16 + lane % 16;
+                ldsm_x4(a, qs + swz(qr, kk / 8 + lane / 16));
 #pragma unroll
-            for (int np = 0; np < FD_WKEYS / 16; ++np) {
-                int kr = kbase + np * 16 + (lane / 16) * 8 + lane % 8;
-                ldsm_x4(bb, kt + swz(kr, kk / 8 + (lane / 8) % 2));
-                mma16816(s[2 * np], a, bb[0], bb[1]);
-                mma16816(s[2 * np + 1], a, bb[2], bb[3]);
-            }
-        }
-        float mx[2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            mx[i] = NEG_INF;
-#pragma unroll
-            for (int n = 0; n < FD_WKEYS / 8; ++n) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    int pos = t0 + kbase + n * 8 + (lane % 4) * 2 + e;
-                    float v = (live[i] && pos < limit[i]) ? s[n][2 * i + e] * scale_log2 : NEG_INF;
-                    s[n][2 * i + e] = v;
-                    mx[i] = fmaxf(mx[i], v);
+                for (int np = 0; np < FD_WKEYS / 16; ++np) {
+                    int kr = kbase + np * 16 + (lane / 16) * 8 + lane % 8;
+                    ldsm_x4(bb, kt + swz(kr, kk / 8 + (lane / 8) % 2));
+                    mma16816(s[2 * np], a, bb[0], bb[1]);
+                    mma16816(s[2 * np + 1], a, bb[2], bb[3]);
                 }
             }
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffff, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffff, mx[i], 2));
-            if (lane % 4 == 0) rmax[vh * 16 + lane / 4 + i * 8] = mx[i];
-        }
-        asm volatile("bar.sync %0, %1;\n" ::"r"(group_barrier), "n"(FD_VPARTS * 32));
-        float alpha[2];
+            float mx[2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            float all = NEG_INF;  // the same order in every warp of the group
+            for (int i = 0; i < 2; ++i) {
+                mx[i] = NEG_INF;
 #pragma unroll
-            for (int v = 0; v < FD_VPARTS; ++v) all = fmaxf(all, rmax[v * 16 + lane / 4 + i * 8]);
-            float m_new = fmaxf(m[i], all);
-            float base = m_new == NEG_INF ? 0.f : m_new;
-            alpha[i] = exp2f(m[i] - base);
-            float sum = 0.f;
+                for (int n = 0; n < FD_WKEYS / 8; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        int pos = t0 + kbase + n * 8 + (lane % 4) * 2 + e;
+                        float v = (live[i] && pos < limit[i]) ? s[n][2 * i + e] * scale_log2 : NEG_INF;
+                        s[n][2 * i + e] = v;
+                        mx[i] = fmaxf(mx[i], v);
+                    }
+                }
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffff, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffff, mx[i], 2));
+                if (lane % 4 == 0) rmax[vh * 16 + lane / 4 + i * 8] = mx[i];
+            }
+            asm volatile("bar.sync %0, %1;\n" ::"r"(group_barrier), "n"(FD_VPARTS * 32));
+            float alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                float all = NEG_INF;  // the same order in every warp of the group
+#pragma unroll
+                for (int v = 0; v < FD_VPARTS; ++v) all = fmaxf(all, rmax[v * 16 + lane / 4 + i * 8]);
+                float m_new = fmaxf(m[i], all);
+                float base = m_new == NEG_INF ? 0.f : m_new;
+                alpha[i] = exp2f(m[i] - base);
+                float sum = 0.f;
+#pragma unroll
+                for (int n = 0; n < FD_WKEYS / 8; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float p = exp2f(s[n][2 * i + e] - base);
+                        s[n][2 * i + e] = p;
+                        sum += p;
+                    }
+                }
+                l[i] = l[i] * alpha[i] + sum;
+                m[i] = m_new;
+            }
+            // This warp's probabilities into the pair's P tile, as bf16.
 #pragma unroll
             for (int n = 0; n < FD_WKEYS / 8; ++n) {
-#pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float p = exp2f(s[n][2 * i + e] - base);
-                    s[n][2 * i + e] = p;
-                    sum += p;
-                }
+                int col = kbase + n * 8 + (lane % 4) * 2;
+                *(unsigned*)(pw + (lane / 4) * FD_PSTRIDE + col) = pack_bf16(s[n][0], s[n][1]);
+                *(unsigned*)(pw + (lane / 4 + 8) * FD_PSTRIDE + col) = pack_bf16(s[n][2], s[n][3]);
             }
-            l[i] = l[i] * alpha[i] + sum;
-            m[i] = m_new;
-        }
-        // This warp's probabilities into the pair's P tile, as bf16.
 #pragma unroll
-        for (int n = 0; n < FD_WKEYS / 8; ++n) {
-            int col = kbase + n * 8 + (lane % 4) * 2;
-            *(unsigned*)(pw + (lane / 4) * FD_PSTRIDE + col) = pack_bf16(s[n][0], s[n][1]);
-            *(unsigned*)(pw + (lane / 4 + 8) * FD_PSTRIDE + col) = pack_bf16(s[n][2], s[n][3]);
-        }
+            for (int n = 0; n < FD_VCOLS / 8; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
+            asm volatile("bar.sync %0, %1;\n" ::"r"(group_barrier), "n"(FD_VPARTS * 32));
+            // O += P V over this warp's V columns and all of the tile's keys.
 #pragma unroll
-        for (int n = 0; n < FD_VCOLS / 8; ++n) {
-            o[n][0] *= alpha[0];
-            o[n][1] *= alpha[0];
-            o[n][2] *= alpha[1];
-            o[n][3] *= alpha[1];
-        }
-        asm volatile("bar.sync %0, %1;\n" ::"r"(group_barrier), "n"(FD_VPARTS * 32));
-        // O += P V over this warp's V columns and all of the tile's keys.
+            for (int kh = 0; kh < FD_KEYS / 16; ++kh) {
+                unsigned a[4];
+                ldsm_x4(a, pw + (lane % 16) * FD_PSTRIDE + kh * 16 + (lane / 16) * 8);
 #pragma unroll
-        for (int kh = 0; kh < FD_KEYS / 16; ++kh) {
-            unsigned a[4];
-            ldsm_x4(a, pw + (lane % 16) * FD_PSTRIDE + kh * 16 + (lane / 16) * 8);
-#pragma unroll
-            for (int dp = 0; dp < FD_VCOLS / 16; ++dp) {
-                unsigned bb[4];
-                int n0 = vh * FD_VCOLS + dp * 16;
-                int kr = kh * 16 + lane % 8 + ((lane / 8) % 2) * 8;
-                ldsm_x4_t(bb, kt + swz(kr, n0 / 8 + lane / 16));
-                mma16816(o[2 * dp], a, bb[0], bb[1]);
-                mma16816(o[2 * dp + 1], a, bb[2], bb[3]);
+                for (int dp = 0; dp < FD_VCOLS / 16; ++dp) {
+                    unsigned bb[4];
+                    int n0 = vh * FD_VCOLS + dp * 16;
+                    int kr = kh * 16 + lane % 8 + ((lane / 8) % 2) * 8;
+                    ldsm_x4_t(bb, kt + swz(kr, n0 / 8 + lane / 16));
+                    mma16816(o[2 * dp], a, bb[0], bb[1]);
+                    mma16816(o[2 * dp + 1], a, bb[2], bb[3]);
+                }
             }
         }
         __syncthreads();  // the next prefetch, P tile and maxima overwrite this tile's
     }
     cp_wait_0();
 
+    if (!group_live) return;
     // Each warp summed only its share of every tile's keys: add the others' sums, in order.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {

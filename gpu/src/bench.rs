@@ -225,12 +225,12 @@ impl DecodeInputs {
 
 /// Split size of the fast mode: enough splits for about two waves of CTAs on `sms`
 /// multiprocessors, never below 256 keys.
-pub fn fast_split_tokens(s: &BenchShape, sms: usize) -> usize {
+pub fn fast_split_tokens(s: &BenchShape, sms: usize, tile_keys: usize) -> usize {
     let ctas = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
     let splits = (2 * sms)
         .div_ceil(ctas)
         .clamp(1, s.context.div_ceil(256).max(1));
-    let unit = s.page.max(crate::ops::FLASH_KEYS);
+    let unit = s.page.max(tile_keys);
     s.context.div_ceil(splits).div_ceil(unit) * unit
 }
 

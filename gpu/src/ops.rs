@@ -14,17 +14,17 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
 
 /// The kernels' CUDA C sources, compiled as one module after `common.cuh`.
-pub const KERNEL_SRC: [&str; 4] = [
+pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../kernels/mla.cu"),
     include_str!("../kernels/prefill.cu"),
     include_str!("../kernels/dense.cu"),
-    include_str!("../kernels/flash_decode.cu"),
 ];
 
-const NAMES: [&str; 19] = [
+/// The tensor-core decode's source, compiled on its own with its tile configuration.
+pub const FLASH_SRC: &str = include_str!("../kernels/flash_decode.cu");
+
+const NAMES: [&str; 17] = [
     "fill_bf16_hash",
-    "flash_decode",
-    "flash_combine",
     "kv_write",
     "mla_decode",
     "gather_context",
@@ -140,17 +140,91 @@ pub const FLASH_DIM: usize = 576;
 pub const FLASH_DV: usize = 512;
 /// Query rows (tokens x heads) per CTA of the tensor-core decode.
 pub const FLASH_ROWS: usize = 64;
-/// Warps per 16-row group of `flash_decode` (FD_VPARTS in the kernel).
-const FLASH_VPARTS: usize = 4;
-const FLASH_THREADS: u32 = 128 * FLASH_VPARTS as u32;
-/// Keys per tile of `flash_decode` (FD_KEYS in the kernel).
-pub const FLASH_KEYS: usize = 64;
-/// Dynamic shared memory of `flash_decode`: 64 query rows and two key stages of 576 bf16
-/// (swizzled, unpadded), four 16-row probability tiles and the pairs' row maxima: 226 KiB
-/// of the 227 KiB an H100 block may have.
-const FLASH_SMEM_BYTES: usize = (FLASH_ROWS + 2 * FLASH_KEYS) * 576 * 2
-    + 4 * 16 * (FLASH_KEYS + 8) * 2
-    + 4 * FLASH_VPARTS * 16 * 4;
+/// Largest dynamic shared memory a block may have on Hopper (227 KiB).
+const MAX_SMEM_BYTES: usize = 232_448;
+
+/// Tile configuration of `flash_decode`, fixed when the kernel is compiled (FD_KEYS,
+/// FD_STAGES, FD_VPARTS). `SPECMLA_FLASH_CONFIG=keys,stages,vparts` overrides the default
+/// for tuning runs; `gpu-bench` prints the one in use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FlashConfig {
+    /// Keys per tile.
+    pub keys: usize,
+    /// Tiles in flight (the pipeline depth, at least 2).
+    pub stages: usize,
+    /// Warps per 16-row group, each owning 512 / vparts V columns.
+    pub vparts: usize,
+}
+
+impl Default for FlashConfig {
+    fn default() -> Self {
+        Self {
+            keys: 64,
+            stages: 2,
+            vparts: 4,
+        }
+    }
+}
+
+impl FlashConfig {
+    /// The default, or `SPECMLA_FLASH_CONFIG` when set.
+    pub fn from_env() -> Result<Self, GpuError> {
+        match std::env::var("SPECMLA_FLASH_CONFIG") {
+            Ok(v) => Self::parse(&v).map_err(|why| GpuError::NoDevice(format!("SPECMLA_FLASH_CONFIG={v:?}: {why}"))),
+            Err(_) => Ok(Self::default()),
+        }
+    }
+
+    /// `keys,stages,vparts`, checked.
+    pub fn parse(v: &str) -> Result<Self, String> {
+        let n: Vec<usize> = v
+            .split(',')
+            .map(|x| x.trim().parse().map_err(|_| "expected keys,stages,vparts such as 64,2,4".to_string()))
+            .collect::<Result<_, _>>()?;
+        let [keys, stages, vparts] = n[..] else {
+            return Err("expected three numbers: keys,stages,vparts".into());
+        };
+        let c = Self { keys, stages, vparts };
+        c.check()?;
+        Ok(c)
+    }
+
+    /// Why the kernel cannot be built this way, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if ![2, 4, 8].contains(&self.vparts) {
+            return Err("vparts must be 2, 4 or 8".into());
+        }
+        if self.keys == 0 || !self.keys.is_multiple_of(16 * self.vparts) {
+            return Err(format!("keys must be a multiple of 16 * vparts = {}", 16 * self.vparts));
+        }
+        if self.stages < 2 {
+            return Err("stages must be at least 2".into());
+        }
+        if self.smem_bytes() > MAX_SMEM_BYTES {
+            return Err(format!("needs {} bytes of shared memory, above {MAX_SMEM_BYTES}", self.smem_bytes()));
+        }
+        Ok(())
+    }
+
+    /// 64 query rows and `stages` key tiles of 576 bf16 (swizzled, unpadded), four 16-row
+    /// probability tiles, and the row groups' maxima.
+    pub fn smem_bytes(&self) -> usize {
+        (FLASH_ROWS + self.stages * self.keys) * 576 * 2
+            + 4 * 16 * (self.keys + 8) * 2
+            + 4 * self.vparts * 16 * 4
+    }
+
+    fn threads(&self) -> u32 {
+        128 * self.vparts as u32
+    }
+
+    fn defines(&self) -> String {
+        format!(
+            "#define FD_KEYS {}\n#define FD_STAGES {}\n#define FD_VPARTS {}\n",
+            self.keys, self.stages, self.vparts
+        )
+    }
+}
 
 /// Shape of one tensor-core decode launch (bf16 cache, 576/512 widths).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -161,7 +235,8 @@ pub struct FlashShape {
     pub page: usize,
     /// Block-table width.
     pub width: usize,
-    /// Keys per split, a multiple of [`FLASH_KEYS`]; fixed in batch-invariant mode.
+    /// Keys per split, a multiple of the configuration's keys per tile; fixed in
+    /// batch-invariant mode.
     pub split_size: usize,
     /// Splits the partial buffers hold per request.
     pub max_splits: usize,
@@ -196,7 +271,10 @@ pub struct FlashBufs {
 /// The compiled kernels.
 pub struct Kernels {
     _module: Arc<CudaModule>,
+    _flash_module: Arc<CudaModule>,
     fns: BTreeMap<&'static str, CudaFunction>,
+    /// The tile configuration `flash_decode` was compiled with.
+    pub flash: FlashConfig,
 }
 
 fn blocks(n: usize) -> usize {
@@ -206,25 +284,41 @@ fn blocks(n: usize) -> usize {
 impl Kernels {
     /// Compiles every kernel for `dev` (one NVRTC call) and loads them.
     pub fn load(dev: &GpuDevice) -> Result<Self, GpuError> {
+        Self::load_with(dev, FlashConfig::from_env()?)
+    }
+
+    /// [`Self::load`] with `flash_decode` built for `flash`.
+    pub fn load_with(dev: &GpuDevice, flash: FlashConfig) -> Result<Self, GpuError> {
+        flash
+            .check()
+            .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let module = dev.compile("specmla_kernels.cu", &KERNEL_SRC.join("\n"))?;
+        let flash_src = format!("{}{FLASH_SRC}", flash.defines());
+        let flash_module = dev.compile("flash_decode.cu", &flash_src)?;
         let mut fns = BTreeMap::new();
-        for name in NAMES {
-            let f = module
+        let mut get = |m: &Arc<CudaModule>, name: &'static str| -> Result<(), GpuError> {
+            let f = m
                 .load_function(name)
                 .map_err(GpuError::driver(format!("loading kernel {name}")))?;
             fns.insert(name, f);
+            Ok(())
+        };
+        for name in NAMES {
+            get(&module, name)?;
         }
+        get(&flash_module, "flash_decode")?;
+        get(&flash_module, "flash_combine")?;
         fns["flash_decode"]
             .set_attribute(
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                FLASH_SMEM_BYTES as i32,
+                flash.smem_bytes() as i32,
             )
-            .map_err(GpuError::driver(
-                "raising flash_decode's shared memory limit",
-            ))?;
+            .map_err(GpuError::driver("raising flash_decode's shared memory limit"))?;
         Ok(Self {
             _module: module,
+            _flash_module: flash_module,
             fns,
+            flash,
         })
     }
 
@@ -238,9 +332,10 @@ impl Kernels {
         b: FlashBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
+        let keys = self.flash.keys;
         assert!(
-            s.split_size.is_multiple_of(FLASH_KEYS) && s.split_size > 0,
-            "split size {} is not a multiple of {FLASH_KEYS}",
+            s.split_size.is_multiple_of(keys) && s.split_size > 0,
+            "split size {} is not a multiple of {keys}",
             s.split_size
         );
         let rows = s.rows();
@@ -277,8 +372,8 @@ impl Kernels {
                 s.max_splits as u32,
                 s.batch as u32,
             ),
-            block_dim: (FLASH_THREADS, 1, 1),
-            shared_mem_bytes: FLASH_SMEM_BYTES as u32,
+            block_dim: (self.flash.threads(), 1, 1),
+            shared_mem_bytes: self.flash.smem_bytes() as u32,
         };
         // SAFETY: argument list matches flash_decode; sizes checked above; the caller's
         // seq_lens need at most max_splits splits and its block table covers them.
@@ -788,5 +883,22 @@ impl Kernels {
         let args = [x.into(), v.into(), n.into()];
         // SAFETY: argument list matches fill; size checked above.
         unsafe { self.go(dev, "fill", (blocks(n), 1), &args) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::FlashConfig;
+
+    #[test]
+    fn flash_configs_are_checked_before_compiling() {
+        let d = FlashConfig::default();
+        assert!(d.check().is_ok(), "{:?}", d.check());
+        assert_eq!(FlashConfig::parse("32, 4, 2"), Ok(FlashConfig { keys: 32, stages: 4, vparts: 2 }));
+        // Three 64-key stages do not fit beside 64 query rows in 227 KiB.
+        assert!(FlashConfig::parse("64,3,4").unwrap_err().contains("shared memory"));
+        assert!(FlashConfig::parse("48,2,4").unwrap_err().contains("multiple of 16 * vparts"));
+        assert!(FlashConfig::parse("64,1,4").unwrap_err().contains("stages"));
+        assert!(FlashConfig::parse("64,2").is_err() && FlashConfig::parse("a,b,c").is_err());
     }
 }
