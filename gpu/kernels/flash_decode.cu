@@ -36,9 +36,11 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                  "l"(src), "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most FD_STAGES - 2 copy groups are pending: the oldest tile has landed.
+// Waits until at most FD_STAGES - 1 copy groups are pending. After the prologue's
+// FD_STAGES - 1 groups and one more per iteration, that is exactly when tile `it` (group
+// `it`) has landed while the FD_STAGES - 1 tiles after it may still be in flight.
 __device__ __forceinline__ void cp_wait_stage() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(FD_STAGES - 2));
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(FD_STAGES - 1));
 }
 __device__ __forceinline__ void cp_wait_0() { asm volatile("cp.async.wait_group 0;\n" ::); }
 
