@@ -170,7 +170,8 @@ impl FlashConfig {
     /// The default, or `SPECMLA_FLASH_CONFIG` when set.
     pub fn from_env() -> Result<Self, GpuError> {
         match std::env::var("SPECMLA_FLASH_CONFIG") {
-            Ok(v) => Self::parse(&v).map_err(|why| GpuError::NoDevice(format!("SPECMLA_FLASH_CONFIG={v:?}: {why}"))),
+            Ok(v) => Self::parse(&v)
+                .map_err(|why| GpuError::NoDevice(format!("SPECMLA_FLASH_CONFIG={v:?}: {why}"))),
             Err(_) => Ok(Self::default()),
         }
     }
@@ -179,12 +180,20 @@ impl FlashConfig {
     pub fn parse(v: &str) -> Result<Self, String> {
         let n: Vec<usize> = v
             .split(',')
-            .map(|x| x.trim().parse().map_err(|_| "expected keys,stages,vparts such as 64,2,4".to_string()))
+            .map(|x| {
+                x.trim()
+                    .parse()
+                    .map_err(|_| "expected keys,stages,vparts such as 64,2,4".to_string())
+            })
             .collect::<Result<_, _>>()?;
         let [keys, stages, vparts] = n[..] else {
             return Err("expected three numbers: keys,stages,vparts".into());
         };
-        let c = Self { keys, stages, vparts };
+        let c = Self {
+            keys,
+            stages,
+            vparts,
+        };
         c.check()?;
         Ok(c)
     }
@@ -195,13 +204,19 @@ impl FlashConfig {
             return Err("vparts must be 2, 4 or 8".into());
         }
         if self.keys == 0 || !self.keys.is_multiple_of(16 * self.vparts) {
-            return Err(format!("keys must be a multiple of 16 * vparts = {}", 16 * self.vparts));
+            return Err(format!(
+                "keys must be a multiple of 16 * vparts = {}",
+                16 * self.vparts
+            ));
         }
         if self.stages < 2 {
             return Err("stages must be at least 2".into());
         }
         if self.smem_bytes() > MAX_SMEM_BYTES {
-            return Err(format!("needs {} bytes of shared memory, above {MAX_SMEM_BYTES}", self.smem_bytes()));
+            return Err(format!(
+                "needs {} bytes of shared memory, above {MAX_SMEM_BYTES}",
+                self.smem_bytes()
+            ));
         }
         Ok(())
     }
@@ -313,7 +328,9 @@ impl Kernels {
                 CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 flash.smem_bytes() as i32,
             )
-            .map_err(GpuError::driver("raising flash_decode's shared memory limit"))?;
+            .map_err(GpuError::driver(
+                "raising flash_decode's shared memory limit",
+            ))?;
         Ok(Self {
             _module: module,
             _flash_module: flash_module,
@@ -894,10 +911,21 @@ mod tests {
     fn flash_configs_are_checked_before_compiling() {
         let d = FlashConfig::default();
         assert!(d.check().is_ok(), "{:?}", d.check());
-        assert_eq!(FlashConfig::parse("32, 4, 2"), Ok(FlashConfig { keys: 32, stages: 4, vparts: 2 }));
+        assert_eq!(
+            FlashConfig::parse("32, 4, 2"),
+            Ok(FlashConfig {
+                keys: 32,
+                stages: 4,
+                vparts: 2
+            })
+        );
         // Three 64-key stages do not fit beside 64 query rows in 227 KiB.
-        assert!(FlashConfig::parse("64,3,4").unwrap_err().contains("shared memory"));
-        assert!(FlashConfig::parse("48,2,4").unwrap_err().contains("multiple of 16 * vparts"));
+        assert!(FlashConfig::parse("64,3,4")
+            .unwrap_err()
+            .contains("shared memory"));
+        assert!(FlashConfig::parse("48,2,4")
+            .unwrap_err()
+            .contains("multiple of 16 * vparts"));
         assert!(FlashConfig::parse("64,1,4").unwrap_err().contains("stages"));
         assert!(FlashConfig::parse("64,2").is_err() && FlashConfig::parse("a,b,c").is_err());
     }

@@ -108,7 +108,10 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         .map_err(GpuError::driver("reading the SM count"))? as usize;
     let k = Kernels::load(&dev)?;
     let c = ceilings(&dev, cli.quick)?;
-    println!("device: {} ({}, {sms} SMs); flash_decode {:?}", dev.name, dev.arch, k.flash);
+    println!(
+        "device: {} ({}, {sms} SMs); flash_decode {:?}",
+        dev.name, dev.arch, k.flash
+    );
     println!(
         "ceilings: copy {:.0} GB/s (read + write), bf16 GEMM {:.1} TFLOP/s",
         c.copy_gb_per_s, c.gemm_tflop_per_s
@@ -126,7 +129,14 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
         let inv = bench_flash(&dev, &k, &inp, INVARIANT_SPLIT_TOKENS, "invariant", reps)?;
-        let fast = bench_flash(&dev, &k, &inp, fast_split_tokens(&s, sms, k.flash.keys), "fast", reps)?;
+        let fast = bench_flash(
+            &dev,
+            &k,
+            &inp,
+            fast_split_tokens(&s, sms, k.flash.keys),
+            "fast",
+            reps,
+        )?;
         for m in [inv, fast] {
             print_row(&m, &c);
             rows.push(m);
