@@ -282,6 +282,190 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     }
 }
 
+// The same decode for requests of at most 16 query rows (16 heads, q_len 1): one row group
+// of work would leave three quarters of the warps idle, so here the four groups split
+// every key tile instead, each keeping its own softmax state over its 16 keys. No
+// probabilities are exchanged during the tile loop; at the end of the split the four
+// states are merged through shared memory in group order. Same arguments and layouts as
+// flash_decode; grid (1, splits, batch).
+extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
+    flash_decode_narrow(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
+                        const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                        float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
+                        int heads, int q_len, int page, int width, int split_size, float scale_log2) {
+    extern __shared__ __align__(16) unsigned short smem[];
+    unsigned short* qs = smem;                 // [16 used of 64][576] swizzled
+    unsigned short* ks = qs + FD_ROWS * FD_D;  // [FD_STAGES][FD_KEYS][576] swizzled
+    const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+    const int kg = warp % 4, vh = warp / 4;    // key quarter, V part
+    const int sp = blockIdx.y, b = blockIdx.z;
+    const int seq_len = seq_lens[b];
+    const int kv_start = sp * split_size;
+    const int kv_end = min(kv_start + split_size, seq_len);
+    if (kv_start >= seq_len && sp > 0) return;
+
+    const unsigned short* qb = q + (long long)b * rows * FD_D;
+    for (int c = tid; c < 16 * (FD_D / 8); c += FD_THREADS) {
+        int r = c / (FD_D / 8), ch = c % (FD_D / 8);
+        bool ok = r < rows;
+        cp_async16(qs + swz(r, ch), qb + (long long)(ok ? r : 0) * FD_D + ch * 8, ok);
+    }
+    const int* bt = block_table + (long long)b * width;
+    auto load_tile = [&](int stage, int t0) {
+        unsigned short* dst = ks + stage * FD_KEYS * FD_D;
+        for (int c = tid; c < FD_KEYS * (FD_D / 8); c += FD_THREADS) {
+            int k = c / (FD_D / 8), ch = c % (FD_D / 8);
+            int pos = t0 + k;
+            bool ok = pos < kv_end;
+            long long slot = ok ? (long long)bt[pos / page] * page + pos % page : 0;
+            cp_async16(dst + swz(k, ch), cache + slot * FD_D + ch * 8, ok);
+        }
+    };
+#pragma unroll
+    for (int st = 0; st < FD_STAGES - 1; ++st) {
+        if (kv_start + st * FD_KEYS < kv_end) load_tile(st, kv_start + st * FD_KEYS);
+        cp_commit();
+    }
+    int limit[2];
+    bool live[2];
+    for (int i = 0; i < 2; ++i) {
+        int r = lane / 4 + i * 8;
+        live[i] = r < rows;
+        limit[i] = max(seq_len - q_len + r / heads + 1, 0);
+    }
+    float o[FD_VCOLS / 8][4];
+#pragma unroll
+    for (int n = 0; n < FD_VCOLS / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int kq = FD_KEYS / 4;  // keys per group and tile
+    int it = 0;
+    for (int t0 = kv_start; t0 < kv_end; t0 += FD_KEYS, ++it) {
+        int ahead = t0 + (FD_STAGES - 1) * FD_KEYS;
+        if (ahead < kv_end) load_tile((it + FD_STAGES - 1) % FD_STAGES, ahead);
+        cp_commit();
+        cp_wait_stage();
+        __syncthreads();
+        const unsigned short* kt = ks + (it % FD_STAGES) * FD_KEYS * FD_D;
+        for (int kc = 0; kc < kq; kc += 16) {  // this group's keys, 16 at a time
+            int k0 = kg * kq + kc;
+            float s[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};
+#pragma unroll 4
+            for (int kk = 0; kk < FD_D; kk += 16) {
+                unsigned a[4], bb[4];
+                ldsm_x4(a, qs + swz(lane % 16, kk / 8 + lane / 16));
+                ldsm_x4(bb, kt + swz(k0 + (lane / 16) * 8 + lane % 8, kk / 8 + (lane / 8) % 2));
+                mma16816(s[0], a, bb[0], bb[1]);
+                mma16816(s[1], a, bb[2], bb[3]);
+            }
+            float alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                float mx = NEG_INF;
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        int pos = t0 + k0 + n * 8 + (lane % 4) * 2 + e;
+                        float v = (live[i] && pos < limit[i]) ? s[n][2 * i + e] * scale_log2 : NEG_INF;
+                        s[n][2 * i + e] = v;
+                        mx = fmaxf(mx, v);
+                    }
+                }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+                float m_new = fmaxf(m[i], mx);
+                float base = m_new == NEG_INF ? 0.f : m_new;
+                alpha[i] = exp2f(m[i] - base);
+                float sum = 0.f;
+#pragma unroll
+                for (int n = 0; n < 2; ++n) {
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        float p = exp2f(s[n][2 * i + e] - base);
+                        s[n][2 * i + e] = p;
+                        sum += p;
+                    }
+                }
+                l[i] = l[i] * alpha[i] + sum;
+                m[i] = m_new;
+            }
+#pragma unroll
+            for (int n = 0; n < FD_VCOLS / 8; ++n) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
+            unsigned a[4] = {pack_bf16(s[0][0], s[0][1]), pack_bf16(s[0][2], s[0][3]),
+                             pack_bf16(s[1][0], s[1][1]), pack_bf16(s[1][2], s[1][3])};
+#pragma unroll
+            for (int dp = 0; dp < FD_VCOLS / 16; ++dp) {
+                unsigned bb[4];
+                int n0 = vh * FD_VCOLS + dp * 16;
+                ldsm_x4_t(bb, kt + swz(k0 + lane % 8 + ((lane / 8) % 2) * 8, n0 / 8 + lane / 16));
+                mma16816(o[2 * dp], a, bb[0], bb[1]);
+                mma16816(o[2 * dp + 1], a, bb[2], bb[3]);
+            }
+        }
+        __syncthreads();
+    }
+    cp_wait_0();
+    __syncthreads();  // the key stages become the merge buffers
+
+    // Merge the four key groups' states, in group order. Every warp of a group has the
+    // same m and l; the group's first warp publishes them.
+    float* obuf = (float*)ks;                  // [4 groups][16 rows][512]
+    float* ml = obuf + 4 * 16 * FD_DV;         // [4 groups][16 rows][2]
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+        int r = lane / 4 + i * 8;
+        if (vh == 0 && lane % 4 == 0) {
+            ml[(kg * 16 + r) * 2] = m[i];
+            ml[(kg * 16 + r) * 2 + 1] = l[i];
+        }
+    }
+    __syncthreads();
+    float scale_own[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int r = lane / 4 + i * 8;
+        float mm = NEG_INF;
+        for (int g = 0; g < 4; ++g) mm = fmaxf(mm, ml[(g * 16 + r) * 2]);
+        float base = mm == NEG_INF ? 0.f : mm;
+        scale_own[i] = exp2f(m[i] - base);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        int r = lane / 4 + i * 8;
+        float* dst = obuf + (kg * 16 + r) * FD_DV + vh * FD_VCOLS + (lane % 4) * 2;
+#pragma unroll
+        for (int n = 0; n < FD_VCOLS / 8; ++n) {
+            dst[n * 8] = o[n][2 * i] * scale_own[i];
+            dst[n * 8 + 1] = o[n][2 * i + 1] * scale_own[i];
+        }
+    }
+    __syncthreads();
+    // 16 rows x 512 columns, summed over the groups in order, by every thread.
+    long long base = ((long long)sp * batch + b) * rows;
+    for (int idx = tid; idx < 16 * FD_DV; idx += FD_THREADS) {
+        int r = idx / FD_DV, c = idx % FD_DV;
+        if (r >= rows) continue;
+        float mm = NEG_INF;
+        for (int g = 0; g < 4; ++g) mm = fmaxf(mm, ml[(g * 16 + r) * 2]);
+        float bm = mm == NEG_INF ? 0.f : mm;
+        float total_l = 0.f, acc = 0.f;
+        for (int g = 0; g < 4; ++g) {
+            total_l += ml[(g * 16 + r) * 2 + 1] * exp2f(ml[(g * 16 + r) * 2] - bm);
+            acc += obuf[(g * 16 + r) * FD_DV + c];
+        }
+        o_part[(base + r) * FD_DV + c] = total_l > 0.f ? acc / total_l : 0.f;
+        if (c == 0)
+            lse_part[base + r] = total_l > 0.f ? (mm + log2f(total_l)) * 0.6931471805599453f : NEG_INF;
+    }
+}
+
 // Merges the splits of every row in split order, in f32: out [B, rows, 512], lse [B, rows].
 extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                          const int* __restrict__ seq_lens, float* __restrict__ out,

@@ -357,7 +357,10 @@ pub fn check_flash_decode(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     Ok(CaseResult {
         kernel: "flash_decode",
-        case: format!("bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}"),
+        case: format!(
+            "bf16{}, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}",
+            if k.narrow(rows) { " narrow" } else { "" }
+        ),
         max_rel_err: err,
         passed: err <= BF16_TOL,
     })
@@ -452,6 +455,10 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         (4, 16, 64, 256, vec![0, 5, 129, 2047]),
         (1, 16, 16, 128, vec![3, 17, 300]),
         (3, 64, 64, 1024, vec![4000]),
+        // At most 16 rows: the narrow kernel (key quarters merged at the end).
+        (1, 16, 64, 256, vec![0, 5, 129, 2047]),
+        (2, 8, 64, 512, vec![1, 64, 65, 900]),
+        (1, 4, 16, 128, vec![3, 200]),
     ]
     .into_iter()
     .enumerate()

@@ -321,22 +321,30 @@ impl Kernels {
         for name in NAMES {
             get(&module, name)?;
         }
-        get(&flash_module, "flash_decode")?;
-        get(&flash_module, "flash_combine")?;
-        fns["flash_decode"]
-            .set_attribute(
-                CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                flash.smem_bytes() as i32,
-            )
-            .map_err(GpuError::driver(
-                "raising flash_decode's shared memory limit",
-            ))?;
+        for name in ["flash_decode", "flash_decode_narrow", "flash_combine"] {
+            get(&flash_module, name)?;
+        }
+        for name in ["flash_decode", "flash_decode_narrow"] {
+            fns[name]
+                .set_attribute(
+                    CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    flash.smem_bytes() as i32,
+                )
+                .map_err(GpuError::driver(format!("raising {name}'s shared memory limit")))?;
+        }
         Ok(Self {
             _module: module,
             _flash_module: flash_module,
             fns,
             flash,
         })
+    }
+
+    /// Whether requests of `rows` query rows take `flash_decode_narrow`: at most 16 rows,
+    /// and tiles that split into four 16-key quarters (whose merge buffers fit in the
+    /// key stages).
+    pub fn narrow(&self, rows: usize) -> bool {
+        rows <= 16 && self.flash.keys.is_multiple_of(64)
     }
 
     /// Tensor-core decode: every request's keys `[0, seq_len)` in splits of
@@ -392,9 +400,15 @@ impl Kernels {
             block_dim: (self.flash.threads(), 1, 1),
             shared_mem_bytes: self.flash.smem_bytes() as u32,
         };
-        // SAFETY: argument list matches flash_decode; sizes checked above; the caller's
-        // seq_lens need at most max_splits splits and its block table covers them.
-        unsafe { launch_cfg(dev, &self.fns["flash_decode"], "flash_decode", cfg, &args) }?;
+        let name = if self.narrow(rows) {
+            "flash_decode_narrow"
+        } else {
+            "flash_decode"
+        };
+        // SAFETY: argument list matches both kernels; sizes checked above; the caller's
+        // seq_lens need at most max_splits splits and its block table covers them; the
+        // narrow kernel runs only for at most 16 rows (one CTA per request and split).
+        unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
         let args = [
             b.o_part.into(),
             b.lse_part.into(),
