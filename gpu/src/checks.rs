@@ -366,6 +366,104 @@ pub fn check_flash_decode(
     })
 }
 
+/// Batch invariance of the tensor-core decode: request 1 of a batch of three gives the
+/// same bits alone (its own block-table row and seq_len, a batch of one) as in the batch,
+/// with the same fixed split size. Both the wide and the narrow kernel.
+pub fn check_flash_invariance(
+    dev: &GpuDevice,
+    k: &Kernels,
+    (q_len, heads, page, split): (usize, usize, usize, usize),
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    use crate::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let ctx = [700usize, 1500, 90];
+    let rows = q_len * heads;
+    let max_len = ctx.iter().max().unwrap() + q_len;
+    let width = max_len.div_ceil(page);
+    let num_blocks = ctx.len() * width;
+    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
+    for i in (1..blocks.len()).rev() {
+        blocks.swap(i, rng.gen_range(0..=i));
+    }
+    let (cache_bits, _) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
+    let (q_bits, _) = bf16_vec(&mut rng, ctx.len() * rows * FLASH_DIM, 1.0);
+    let cache = upload(dev, &cache_bits)?;
+    let run = |batch: usize,
+               q: &[u16],
+               table: &[i32],
+               seq: &[i32],
+               split: usize|
+     -> Result<Vec<f32>, GpuError> {
+        let s = FlashShape {
+            batch,
+            q_len,
+            heads,
+            page,
+            width,
+            split_size: split,
+            max_splits: max_len.div_ceil(split),
+        };
+        let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
+        let (o_part, lse_part) = (
+            poisoned(s.max_splits * batch * rows * FLASH_DV)?,
+            poisoned(s.max_splits * batch * rows)?,
+        );
+        let (out, lse) = (poisoned(batch * rows * FLASH_DV)?, poisoned(batch * rows)?);
+        let (qd, td, sd) = (upload(dev, q)?, upload(dev, table)?, upload(dev, seq)?);
+        let bufs = FlashBufs {
+            q: qd.ptr(),
+            cache: cache.ptr(),
+            block_table: td.ptr(),
+            seq_lens: sd.ptr(),
+            o_part: o_part.ptr(),
+            lse_part: lse_part.ptr(),
+            out: out.ptr(),
+            lse: lse.ptr(),
+        };
+        k.flash_decode(dev, s, bufs, 1.0 / 192f32.sqrt())?;
+        let mut v = download(dev, &out)?;
+        v.extend(download(dev, &lse)?);
+        Ok(v)
+    };
+    let seq: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
+    let batch = run(3, &q_bits, &blocks, &seq, split)?;
+    let one_q = &q_bits[rows * FLASH_DIM..2 * rows * FLASH_DIM];
+    let alone = run(1, one_q, &blocks[width..2 * width], &seq[1..2], split)?;
+    // The check can fail: other split boundaries (what a batch-dependent split plan
+    // would pick) change the bits of the same request.
+    let resplit = run(1, one_q, &blocks[width..2 * width], &seq[1..2], 2 * split)?;
+    let (o, l) = (rows * FLASH_DV, rows);
+    let in_batch: Vec<u32> = batch[o..2 * o]
+        .iter()
+        .chain(&batch[3 * o + l..3 * o + 2 * l])
+        .map(|v| v.to_bits())
+        .collect();
+    let by_itself: Vec<u32> = alone.iter().map(|v| v.to_bits()).collect();
+    let differ = in_batch
+        .iter()
+        .zip(&by_itself)
+        .filter(|(a, b)| a != b)
+        .count();
+    let moved = resplit
+        .iter()
+        .zip(&alone)
+        .filter(|(a, b)| a.to_bits() != b.to_bits())
+        .count();
+    let finite = alone.iter().all(|v| !v.is_nan());
+    Ok(CaseResult {
+        kernel: "flash_invariance",
+        case: format!(
+            "request alone vs in a batch of 3, q {q_len} heads {heads}{}: {differ} of {} values differ ({moved} with splits of {})",
+            if k.narrow(rows) { " narrow" } else { "" },
+            by_itself.len(),
+            2 * split
+        ),
+        max_rel_err: differ as f64,
+        passed: differ == 0 && moved > 0 && finite && in_batch.len() == by_itself.len(),
+    })
+}
+
 /// Largest |got - want| / max(1, |want|); NaN (an unwritten output) counts as infinite.
 fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
@@ -470,6 +568,12 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
             &ctx,
             500 + i as u64,
         )?);
+    }
+    for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
+        .into_iter()
+        .enumerate()
+    {
+        results.push(check_flash_invariance(dev, &k, shape, 600 + i as u64)?);
     }
     let tiny = MlaDims {
         heads: 4,

@@ -330,7 +330,9 @@ impl Kernels {
                     CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     flash.smem_bytes() as i32,
                 )
-                .map_err(GpuError::driver(format!("raising {name}'s shared memory limit")))?;
+                .map_err(GpuError::driver(format!(
+                    "raising {name}'s shared memory limit"
+                )))?;
         }
         Ok(Self {
             _module: module,
