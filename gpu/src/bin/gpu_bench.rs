@@ -22,22 +22,22 @@ struct Cli {
     #[arg(long)]
     quick: bool,
     /// Heads (repeatable; default 128 and 16).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     heads: Vec<usize>,
     /// q_len (repeatable; default 1, 2, 4).
-    #[arg(long = "q-len")]
+    #[arg(long = "q-len", value_parser = positive)]
     q_len: Vec<usize>,
     /// Batch (repeatable; default 32, 64, 128).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     batch: Vec<usize>,
     /// Context length in tokens (repeatable; default 4096, 8192, 16384).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     context: Vec<usize>,
     /// Page size in tokens.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     page: usize,
     /// Timed repetitions per point (the median is reported).
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = positive)]
     reps: usize,
     /// Also time the spec-step comparison with our prefill path (B 16, L 2048, q 2..4).
     #[arg(long)]
@@ -45,6 +45,14 @@ struct Cli {
     /// Write the CSV here.
     #[arg(long, default_value = "gpu-bench.csv")]
     csv: std::path::PathBuf,
+}
+
+/// A whole number of at least 1 (a zero page, batch or context has no meaning here).
+fn positive(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("expected a whole number of at least 1, got {s:?}")),
+    }
 }
 
 fn main() -> ExitCode {

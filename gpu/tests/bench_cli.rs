@@ -1,0 +1,48 @@
+//! `gpu-bench` on bad input and without a GPU: exit 2 and a clear error, never a panic.
+
+use std::process::Command;
+
+fn bench(args: &[&str]) -> (Option<i32>, String) {
+    let o = Command::new(env!("CARGO_BIN_EXE_gpu-bench"))
+        .args(args)
+        .output()
+        .expect("gpu-bench runs");
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn zero_shapes_are_refused_before_touching_the_device() {
+    for (flag, v) in [
+        ("--page", "0"),
+        ("--heads", "0"),
+        ("--batch", "0"),
+        ("--context", "x"),
+    ] {
+        let (code, err) = bench(&[flag, v]);
+        assert_eq!(code, Some(2), "{flag} {v}: {err}");
+        assert!(
+            err.contains(flag) && err.contains("at least 1"),
+            "{flag} {v}: {err}"
+        );
+    }
+}
+
+#[test]
+fn without_a_gpu_it_says_why_in_one_line() {
+    let dir = std::env::temp_dir().join(format!("specmla-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let csv = dir.join("b.csv");
+    let (code, err) = bench(&["--quick", "--csv", csv.to_str().unwrap()]);
+    if code == Some(0) {
+        // A machine with a GPU ran the sweep; the CSV must then exist.
+        assert!(csv.exists());
+        return;
+    }
+    assert_eq!(code, Some(2), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: "), "{err}");
+    assert!(!csv.exists(), "no CSV without measurements");
+}
