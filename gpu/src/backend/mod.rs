@@ -41,10 +41,14 @@ pub enum GpuBackendError {
 }
 
 impl GpuBackendError {
-    /// Whether the error is the environment's (no GPU, no driver, compile failure, out of
-    /// memory): bad input or environment exits 2, an engine failure exits 1.
+    /// Whether the error is the environment's (no GPU, no driver, a driver too old, no
+    /// NVRTC, a compile failure, out of memory): those exit 2. A CUDA call that fails
+    /// mid-run (a launch, a copy) is an engine failure and exits 1, like a bad plan.
     pub fn is_environment(&self) -> bool {
-        matches!(self, GpuBackendError::Gpu(_))
+        match self {
+            GpuBackendError::Gpu(e) => !matches!(e, GpuError::Driver { .. }),
+            _ => false,
+        }
     }
 }
 
@@ -301,5 +305,33 @@ impl Backend for GpuBackend {
         let res = self.dflash_body(&mut ws, pass, target);
         self.eager = Some(ws);
         res
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_errors_exit_2_and_engine_failures_exit_1() {
+        let env = GpuBackendError::Gpu(GpuError::NoDriver("libcuda missing".into()));
+        assert!(env.is_environment());
+        let oom = GpuError::alloc(
+            "target KV cache",
+            1 << 40,
+            cudarc::driver::DriverError(
+                cudarc::driver::sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY,
+            ),
+        );
+        assert!(GpuBackendError::Gpu(oom).is_environment());
+        let launch = GpuError::Driver {
+            what: "launching mla_decode".into(),
+            source: cudarc::driver::DriverError(
+                cudarc::driver::sys::cudaError_enum::CUDA_ERROR_ILLEGAL_ADDRESS,
+            ),
+        };
+        assert!(!GpuBackendError::Gpu(launch).is_environment());
+        assert!(!GpuBackendError::BadPlan("slot 9 outside the cache".into()).is_environment());
+        assert!(!GpuBackendError::GraphNotCaptured(8).is_environment());
     }
 }
