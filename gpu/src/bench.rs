@@ -13,8 +13,8 @@ use rand_chacha::ChaCha8Rng;
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::{copy, Buf};
 use crate::ops::{
-    DecodeBufs, DecodeShape, FlashBufs, FlashShape, Kernels, KeyBufs, MlaDims, State, FLASH_DIM,
-    FLASH_DV, FLASH_ROWS,
+    DecodeBufs, DecodeShape, FlashBufs, FlashShape, Kernels, KeyBufs, MlaDims, State, WideKernel,
+    FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).
@@ -234,10 +234,13 @@ pub fn fast_split_tokens(s: &BenchShape, sms: usize, tile_keys: usize) -> usize 
     s.context.div_ceil(splits).div_ceil(unit) * unit
 }
 
-/// Times the tensor-core decode at `inp.shape` with `split_size` keys per split.
+/// Times the tensor-core decode at `inp.shape` with `split_size` keys per split, the
+/// wide rows on `wide`. The row is `decode` on the device's default kernel and
+/// `decode_mma` on the mma.sync peer.
 pub fn bench_flash(
     dev: &GpuDevice,
     k: &Kernels,
+    wide: WideKernel,
     inp: &DecodeInputs,
     split_size: usize,
     mode: &'static str,
@@ -274,9 +277,15 @@ pub fn bench_flash(
         lse: lse.ptr(),
     };
     let scale = 1.0 / 192f32.sqrt();
-    let t = time_us(dev, 3, reps, || k.flash_decode(dev, shape, bufs, scale))?;
+    let t = time_us(dev, 3, reps, || {
+        k.flash_decode_with(wide, dev, shape, bufs, scale)
+    })?;
     Ok(Measurement {
-        kernel: "decode",
+        kernel: if wide == k.wide {
+            "decode"
+        } else {
+            "decode_mma"
+        },
         mode,
         shape: Some(s),
         time_us: t,

@@ -22,6 +22,8 @@ pub const KERNEL_SRC: [&str; 3] = [
 
 /// The tensor-core decode's source, compiled on its own with its tile configuration.
 pub const FLASH_SRC: &str = include_str!("../kernels/flash_decode.cu");
+/// CUDA source of the warpgroup-MMA decode (sm_90a), compiled into the same module.
+pub const FLASH_WGMMA_SRC: &str = include_str!("../kernels/flash_wgmma.cu");
 
 const NAMES: [&str; 17] = [
     "fill_bf16_hash",
@@ -142,6 +144,31 @@ pub const FLASH_DV: usize = 512;
 pub const FLASH_ROWS: usize = 64;
 /// Largest dynamic shared memory a block may have on Hopper (227 KiB).
 const MAX_SMEM_BYTES: usize = 232_448;
+
+/// Shared memory of `flash_decode_wgmma` (its FW_SMEM_BYTES): 1024 bytes to align the
+/// swizzled tiles, the Q tile and two 64-key tiles of 576 bf16, the P tile, row maxima.
+const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4;
+
+/// Which kernel takes requests of more than 16 query rows (at most 16 take
+/// `flash_decode_narrow`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WideKernel {
+    /// `flash_decode_wgmma`: warpgroup MMA straight from swizzled shared memory (sm_90a).
+    Wgmma,
+    /// `flash_decode`: `mma.sync` with `ldmatrix`, any sm_80+ device; on Hopper the
+    /// peer the benchmark times beside the default.
+    Mma,
+}
+
+impl WideKernel {
+    /// The CUDA function's name.
+    pub fn function(self) -> &'static str {
+        match self {
+            Self::Wgmma => "flash_decode_wgmma",
+            Self::Mma => "flash_decode",
+        }
+    }
+}
 
 /// Tile configuration of `flash_decode`, fixed when the kernel is compiled (FD_KEYS,
 /// FD_STAGES, FD_VPARTS). `SPECMLA_FLASH_CONFIG=keys,stages,vparts` overrides the default
@@ -290,6 +317,9 @@ pub struct Kernels {
     fns: BTreeMap<&'static str, CudaFunction>,
     /// The tile configuration `flash_decode` was compiled with.
     pub flash: FlashConfig,
+    /// The kernel [`Self::flash_decode`] gives more than 16 query rows: wgmma where the
+    /// device has it (sm_90a), else mma.sync.
+    pub wide: WideKernel,
 }
 
 fn blocks(n: usize) -> usize {
@@ -308,7 +338,7 @@ impl Kernels {
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let module = dev.compile("specmla_kernels.cu", &KERNEL_SRC.join("\n"))?;
-        let flash_src = format!("{}{FLASH_SRC}", flash.defines());
+        let flash_src = format!("{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}", flash.defines());
         let flash_module = dev.compile("flash_decode.cu", &flash_src)?;
         let mut fns = BTreeMap::new();
         let mut get = |m: &Arc<CudaModule>, name: &'static str| -> Result<(), GpuError> {
@@ -321,14 +351,31 @@ impl Kernels {
         for name in NAMES {
             get(&module, name)?;
         }
-        for name in ["flash_decode", "flash_decode_narrow", "flash_combine"] {
+        for name in [
+            "flash_decode",
+            "flash_decode_narrow",
+            "flash_decode_wgmma",
+            "flash_combine",
+        ] {
             get(&flash_module, name)?;
         }
-        for name in ["flash_decode", "flash_decode_narrow"] {
+        let wide = if dev.arch == "sm_90a" {
+            WideKernel::Wgmma
+        } else {
+            WideKernel::Mma
+        };
+        for (name, bytes) in [
+            ("flash_decode", flash.smem_bytes()),
+            ("flash_decode_narrow", flash.smem_bytes()),
+            ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
+        ] {
+            if name == "flash_decode_wgmma" && wide != WideKernel::Wgmma {
+                continue; // compiled as a trap off sm_90a; never launched there
+            }
             fns[name]
                 .set_attribute(
                     CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    flash.smem_bytes() as i32,
+                    bytes as i32,
                 )
                 .map_err(GpuError::driver(format!(
                     "raising {name}'s shared memory limit"
@@ -339,6 +386,7 @@ impl Kernels {
             _flash_module: flash_module,
             fns,
             flash,
+            wide,
         })
     }
 
@@ -347,6 +395,15 @@ impl Kernels {
     /// key stages).
     pub fn narrow(&self, rows: usize) -> bool {
         rows <= 16 && self.flash.keys.is_multiple_of(64)
+    }
+
+    /// The kernel that takes requests of `rows` query rows when the wide ones go to `wide`.
+    pub fn decode_function(&self, rows: usize, wide: WideKernel) -> &'static str {
+        if self.narrow(rows) {
+            "flash_decode_narrow"
+        } else {
+            wide.function()
+        }
     }
 
     /// Tensor-core decode: every request's keys `[0, seq_len)` in splits of
@@ -359,13 +416,36 @@ impl Kernels {
         b: FlashBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
-        let keys = self.flash.keys;
+        self.flash_decode_with(self.wide, dev, s, b, scale)
+    }
+
+    /// [`Self::flash_decode`] with requests of more than 16 rows on `wide`; `Wgmma` only
+    /// where [`Self::wide`] is `Wgmma`.
+    pub fn flash_decode_with(
+        &self,
+        wide: WideKernel,
+        dev: &GpuDevice,
+        s: FlashShape,
+        b: FlashBufs,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        assert!(
+            wide == WideKernel::Mma || self.wide == WideKernel::Wgmma,
+            "flash_decode_wgmma needs sm_90a"
+        );
+        let rows = s.rows();
+        let name = self.decode_function(rows, wide);
+        // The wgmma kernel's tiles are 64 keys; the others' are the configuration's.
+        let keys = if name == "flash_decode_wgmma" {
+            64
+        } else {
+            self.flash.keys
+        };
         assert!(
             s.split_size.is_multiple_of(keys) && s.split_size > 0,
             "split size {} is not a multiple of {keys}",
             s.split_size
         );
-        let rows = s.rows();
         b.q.need(s.batch * rows * FLASH_DIM);
         b.block_table.need(s.batch * s.width);
         b.seq_lens.need(s.batch);
@@ -393,21 +473,21 @@ impl Kernels {
             args.push(x.into());
         }
         args.push((scale * std::f32::consts::LOG2_E).into());
+        let (threads, smem) = if name == "flash_decode_wgmma" {
+            (256, WGMMA_SMEM_BYTES)
+        } else {
+            (self.flash.threads(), self.flash.smem_bytes())
+        };
         let cfg = LaunchConfig {
             grid_dim: (
                 rows.div_ceil(FLASH_ROWS) as u32,
                 s.max_splits as u32,
                 s.batch as u32,
             ),
-            block_dim: (self.flash.threads(), 1, 1),
-            shared_mem_bytes: self.flash.smem_bytes() as u32,
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
-        let name = if self.narrow(rows) {
-            "flash_decode_narrow"
-        } else {
-            "flash_decode"
-        };
-        // SAFETY: argument list matches both kernels; sizes checked above; the caller's
+        // SAFETY: argument list matches the three kernels; sizes checked above; the caller's
         // seq_lens need at most max_splits splits and its block table covers them; the
         // narrow kernel runs only for at most 16 rows (one CTA per request and split).
         unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
@@ -922,6 +1002,15 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::FlashConfig;
+
+    #[test]
+    fn the_wgmma_kernel_fits_in_shared_memory() {
+        assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES);
+        // The host's size is the kernel's own formula, term for term.
+        assert!(super::FLASH_WGMMA_SRC.contains(
+            "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4)"
+        ));
+    }
 
     #[test]
     fn flash_configs_are_checked_before_compiling() {

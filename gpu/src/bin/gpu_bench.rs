@@ -11,7 +11,7 @@ use specmla_gpu::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_split_tokens,
     BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER, INVARIANT_SPLIT_TOKENS,
 };
-use specmla_gpu::ops::Kernels;
+use specmla_gpu::ops::{Kernels, WideKernel};
 use specmla_gpu::{GpuDevice, GpuError};
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
@@ -117,8 +117,11 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     let k = Kernels::load(&dev)?;
     let c = ceilings(&dev, cli.quick)?;
     println!(
-        "device: {} ({}, {sms} SMs); flash_decode {:?}",
-        dev.name, dev.arch, k.flash
+        "device: {} ({}, {sms} SMs); wide rows on {}; flash_decode {:?}",
+        dev.name,
+        dev.arch,
+        k.wide.function(),
+        k.flash
     );
     println!(
         "ceilings: copy {:.0} GB/s (read + write), bf16 GEMM {:.1} TFLOP/s",
@@ -136,16 +139,40 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     };
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
-        let inv = bench_flash(&dev, &k, &inp, INVARIANT_SPLIT_TOKENS, "invariant", reps)?;
+        let inv = bench_flash(
+            &dev,
+            &k,
+            k.wide,
+            &inp,
+            INVARIANT_SPLIT_TOKENS,
+            "invariant",
+            reps,
+        )?;
         let fast = bench_flash(
             &dev,
             &k,
+            k.wide,
             &inp,
             fast_split_tokens(&s, sms, k.flash.keys),
             "fast",
             reps,
         )?;
-        for m in [inv, fast] {
+        // The mma.sync kernel beside the wgmma one, where both can take the rows.
+        let peer = if k.wide == WideKernel::Wgmma && !k.narrow(s.q_len * s.heads) {
+            let m = bench_flash(
+                &dev,
+                &k,
+                WideKernel::Mma,
+                &inp,
+                INVARIANT_SPLIT_TOKENS,
+                "invariant",
+                reps,
+            )?;
+            Some(m)
+        } else {
+            None
+        };
+        for m in [Some(inv), Some(fast), peer].into_iter().flatten() {
             print_row(&m, &c);
             rows.push(m);
         }
@@ -160,7 +187,15 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
                 page: cli.page,
             };
             let inp = DecodeInputs::new(&dev, &k, s, 12)?;
-            let d = bench_flash(&dev, &k, &inp, INVARIANT_SPLIT_TOKENS, "invariant", reps)?;
+            let d = bench_flash(
+                &dev,
+                &k,
+                k.wide,
+                &inp,
+                INVARIANT_SPLIT_TOKENS,
+                "invariant",
+                reps,
+            )?;
             drop(inp);
             let p = bench_prefill_path(&dev, &k, s, 3)?;
             println!(

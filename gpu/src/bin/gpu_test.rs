@@ -37,10 +37,10 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     }
-    println!("{:<11} {:<6} {:>10}  case", "kernel", "result", "max rel");
+    println!("{:<19} {:<6} {:>10}  case", "kernel", "result", "max rel");
     for r in &results {
         println!(
-            "{:<11} {:<6} {:>10.2e}  {}",
+            "{:<19} {:<6} {:>10.2e}  {}",
             r.kernel,
             if r.passed { "PASS" } else { "FAIL" },
             r.max_rel_err,

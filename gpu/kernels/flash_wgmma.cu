@@ -1,0 +1,263 @@
+// Hopper MLA decode on warpgroup MMA (wgmma, sm_90a): the same contract as flash_decode
+// (64 query rows of one request and one split of its keys per CTA, partial results merged
+// by flash_combine in split order), rebuilt around the instructions that reach the tensor
+// cores' rate on this chip. mma.sync with per-warp ldmatrix tops out near 160 TFLOP/s here.
+//
+// Two warpgroups. Each computes the scores of half of every 64-key tile (m64n32k16, A = Q
+// and B = K straight from shared memory), the two exchange row maxima, write their
+// probabilities to one bf16 tile, and each multiplies the whole tile into its 256 of the
+// 512 V columns (m64n256k16, B = the same K tile read N-major, so V costs no copy). The
+// output (64 x 256 f32 per warpgroup) stays in registers.
+//
+// Shared memory uses the 128-byte swizzle wgmma reads: a [rows][576] tile is nine blocks
+// of [rows][64 bf16], each row 128 bytes, 16-byte chunks XOR-ed with the row's low three
+// bits, every block 1024-byte aligned. cp.async writes it in that layout.
+
+#define FW_THREADS 256
+#define FW_BLOCK_BYTES (64 * 128)                     // 64 rows of 64 bf16
+#define FW_TILE_BYTES (9 * FW_BLOCK_BYTES)            // 64 rows of 576 bf16
+#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4)
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FW_HAVE_WGMMA 1
+#endif
+
+// Byte offset of 16-byte chunk `ch` (0..71) of row `r` in a swizzled 64-row tile.
+__device__ __forceinline__ unsigned fw_off(int r, int ch) {
+    return (ch >> 3) * FW_BLOCK_BYTES + r * 128 + (((ch & 7) ^ (r & 7)) << 4);
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle.
+__device__ __forceinline__ unsigned long long fw_desc(unsigned addr, unsigned lbo, unsigned sbo) {
+    return (unsigned long long)((addr & 0x3FFFF) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+#ifdef FW_HAVE_WGMMA
+__device__ __forceinline__ void fw_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fw_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void fw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Generic-proxy writes (cp.async, st.shared) made visible to the tensor cores' reads.
+__device__ __forceinline__ void fw_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Pins a register between asm statements: the compiler may not move its uses across.
+__device__ __forceinline__ void fw_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
+
+// d[64 x 32] += A[64 x 16] B[16 x 32]; both operands K-major in shared memory.
+__device__ __forceinline__ void fw_qk(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1, 0, 0;\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+          "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+          "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b));
+}
+
+#define FW_O8(i)                                                                                  \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// d[64 x 256] += A[64 x 16] (K-major) B[16 x 256] (N-major, imm-trans-b = 1).
+__device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, %128, %129, 1, 1, 1, 0, 1;\n"
+        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56),
+          FW_O8(64), FW_O8(72), FW_O8(80), FW_O8(88), FW_O8(96), FW_O8(104), FW_O8(112), FW_O8(120)
+        : "l"(a), "l"(b));
+}
+#endif
+
+// Arguments and layouts as flash_decode; grid (ceil(rows / 64), splits, batch), 256 threads,
+// FW_SMEM_BYTES of dynamic shared memory.
+extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
+    flash_decode_wgmma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
+                       const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                       float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
+                       int heads, int q_len, int page, int width, int split_size, float scale_log2) {
+#ifndef FW_HAVE_WGMMA
+    __trap();  // the host only launches this on sm_90a
+#else
+    extern __shared__ __align__(1024) unsigned char fw_smem[];
+    // The swizzle pattern is anchored at 1024-byte boundaries: align the carve-out.
+    const unsigned raw = smem_addr(fw_smem);
+    unsigned char* qs = fw_smem + (((raw + 1023u) & ~1023u) - raw);  // Q tile
+    unsigned char* ks = qs + FW_TILE_BYTES;                            // two K tiles
+    unsigned char* ps = ks + 2 * FW_TILE_BYTES;                        // P [64][64] bf16
+    float* red = (float*)(ps + FW_BLOCK_BYTES);                        // [2 groups][64 rows]
+    const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks), ps_a = smem_addr(ps);
+
+    const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wq = (tid % 128) / 32;
+    const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
+    const int seq_len = seq_lens[b];
+    const int kv_start = sp * split_size;
+    const int kv_end = min(kv_start + split_size, seq_len);
+    if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
+
+    const unsigned short* qb = q + (long long)b * rows * FD_D;
+    for (int c = tid; c < 64 * (FD_D / 8); c += FW_THREADS) {
+        int r = c / (FD_D / 8), ch = c % (FD_D / 8);
+        bool ok = row0 + r < rows;
+        cp_async16(qs + fw_off(r, ch), qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
+    }
+    const int* bt = block_table + (long long)b * width;
+    auto load_tile = [&](int stage, int t0) {
+        unsigned char* dst = ks + stage * FW_TILE_BYTES;
+        for (int c = tid; c < 64 * (FD_D / 8); c += FW_THREADS) {
+            int k = c / (FD_D / 8), ch = c % (FD_D / 8);
+            int pos = t0 + k;
+            bool ok = pos < kv_end;
+            long long slot = ok ? (long long)bt[pos / page] * page + pos % page : 0;
+            cp_async16(dst + fw_off(k, ch), cache + slot * FD_D + ch * 8, ok);
+        }
+    };
+    if (kv_start < kv_end) load_tile(0, kv_start);
+    cp_commit();
+
+    // Accumulator layout (each warp 16 rows): register 4j + e holds row lane/4 (e < 2) or
+    // lane/4 + 8, column 8j + 2 (lane % 4) + e % 2.
+    int lrow[2], limit[2];
+    bool live[2];
+    for (int i = 0; i < 2; ++i) {
+        lrow[i] = wq * 16 + lane / 4 + i * 8;
+        int r = row0 + lrow[i];
+        live[i] = r < rows;
+        limit[i] = max(seq_len - q_len + r / heads + 1, 0);
+    }
+    float o[128];
+#pragma unroll
+    for (int n = 0; n < 128; ++n) o[n] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    const int key0 = wg * 32;  // this group's keys in every tile
+
+    int it = 0;
+    for (int t0 = kv_start; t0 < kv_end; t0 += 64, ++it) {
+        if (t0 + 64 < kv_end) load_tile((it + 1) % 2, t0 + 64);
+        cp_commit();
+        asm volatile("cp.async.wait_group 1;\n" ::);  // this tile landed, the next may fly
+        fw_proxy_fence();
+        __syncthreads();
+        const unsigned kt_a = ks_a + (it % 2) * FW_TILE_BYTES;
+
+        float s[16];
+#pragma unroll
+        for (int n = 0; n < 16; ++n) s[n] = 0.f;
+        fw_fence();
+#pragma unroll
+        for (int kk = 0; kk < FD_D / 16; ++kk) {
+            unsigned off = (kk / 4) * FW_BLOCK_BYTES + (kk % 4) * 32;
+            fw_qk(s, fw_desc(qs_a + off, 16, 1024), fw_desc(kt_a + off + key0 * 128, 16, 1024));
+        }
+        fw_commit();
+        fw_wait();
+#pragma unroll
+        for (int n = 0; n < 16; ++n) fw_pin(s[n]);
+
+        // Scale, mask, and this group's row maxima.
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    int pos = t0 + key0 + j * 8 + (lane % 4) * 2 + e;
+                    float v = (live[i] && pos < limit[i]) ? s[4 * j + 2 * i + e] * scale_log2 : NEG_INF;
+                    s[4 * j + 2 * i + e] = v;
+                    mx = fmaxf(mx, v);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            if (lane % 4 == 0) red[wg * 64 + lrow[i]] = mx;
+        }
+        __syncthreads();
+        float alpha[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float all = fmaxf(red[lrow[i]], red[64 + lrow[i]]);  // same order in both groups
+            float m_new = fmaxf(m[i], all);
+            float base = m_new == NEG_INF ? 0.f : m_new;
+            alpha[i] = exp2f(m[i] - base);
+            float sum = 0.f;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float p = exp2f(s[4 * j + 2 * i + e] - base);
+                    s[4 * j + 2 * i + e] = p;
+                    sum += p;
+                }
+            }
+            l[i] = l[i] * alpha[i] + sum;
+            m[i] = m_new;
+        }
+        // Probabilities into the shared P tile (K-major for the next wgmma, swizzled).
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                int r = lrow[i], key = key0 + j * 8 + (lane % 4) * 2;
+                unsigned off = r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2;
+                *(unsigned*)(ps + off) = pack_bf16(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]);
+            }
+        }
+        fw_proxy_fence();
+#pragma unroll
+        for (int n = 0; n < 128; n += 4) {
+            o[n] *= alpha[0];
+            o[n + 1] *= alpha[0];
+            o[n + 2] *= alpha[1];
+            o[n + 3] *= alpha[1];
+        }
+        __syncthreads();
+
+        // O[:, 256 wg ..] += P V: V is the first 512 columns of the K tile, read N-major
+        // (256 columns = four 64-column blocks FW_BLOCK_BYTES apart; 8 keys 1024 bytes apart).
+        fw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) {
+            fw_pv(o, fw_desc(ps_a + kk * 32, 16, 1024),
+                  fw_desc(kt_a + 4 * wg * FW_BLOCK_BYTES + kk * 16 * 128, FW_BLOCK_BYTES, 1024));
+        }
+        fw_commit();
+        fw_wait();
+#pragma unroll
+        for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+        __syncthreads();  // the next prefetch, P tile and maxima overwrite this tile's
+    }
+    cp_wait_0();
+
+    // Each group summed its half of every tile's keys: add the two, in group order.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+        if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
+    }
+    __syncthreads();
+    long long base = ((long long)sp * batch + b) * rows;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float total = red[lrow[i]] + red[64 + lrow[i]];
+        if (!live[i]) continue;
+        int r = row0 + lrow[i];
+        float inv = total > 0.f ? 1.f / total : 0.f;
+        float* dst = o_part + (base + r) * FD_DV + wg * 256 + (lane % 4) * 2;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        }
+        if (wg == 0 && lane % 4 == 0)
+            lse_part[base + r] = total > 0.f ? (m[i] + log2f(total)) * 0.6931471805599453f : NEG_INF;
+    }
+#endif
+}
