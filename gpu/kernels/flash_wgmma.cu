@@ -16,7 +16,12 @@
 #define FW_THREADS 256
 #define FW_BLOCK_BYTES (64 * 128)                     // 64 rows of 64 bf16
 #define FW_TILE_BYTES (9 * FW_BLOCK_BYTES)            // 64 rows of 576 bf16
-#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4)
+#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8)
+
+// A CUtensorMap (the driver's 128-byte opaque descriptor), passed by value.
+struct __align__(64) FwTensorMap {
+    unsigned long long opaque[16];
+};
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FW_HAVE_WGMMA 1
@@ -39,6 +44,23 @@ __device__ __forceinline__ void fw_commit() { asm volatile("wgmma.commit_group.s
 __device__ __forceinline__ void fw_wait() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 // Generic-proxy writes (cp.async, st.shared) made visible to the tensor cores' reads.
 __device__ __forceinline__ void fw_proxy_fence() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// The copy engine: one 2-D box of the cache (64 bf16 wide, min(page, 64) slots tall)
+// into swizzled shared memory, completing on `bar`.
+__device__ __forceinline__ void fw_tma(unsigned dst, const FwTensorMap* map, int col, int slot,
+                                       unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+        ::"r"(dst), "l"(map), "r"(col), "r"(slot), "r"(bar) : "memory");
+}
+__device__ __forceinline__ void fw_expect(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void fw_bar_wait(unsigned bar, unsigned parity) {
+    asm volatile(
+        "{\n.reg .pred done;\nFW_WAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra FW_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
+}
 // Pins a register between asm statements: the compiler may not move its uses across.
 __device__ __forceinline__ void fw_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
@@ -76,13 +98,19 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 }
 #endif
 
-// Arguments and layouts as flash_decode; grid (ceil(rows / 64), splits, batch), 256 threads,
-// FW_SMEM_BYTES of dynamic shared memory.
+// Arguments and layouts as flash_decode, plus the cache as a tensor map ([slots, 576] bf16,
+// box 64 x min(page, 64), 128-byte swizzle); the page divides 64 or is a multiple of it.
+// Grid (ceil(rows / 64), splits, batch), 256 threads, FW_SMEM_BYTES of shared memory.
+//
+// Thread 0 issues each tile's boxes (one per page and 64-column block) on the tile's
+// mbarrier; everyone else only waits. The tile after next is issued as soon as both
+// warpgroups are done with a stage.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     flash_decode_wgmma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                        const int* __restrict__ block_table, const int* __restrict__ seq_lens,
                        float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                       int heads, int q_len, int page, int width, int split_size, float scale_log2) {
+                       int heads, int q_len, int page, int width, int split_size, float scale_log2,
+                       const __grid_constant__ FwTensorMap cache_map) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
 #else
@@ -93,6 +121,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     unsigned char* ks = qs + FW_TILE_BYTES;                            // two K tiles
     unsigned char* ps = ks + 2 * FW_TILE_BYTES;                        // P [64][64] bf16
     float* red = (float*)(ps + FW_BLOCK_BYTES);                        // [2 groups][64 rows]
+    const unsigned bar_a = smem_addr(red + 2 * 64);                    // two mbarriers
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks), ps_a = smem_addr(ps);
 
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wq = (tid % 128) / 32;
@@ -109,18 +138,34 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         cp_async16(qs + fw_off(r, ch), qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
     }
     const int* bt = block_table + (long long)b * width;
-    auto load_tile = [&](int stage, int t0) {
-        unsigned char* dst = ks + stage * FW_TILE_BYTES;
-        for (int c = tid; c < 64 * (FD_D / 8); c += FW_THREADS) {
-            int k = c / (FD_D / 8), ch = c % (FD_D / 8);
+    const int box_rows = min(page, 64);
+    // Tile t0's pages that hold keys below kv_end, one box per 64 columns each; rows past
+    // kv_end are zeroed after landing (a slot past the sequence may hold NaN, and
+    // 0 * NaN would reach the output through P V).
+    auto issue_tile = [&](int stage, int t0) {
+        unsigned bar = bar_a + stage * 8, dst = ks_a + stage * FW_TILE_BYTES;
+        int boxes = (min(kv_end - t0, 64) + box_rows - 1) / box_rows;
+        fw_expect(bar, boxes * 9 * box_rows * 128);
+        for (int k = 0; k < boxes * box_rows; k += box_rows) {
             int pos = t0 + k;
-            bool ok = pos < kv_end;
-            long long slot = ok ? (long long)bt[pos / page] * page + pos % page : 0;
-            cp_async16(dst + fw_off(k, ch), cache + slot * FD_D + ch * 8, ok);
+            int slot = bt[pos / page] * page + pos % page;
+#pragma unroll
+            for (int c = 0; c < 9; ++c) fw_tma(dst + c * FW_BLOCK_BYTES + k * 128, &cache_map, c * 64, slot, bar);
         }
     };
-    if (kv_start < kv_end) load_tile(0, kv_start);
+    if (tid == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a) : "memory");
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a + 8) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) {
+        if (kv_start < kv_end) issue_tile(0, kv_start);
+        if (kv_start + 64 < kv_end) issue_tile(1, kv_start + 64);
+    }
     cp_commit();
+    cp_wait_0();  // Q
+    fw_proxy_fence();
 
     // Accumulator layout (each warp 16 rows): register 4j + e holds row lane/4 (e < 2) or
     // lane/4 + 8, column 8j + 2 (lane % 4) + e % 2.
@@ -140,10 +185,19 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 
     int it = 0;
     for (int t0 = kv_start; t0 < kv_end; t0 += 64, ++it) {
-        if (t0 + 64 < kv_end) load_tile((it + 1) % 2, t0 + 64);
-        cp_commit();
-        asm volatile("cp.async.wait_group 1;\n" ::);  // this tile landed, the next may fly
-        fw_proxy_fence();
+#ifdef FW_NO_LOAD
+        if (it < 2)  // no later tile is ever issued: time the math on the first two
+#endif
+        fw_bar_wait(bar_a + (it % 2) * 8, (it / 2) & 1);
+        if (t0 + 64 > kv_end) {  // the split's last tile: zero the keys past its end
+            unsigned char* kt = ks + (it % 2) * FW_TILE_BYTES;
+            int from = kv_end - t0;
+            for (int c = tid; c < 9 * 64 * 8; c += FW_THREADS) {
+                int blk = c / (64 * 8), r = (c / 8) % 64;
+                if (r >= from) *(uint4*)(kt + blk * FW_BLOCK_BYTES + r * 128 + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            fw_proxy_fence();
+        }
         __syncthreads();
         const unsigned kt_a = ks_a + (it % 2) * FW_TILE_BYTES;
 
@@ -151,11 +205,13 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
         for (int n = 0; n < 16; ++n) s[n] = 0.f;
         fw_fence();
+#ifndef FW_NO_MMA
 #pragma unroll
         for (int kk = 0; kk < FD_D / 16; ++kk) {
             unsigned off = (kk / 4) * FW_BLOCK_BYTES + (kk % 4) * 32;
             fw_qk(s, fw_desc(qs_a + off, 16, 1024), fw_desc(kt_a + off + key0 * 128, 16, 1024));
         }
+#endif
         fw_commit();
         fw_wait();
 #pragma unroll
@@ -223,18 +279,22 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         // O[:, 256 wg ..] += P V: V is the first 512 columns of the K tile, read N-major
         // (256 columns = four 64-column blocks FW_BLOCK_BYTES apart; 8 keys 1024 bytes apart).
         fw_fence();
+#ifndef FW_NO_MMA
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             fw_pv(o, fw_desc(ps_a + kk * 32, 16, 1024),
                   fw_desc(kt_a + 4 * wg * FW_BLOCK_BYTES + kk * 16 * 128, FW_BLOCK_BYTES, 1024));
         }
+#endif
         fw_commit();
         fw_wait();
 #pragma unroll
         for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-        __syncthreads();  // the next prefetch, P tile and maxima overwrite this tile's
+        __syncthreads();  // this stage, the P tile and the maxima are free again
+#ifndef FW_NO_LOAD
+        if (tid == 0 && t0 + 128 < kv_end) issue_tile(it % 2, t0 + 128);
+#endif
     }
-    cp_wait_0();
 
     // Each group summed its half of every tile's keys: add the two, in group order.
 #pragma unroll

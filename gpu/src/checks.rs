@@ -357,7 +357,7 @@ pub fn check_flash_decode(
         .collect();
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     Ok(CaseResult {
-        kernel: k.decode_function(rows, wide),
+        kernel: k.decode_function(rows, page, wide),
         case: format!("bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}"),
         max_rel_err: err,
         passed: err <= BF16_TOL,
@@ -454,7 +454,7 @@ pub fn check_flash_invariance(
         kernel: "flash_invariance",
         case: format!(
             "{}: request alone vs in a batch of 3, q {q_len} heads {heads}: {differ} of {} values differ ({moved} with splits of {})",
-            k.decode_function(rows, wide),
+            k.decode_function(rows, page, wide),
             by_itself.len(),
             2 * split
         ),
@@ -463,13 +463,11 @@ pub fn check_flash_invariance(
     })
 }
 
-/// The wide kernels to check at `rows` query rows: every one the device runs, or just
-/// one when the narrow kernel takes the rows.
-fn wide_kernels(k: &Kernels, rows: usize) -> Vec<WideKernel> {
-    if k.narrow(rows) || k.wide == WideKernel::Mma {
-        vec![WideKernel::Mma]
-    } else {
-        vec![WideKernel::Wgmma, WideKernel::Mma]
+/// The kernel families to check: both where the device has wgmma.
+fn wide_kernels(k: &Kernels) -> Vec<WideKernel> {
+    match k.wide {
+        WideKernel::Wgmma => vec![WideKernel::Wgmma, WideKernel::Mma],
+        WideKernel::Mma => vec![WideKernel::Mma],
     }
 }
 
@@ -564,7 +562,10 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         (3, 64, 64, 1024, vec![4000]),
         // 48 rows: the last 16 of the CTA's 64 are dead.
         (3, 16, 64, 256, vec![0, 77, 1000]),
-        // At most 16 rows: the narrow kernel (key quarters merged at the end).
+        // Pages of 16 (four copy-engine boxes per tile) and of 128 (half a page per tile).
+        (2, 64, 16, 256, vec![5, 300]),
+        (1, 128, 128, 256, vec![100, 700]),
+        // At most 16 rows: mma.sync takes the narrow kernel (key quarters merged at the end).
         (1, 16, 64, 256, vec![0, 5, 129, 2047]),
         (2, 8, 64, 512, vec![1, 64, 65, 900]),
         (1, 4, 16, 128, vec![3, 200]),
@@ -572,7 +573,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     .into_iter()
     .enumerate()
     {
-        for wide in wide_kernels(&k, q_len * heads) {
+        for wide in wide_kernels(&k) {
             results.push(check_flash_decode(
                 dev,
                 &k,
@@ -587,7 +588,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         .into_iter()
         .enumerate()
     {
-        for wide in wide_kernels(&k, shape.0 * shape.1) {
+        for wide in wide_kernels(&k) {
             results.push(check_flash_invariance(
                 dev,
                 &k,

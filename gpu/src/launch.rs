@@ -5,7 +5,9 @@
 
 use std::marker::PhantomData;
 
-use cudarc::driver::{CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{
+    sys, CudaFunction, CudaSlice, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 
 use crate::device::{GpuDevice, GpuError};
 
@@ -149,6 +151,61 @@ pub enum Arg {
     I64(i64),
     F32(f32),
     F64(f64),
+    /// Passed by value to a `const __grid_constant__` parameter.
+    Map(TensorMap),
+}
+
+/// The copy engine's (TMA's) view of a row-major 2-D bf16 array: a `CUtensorMap`, handed
+/// to a kernel by value.
+#[derive(Clone, Copy, Debug)]
+#[repr(transparent)]
+pub struct TensorMap(sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte value with no pointers into host memory; the kernel reads it
+// as its own 128-byte `__grid_constant__` struct.
+unsafe impl DeviceRepr for TensorMap {}
+
+impl TensorMap {
+    /// `rows` rows of `cols` bf16 at `base` (bounds checked on the host), read in boxes of
+    /// `box_cols` x `box_rows` into shared memory with the 128-byte swizzle; rows past
+    /// the end read as zero.
+    pub fn bf16_rows(
+        base: DPtr<u16>,
+        cols: usize,
+        rows: usize,
+        (box_cols, box_rows): (usize, usize),
+    ) -> Result<Self, GpuError> {
+        base.need(cols * rows);
+        let dims = [cols as u64, rows as u64];
+        let strides = [(cols * 2) as u64];
+        let boxes = [box_cols as u32, box_rows as u32];
+        let unit = [1u32, 1];
+        let mut map = sys::CUtensorMap { opaque: [0; 16] };
+        // SAFETY: every pointer is to a live local of the length the call reads (rank 2:
+        // two dims, one stride, two box sizes, two element strides); the global address
+        // is device memory checked above.
+        unsafe {
+            sys::cuTensorMapEncodeTiled(
+                &mut map,
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                2,
+                base.addr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                unit.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        }
+        .result()
+        .map_err(GpuError::driver(format!(
+            "encoding a tensor map of {rows} x {cols} bf16, box {box_cols} x {box_rows}"
+        )))?;
+        Ok(Self(map))
+    }
 }
 
 impl<T> From<DPtr<T>> for Arg {
@@ -224,6 +281,7 @@ pub unsafe fn launch_cfg(
             Arg::I64(v) => b.arg(v),
             Arg::F32(v) => b.arg(v),
             Arg::F64(v) => b.arg(v),
+            Arg::Map(m) => b.arg(m),
         };
     }
     // SAFETY: forwarded to the caller's contract.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule};
 
 use crate::device::{GpuDevice, GpuError};
-use crate::launch::{launch, launch_cfg, Arg, DPtr, THREADS};
+use crate::launch::{launch, launch_cfg, Arg, DPtr, TensorMap, THREADS};
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
 
@@ -268,6 +268,28 @@ impl FlashConfig {
     }
 }
 
+/// `SPECMLA_FLASH_DEFINES=A,B`: macros defined before the flash kernels compile, for
+/// tuning and diagnosis only (`FW_NO_LOAD` times the wgmma kernel's math without its
+/// loads, `FW_NO_MMA` its loads without the math; both give wrong outputs).
+fn diagnostic_defines() -> Result<String, GpuError> {
+    let Ok(v) = std::env::var("SPECMLA_FLASH_DEFINES") else {
+        return Ok(String::new());
+    };
+    let mut out = String::new();
+    for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        if !name
+            .bytes()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
+        {
+            return Err(GpuError::NoDevice(format!(
+                "SPECMLA_FLASH_DEFINES: {name:?} is not a macro name (A-Z, 0-9, _)"
+            )));
+        }
+        out.push_str(&format!("#define {name} 1\n"));
+    }
+    Ok(out)
+}
+
 /// Shape of one tensor-core decode launch (bf16 cache, 576/512 widths).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashShape {
@@ -338,7 +360,11 @@ impl Kernels {
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let module = dev.compile("specmla_kernels.cu", &KERNEL_SRC.join("\n"))?;
-        let flash_src = format!("{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}", flash.defines());
+        let flash_src = format!(
+            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}",
+            flash.defines(),
+            diagnostic_defines()?
+        );
         let flash_module = dev.compile("flash_decode.cu", &flash_src)?;
         let mut fns = BTreeMap::new();
         let mut get = |m: &Arc<CudaModule>, name: &'static str| -> Result<(), GpuError> {
@@ -397,12 +423,19 @@ impl Kernels {
         rows <= 16 && self.flash.keys.is_multiple_of(64)
     }
 
-    /// The kernel that takes requests of `rows` query rows when the wide ones go to `wide`.
-    pub fn decode_function(&self, rows: usize, wide: WideKernel) -> &'static str {
-        if self.narrow(rows) {
+    /// The kernel that takes requests of `rows` query rows in pages of `page` on the
+    /// `wide` family. The wgmma kernel takes every row count (even at 16 rows, where 48 of
+    /// its 64 are dead, it beats the narrow kernel: the copy engine keeps the loads
+    /// streaming); it copies whole pages, or 64-slot parts of them, so its page must divide
+    /// 64 or be a multiple of it. On mma.sync, at most 16 rows take the narrow kernel.
+    pub fn decode_function(&self, rows: usize, page: usize, wide: WideKernel) -> &'static str {
+        let tma_pages = 64 % page == 0 || page % 64 == 0;
+        if wide == WideKernel::Wgmma && tma_pages {
+            WideKernel::Wgmma.function()
+        } else if self.narrow(rows) {
             "flash_decode_narrow"
         } else {
-            wide.function()
+            WideKernel::Mma.function()
         }
     }
 
@@ -434,7 +467,7 @@ impl Kernels {
             "flash_decode_wgmma needs sm_90a"
         );
         let rows = s.rows();
-        let name = self.decode_function(rows, wide);
+        let name = self.decode_function(rows, s.page, wide);
         // The wgmma kernel's tiles are 64 keys; the others' are the configuration's.
         let keys = if name == "flash_decode_wgmma" {
             64
@@ -473,6 +506,11 @@ impl Kernels {
             args.push(x.into());
         }
         args.push((scale * std::f32::consts::LOG2_E).into());
+        if name == "flash_decode_wgmma" {
+            let slots = b.cache.len() / FLASH_DIM;
+            let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
+            args.push(Arg::Map(map));
+        }
         let (threads, smem) = if name == "flash_decode_wgmma" {
             (256, WGMMA_SMEM_BYTES)
         } else {

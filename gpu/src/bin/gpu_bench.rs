@@ -157,8 +157,8 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             "fast",
             reps,
         )?;
-        // The mma.sync kernel beside the wgmma one, where both can take the rows.
-        let peer = if k.wide == WideKernel::Wgmma && !k.narrow(s.q_len * s.heads) {
+        // The mma.sync kernels (wide or narrow) beside the wgmma one.
+        let peer = if k.wide == WideKernel::Wgmma {
             let m = bench_flash(
                 &dev,
                 &k,
