@@ -146,8 +146,9 @@ pub const FLASH_ROWS: usize = 64;
 const MAX_SMEM_BYTES: usize = 232_448;
 
 /// Shared memory of `flash_decode_wgmma` (its FW_SMEM_BYTES): 1024 bytes to align the
-/// swizzled tiles, the Q tile and two 64-key tiles of 576 bf16, the P tile, row maxima.
-const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4;
+/// swizzled tiles, the Q tile and two 64-key tiles of 576 bf16, the P tile, row maxima,
+/// and the two tiles' mbarriers.
+const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 + 2 * 8;
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -1046,7 +1047,7 @@ mod tests {
         assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES);
         // The host's size is the kernel's own formula, term for term.
         assert!(super::FLASH_WGMMA_SRC.contains(
-            "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4)"
+            "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8)"
         ));
     }
 
