@@ -166,6 +166,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     cp_commit();
     cp_wait_0();  // Q
     fw_proxy_fence();
+    __syncthreads();
 
     // Accumulator layout (each warp 16 rows): register 4j + e holds row lane/4 (e < 2) or
     // lane/4 + 8, column 8j + 2 (lane % 4) + e % 2.
@@ -183,13 +184,16 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const int key0 = wg * 32;  // this group's keys in every tile
 
-    int it = 0;
-    for (int t0 = kv_start; t0 < kv_end; t0 += 64, ++it) {
+    const int tiles = kv_end > kv_start ? (kv_end - kv_start + 63) / 64 : 0;
+    // Waits for tile `it` and zeroes its keys past the split's end. Only that zeroing
+    // needs a CTA barrier: the mbarrier already orders the copy engine's bytes.
+    auto land = [&](int it) {
+        int t0 = kv_start + it * 64;
 #ifdef FW_NO_LOAD
         if (it < 2)  // no later tile is ever issued: time the math on the first two
 #endif
         fw_bar_wait(bar_a + (it % 2) * 8, (it / 2) & 1);
-        if (t0 + 64 > kv_end) {  // the split's last tile: zero the keys past its end
+        if (t0 + 64 > kv_end) {
             unsigned char* kt = ks + (it % 2) * FW_TILE_BYTES;
             int from = kv_end - t0;
             for (int c = tid; c < 9 * 64 * 8; c += FW_THREADS) {
@@ -197,26 +201,58 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 if (r >= from) *(uint4*)(kt + blk * FW_BLOCK_BYTES + r * 128 + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
             }
             fw_proxy_fence();
+            __syncthreads();
         }
-        __syncthreads();
+    };
+    float s[16];
+#ifdef FW_QK2
+    float s2[16];
+#endif
+    // Issues this group's scores of tile `it` (not waited for).
+    auto issue_qk = [&](int it) {
         const unsigned kt_a = ks_a + (it % 2) * FW_TILE_BYTES;
-
-        float s[16];
 #pragma unroll
         for (int n = 0; n < 16; ++n) s[n] = 0.f;
         fw_fence();
-#ifndef FW_NO_MMA
+#if !defined(FW_NO_MMA) && !defined(FW_NO_QK)
+#ifdef FW_QK2
+        // Two independent accumulator chains (even and odd k-steps), summed after.
+#pragma unroll
+        for (int n = 0; n < 16; ++n) s2[n] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < FD_D / 16; kk += 2) {
+            unsigned off = (kk / 4) * FW_BLOCK_BYTES + (kk % 4) * 32;
+            fw_qk(s, fw_desc(qs_a + off, 16, 1024), fw_desc(kt_a + off + key0 * 128, 16, 1024));
+            fw_qk(s2, fw_desc(qs_a + off + 32, 16, 1024), fw_desc(kt_a + off + 32 + key0 * 128, 16, 1024));
+        }
+#else
 #pragma unroll
         for (int kk = 0; kk < FD_D / 16; ++kk) {
             unsigned off = (kk / 4) * FW_BLOCK_BYTES + (kk % 4) * 32;
             fw_qk(s, fw_desc(qs_a + off, 16, 1024), fw_desc(kt_a + off + key0 * 128, 16, 1024));
         }
 #endif
+#endif
         fw_commit();
+    };
+    if (tiles > 0) {
+        land(0);
+        issue_qk(0);
         fw_wait();
+    }
+    // Tile it's softmax, then its P V issued together with tile it + 1's scores, so the
+    // tensor cores take both without draining in between.
+    for (int it = 0; it < tiles; ++it) {
+        const int t0 = kv_start + it * 64;
 #pragma unroll
         for (int n = 0; n < 16; ++n) fw_pin(s[n]);
-
+#ifdef FW_QK2
+#pragma unroll
+        for (int n = 0; n < 16; ++n) {
+            fw_pin(s2[n]);
+            s[n] += s2[n];
+        }
+#endif
         // Scale, mask, and this group's row maxima.
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -236,6 +272,10 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             if (lane % 4 == 0) red[wg * 64 + lrow[i]] = mx;
         }
         __syncthreads();
+        // Both groups are past their wait for tile it - 1's P V: its stage is free.
+#ifndef FW_NO_LOAD
+        if (tid == 0 && it >= 1 && it + 1 < tiles) issue_tile((it + 1) % 2, t0 + 64);
+#endif
         float alpha[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -267,19 +307,24 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             }
         }
         fw_proxy_fence();
+        // Once the row maxima settle, alpha is exactly 1 for the whole warp: skipping the
+        // multiply then changes no bit.
+        if (!__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f)) {
 #pragma unroll
-        for (int n = 0; n < 128; n += 4) {
-            o[n] *= alpha[0];
-            o[n + 1] *= alpha[0];
-            o[n + 2] *= alpha[1];
-            o[n + 3] *= alpha[1];
+            for (int n = 0; n < 128; n += 4) {
+                o[n] *= alpha[0];
+                o[n + 1] *= alpha[0];
+                o[n + 2] *= alpha[1];
+                o[n + 3] *= alpha[1];
+            }
         }
         __syncthreads();
 
         // O[:, 256 wg ..] += P V: V is the first 512 columns of the K tile, read N-major
         // (256 columns = four 64-column blocks FW_BLOCK_BYTES apart; 8 keys 1024 bytes apart).
+        const unsigned kt_a = ks_a + (it % 2) * FW_TILE_BYTES;
         fw_fence();
-#ifndef FW_NO_MMA
+#if !defined(FW_NO_MMA) && !defined(FW_NO_PV)
 #pragma unroll
         for (int kk = 0; kk < 4; ++kk) {
             fw_pv(o, fw_desc(ps_a + kk * 32, 16, 1024),
@@ -287,14 +332,17 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         }
 #endif
         fw_commit();
+        if (it + 1 < tiles) {
+            land(it + 1);
+            issue_qk(it + 1);
+        }
         fw_wait();
 #pragma unroll
         for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-        __syncthreads();  // this stage, the P tile and the maxima are free again
-#ifndef FW_NO_LOAD
-        if (tid == 0 && t0 + 128 < kv_end) issue_tile(it % 2, t0 + 128);
-#endif
+        // No barrier here: the next tile's P and maxima are written after its max barrier,
+        // which both groups reach only past this wait.
     }
+    __syncthreads();  // the maxima buffer becomes the row sums'
 
     // Each group summed its half of every tile's keys: add the two, in group order.
 #pragma unroll

@@ -270,8 +270,10 @@ impl FlashConfig {
 }
 
 /// `SPECMLA_FLASH_DEFINES=A,B`: macros defined before the flash kernels compile, for
-/// tuning and diagnosis only (`FW_NO_LOAD` times the wgmma kernel's math without its
-/// loads, `FW_NO_MMA` its loads without the math; both give wrong outputs).
+/// tuning and diagnosis only. On the wgmma kernel `FW_NO_LOAD` drops the loads after the
+/// first two tiles, `FW_NO_MMA` all tensor-core work, `FW_NO_QK` / `FW_NO_PV` one of the
+/// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
+/// scores into two accumulator chains.
 fn diagnostic_defines() -> Result<String, GpuError> {
     let Ok(v) = std::env::var("SPECMLA_FLASH_DEFINES") else {
         return Ok(String::new());
