@@ -76,6 +76,15 @@ __device__ __forceinline__ int swz(int r, int ch) { return r * FD_D + ((ch ^ (r 
 
 #define FD_PSTRIDE (FD_KEYS + 8)
 
+// Keys per split of a request of `len` keys: the smallest multiple of `unit` that covers it
+// in at most `max_splits` splits. It depends on the request alone, never on the batch, so a
+// fixed (unit, max_splits) is batch-invariant; capping the count bounds the partial results
+// (f32, as many bytes per row and split as 1.8 keys of cache) that flash_combine re-reads.
+__device__ __forceinline__ int fd_split(int len, int unit, int max_splits) {
+    int per = (len + max_splits - 1) / max_splits;
+    return max(unit, (per + unit - 1) / unit * unit);
+}
+
 // q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
 // o_part [max_splits, B, rows, 512] f32; lse_part [max_splits, B, rows] f32 (natural log).
 //
@@ -87,7 +96,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                  const int* __restrict__ block_table, const int* __restrict__ seq_lens,
                  float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                 int heads, int q_len, int page, int width, int split_size, float scale_log2) {
+                 int heads, int q_len, int page, int width, int split_size, int max_splits,
+                 float scale_log2) {
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* qs = smem;                          // [64][576] swizzled
     unsigned short* ks = qs + FD_ROWS * FD_D;           // [FD_STAGES][FD_KEYS][576] swizzled
@@ -97,8 +107,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int rg = warp % 4, vh = warp / 4;
     const int row0 = blockIdx.x * FD_ROWS, sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
-    const int kv_start = sp * split_size;
-    const int kv_end = min(kv_start + split_size, seq_len);
+    const int split = fd_split(seq_len, split_size, max_splits);
+    const int kv_start = sp * split;
+    const int kv_end = min(kv_start + split, seq_len);
     if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     // Q rows of this CTA (zero-filled past the request's rows).
@@ -292,7 +303,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode_narrow(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                         const int* __restrict__ block_table, const int* __restrict__ seq_lens,
                         float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                        int heads, int q_len, int page, int width, int split_size, float scale_log2) {
+                        int heads, int q_len, int page, int width, int split_size, int max_splits,
+                 float scale_log2) {
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* qs = smem;                 // [16 used of 64][576] swizzled
     unsigned short* ks = qs + FD_ROWS * FD_D;  // [FD_STAGES][FD_KEYS][576] swizzled
@@ -300,8 +312,9 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int kg = warp % 4, vh = warp / 4;    // key quarter, V part
     const int sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
-    const int kv_start = sp * split_size;
-    const int kv_end = min(kv_start + split_size, seq_len);
+    const int split = fd_split(seq_len, split_size, max_splits);
+    const int kv_start = sp * split;
+    const int kv_end = min(kv_start + split, seq_len);
     if (kv_start >= seq_len && sp > 0) return;
 
     const unsigned short* qb = q + (long long)b * rows * FD_D;
@@ -467,13 +480,15 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
 }
 
 // Merges the splits of every row in split order, in f32: out [B, rows, 512], lse [B, rows].
+// With `single_final`, a request of one split was written to out and lse by the decode.
 extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                          const int* __restrict__ seq_lens, float* __restrict__ out,
                                          float* __restrict__ lse, int batch, int rows, int split_size,
-                                         int max_splits) {
+                                         int max_splits, int single_final) {
     int r = blockIdx.x, b = blockIdx.y;
-    int n = (seq_lens[b] + split_size - 1) / split_size;
-    n = max(1, min(n, max_splits));
+    int split = fd_split(seq_lens[b], split_size, max_splits);
+    int n = max(1, (seq_lens[b] + split - 1) / split);
+    if (single_final && n == 1) return;
     float mx = NEG_INF;
     for (int s = 0; s < n; ++s) mx = fmaxf(mx, lse_part[((long long)s * batch + b) * rows + r]);
     float denom = 0.f;

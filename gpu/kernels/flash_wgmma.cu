@@ -98,7 +98,8 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 }
 #endif
 
-// Arguments and layouts as flash_decode, plus the cache as a tensor map ([slots, 576] bf16,
+// Arguments and layouts as flash_decode, plus out and lse (a request of one split is
+// written there directly) and the cache as a tensor map ([slots, 576] bf16,
 // box 64 x min(page, 64), 128-byte swizzle); the page divides 64 or is a multiple of it.
 // Grid (ceil(rows / 64), splits, batch), 256 threads, FW_SMEM_BYTES of shared memory.
 //
@@ -109,7 +110,8 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     flash_decode_wgmma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                        const int* __restrict__ block_table, const int* __restrict__ seq_lens,
                        float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                       int heads, int q_len, int page, int width, int split_size, float scale_log2,
+                       int heads, int q_len, int page, int width, int split_size, int max_splits,
+                       float scale_log2, float* __restrict__ out, float* __restrict__ lse,
                        const __grid_constant__ FwTensorMap cache_map) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
@@ -127,8 +129,9 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wq = (tid % 128) / 32;
     const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
-    const int kv_start = sp * split_size;
-    const int kv_end = min(kv_start + split_size, seq_len);
+    const int split = fd_split(seq_len, split_size, max_splits);
+    const int kv_start = sp * split;
+    const int kv_end = min(kv_start + split, seq_len);
     if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     const unsigned short* qb = q + (long long)b * rows * FD_D;
@@ -352,20 +355,24 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
     }
     __syncthreads();
-    long long base = ((long long)sp * batch + b) * rows;
+    // A request of one split is final here (flash_combine skips it): no partial round trip.
+    const bool final_here = seq_len <= split;
+    long long base = final_here ? (long long)b * rows : ((long long)sp * batch + b) * rows;
+    float* obase = final_here ? out : o_part;
+    float* lbase = final_here ? lse : lse_part;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float total = red[lrow[i]] + red[64 + lrow[i]];
         if (!live[i]) continue;
         int r = row0 + lrow[i];
         float inv = total > 0.f ? 1.f / total : 0.f;
-        float* dst = o_part + (base + r) * FD_DV + wg * 256 + (lane % 4) * 2;
+        float* dst = obase + (base + r) * FD_DV + wg * 256 + (lane % 4) * 2;
 #pragma unroll
         for (int j = 0; j < 32; ++j) {
             *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
         }
         if (wg == 0 && lane % 4 == 0)
-            lse_part[base + r] = total > 0.f ? (m[i] + log2f(total)) * 0.6931471805599453f : NEG_INF;
+            lbase[base + r] = total > 0.f ? (m[i] + log2f(total)) * 0.6931471805599453f : NEG_INF;
     }
 #endif
 }

@@ -21,9 +21,14 @@ use crate::ops::{
 pub const CSV_HEADER: &str =
     "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm";
 
-/// Split size of the batch-invariant mode: fixed, so a request's splits never depend on
+/// Split unit of the batch-invariant mode: fixed, so a request's splits never depend on
 /// the batch. A multiple of every page size the bench uses.
 pub const INVARIANT_SPLIT_TOKENS: usize = 1024;
+/// Most splits a request takes in the batch-invariant mode; a longer request takes longer
+/// splits (a multiple of [`INVARIANT_SPLIT_TOKENS`]), which still depend on it alone. With
+/// 16 splits of 1024 at 16k keys, the f32 partials written and re-read by the merge cost
+/// as many bytes as the cache itself at q_len 4.
+pub const INVARIANT_MAX_SPLITS: usize = 4;
 
 /// One attention shape of the sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -234,21 +239,20 @@ pub fn fast_split_tokens(s: &BenchShape, sms: usize, tile_keys: usize) -> usize 
     s.context.div_ceil(splits).div_ceil(unit) * unit
 }
 
-/// Times the tensor-core decode at `inp.shape` with `split_size` keys per split, the
-/// wide rows on `wide`. The row is `decode` on the device's default kernel and
+/// Times the tensor-core decode at `inp.shape` with splits of `split_size` keys (at most
+/// `max_splits` per request), the wide rows on `wide`. The row is `decode` on the device's default kernel and
 /// `decode_mma` on the mma.sync peer.
 pub fn bench_flash(
     dev: &GpuDevice,
     k: &Kernels,
     wide: WideKernel,
     inp: &DecodeInputs,
-    split_size: usize,
+    (split_size, max_splits): (usize, usize),
     mode: &'static str,
     reps: usize,
 ) -> Result<Measurement, GpuError> {
     let s = inp.shape;
     let rows = s.q_len * s.heads;
-    let max_splits = s.context.div_ceil(split_size).max(1);
     let o_part = Buf::<f32>::uninit(
         dev,
         max_splits * s.batch * rows * FLASH_DV,

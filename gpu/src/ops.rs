@@ -302,10 +302,12 @@ pub struct FlashShape {
     pub page: usize,
     /// Block-table width.
     pub width: usize,
-    /// Keys per split, a multiple of the configuration's keys per tile; fixed in
-    /// batch-invariant mode.
+    /// Keys per split, a multiple of the configuration's keys per tile.
     pub split_size: usize,
-    /// Splits the partial buffers hold per request.
+    /// Most splits a request takes (the partial buffers hold that many): a request that
+    /// would need more takes longer splits, the smallest multiple of `split_size` that
+    /// fits. A request's splits depend on its own length and these two numbers alone, so
+    /// keeping both fixed is the batch-invariant mode.
     pub max_splits: usize,
 }
 
@@ -482,6 +484,7 @@ impl Kernels {
             "split size {} is not a multiple of {keys}",
             s.split_size
         );
+        assert!(s.max_splits >= 1, "a request takes at least one split");
         b.q.need(s.batch * rows * FLASH_DIM);
         b.block_table.need(s.batch * s.width);
         b.seq_lens.need(s.batch);
@@ -505,11 +508,16 @@ impl Kernels {
             s.page,
             s.width,
             s.split_size,
+            s.max_splits,
         ] {
             args.push(x.into());
         }
         args.push((scale * std::f32::consts::LOG2_E).into());
-        if name == "flash_decode_wgmma" {
+        // The wgmma kernel writes a request of one split straight to `out` and `lse`, and
+        // flash_combine leaves it alone.
+        let single_final = name == "flash_decode_wgmma";
+        if single_final {
+            args.extend::<[Arg; 2]>([b.out.into(), b.lse.into()]);
             let slots = b.cache.len() / FLASH_DIM;
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
@@ -528,9 +536,10 @@ impl Kernels {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // SAFETY: argument list matches the three kernels; sizes checked above; the caller's
-        // seq_lens need at most max_splits splits and its block table covers them; the
-        // narrow kernel runs only for at most 16 rows (one CTA per request and split).
+        // SAFETY: argument list matches the kernel (the wgmma one also takes the outputs and
+        // the tensor map); sizes checked above; no request takes more than max_splits
+        // splits (the kernels lengthen them instead) and the caller's block table covers
+        // its seq_lens; the narrow kernel runs only for at most 16 rows.
         unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
         let args = [
             b.o_part.into(),
@@ -542,6 +551,7 @@ impl Kernels {
             rows.into(),
             s.split_size.into(),
             s.max_splits.into(),
+            single_final.into(),
         ];
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, s.batch as u32, 1),

@@ -9,7 +9,8 @@ use std::sync::Arc;
 use clap::Parser;
 use specmla_gpu::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_split_tokens,
-    BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER, INVARIANT_SPLIT_TOKENS,
+    BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER, INVARIANT_MAX_SPLITS,
+    INVARIANT_SPLIT_TOKENS,
 };
 use specmla_gpu::ops::{Kernels, WideKernel};
 use specmla_gpu::{GpuDevice, GpuError};
@@ -137,38 +138,24 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     } else {
         cli.reps
     };
+    let invariant = (INVARIANT_SPLIT_TOKENS, INVARIANT_MAX_SPLITS);
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
-        let inv = bench_flash(
-            &dev,
-            &k,
-            k.wide,
-            &inp,
-            INVARIANT_SPLIT_TOKENS,
-            "invariant",
-            reps,
-        )?;
-        let fast = bench_flash(
-            &dev,
-            &k,
-            k.wide,
-            &inp,
-            fast_split_tokens(&s, sms, k.flash.keys),
-            "fast",
-            reps,
-        )?;
+        let inv = bench_flash(&dev, &k, k.wide, &inp, invariant, "invariant", reps)?;
+        let split = fast_split_tokens(&s, sms, k.flash.keys);
+        let fast_split = (split, s.context.div_ceil(split));
+        let fast = bench_flash(&dev, &k, k.wide, &inp, fast_split, "fast", reps)?;
         // The mma.sync kernels (wide or narrow) beside the wgmma one.
         let peer = if k.wide == WideKernel::Wgmma {
-            let m = bench_flash(
+            Some(bench_flash(
                 &dev,
                 &k,
                 WideKernel::Mma,
                 &inp,
-                INVARIANT_SPLIT_TOKENS,
+                invariant,
                 "invariant",
                 reps,
-            )?;
-            Some(m)
+            )?)
         } else {
             None
         };
@@ -187,15 +174,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
                 page: cli.page,
             };
             let inp = DecodeInputs::new(&dev, &k, s, 12)?;
-            let d = bench_flash(
-                &dev,
-                &k,
-                k.wide,
-                &inp,
-                INVARIANT_SPLIT_TOKENS,
-                "invariant",
-                reps,
-            )?;
+            let d = bench_flash(&dev, &k, k.wide, &inp, invariant, "invariant", reps)?;
             drop(inp);
             let p = bench_prefill_path(&dev, &k, s, 3)?;
             println!(
