@@ -480,15 +480,14 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
 }
 
 // Merges the splits of every row in split order, in f32: out [B, rows, 512], lse [B, rows].
-// With `single_final`, a request of one split was written to out and lse by the decode.
+// (flash_decode_wgmma merges its own splits the same way.)
 extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                          const int* __restrict__ seq_lens, float* __restrict__ out,
                                          float* __restrict__ lse, int batch, int rows, int split_size,
-                                         int max_splits, int single_final) {
+                                         int max_splits) {
     int r = blockIdx.x, b = blockIdx.y;
     int split = fd_split(seq_lens[b], split_size, max_splits);
     int n = max(1, (seq_lens[b] + split - 1) / split);
-    if (single_final && n == 1) return;
     float mx = NEG_INF;
     for (int s = 0; s < n; ++s) mx = fmaxf(mx, lse_part[((long long)s * batch + b) * rows + r]);
     float denom = 0.f;

@@ -16,7 +16,7 @@
 #define FW_THREADS 256
 #define FW_BLOCK_BYTES (64 * 128)                     // 64 rows of 64 bf16
 #define FW_TILE_BYTES (9 * FW_BLOCK_BYTES)            // 64 rows of 576 bf16
-#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8)
+#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8 + 16)
 
 // A CUtensorMap (the driver's 128-byte opaque descriptor), passed by value.
 struct __align__(64) FwTensorMap {
@@ -98,9 +98,77 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 }
 #endif
 
-// Arguments and layouts as flash_decode, plus out and lse (a request of one split is
-// written there directly) and the cache as a tensor map ([slots, 576] bf16,
-// box 64 x min(page, 64), 128-byte swizzle); the page divides 64 or is a multiple of it.
+// Called by every CTA of a request's split after writing its partial: the request's last
+// split to finish merges all `splits` of its 64-row block in split order (flash_combine's
+// arithmetic, so the bits do not depend on which CTA it is) while they are still in L2,
+// then re-arms `counter` for the next launch. `scratch` holds splits x 64 weights.
+__device__ void merge_splits(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                             float* __restrict__ out, float* __restrict__ lse, int* counter, int* last,
+                             float* scratch, int splits, long long row_at, int live_rows,
+                             long long split_rows) {
+    const int tid = threadIdx.x;
+    __threadfence();  // this CTA's partial, visible before the count says so
+    __syncthreads();
+    if (tid == 0) *last = atomicAdd(counter, 1) == splits - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    float* den = scratch + splits * 64;
+    if (tid < live_rows) {
+        float mx = NEG_INF;
+        for (int t = 0; t < splits; ++t) mx = fmaxf(mx, __ldcg(lse_part + t * split_rows + row_at + tid));
+        float d = 0.f;
+        for (int t = 0; t < splits; ++t) {
+            float w = mx == NEG_INF ? 0.f : __expf(__ldcg(lse_part + t * split_rows + row_at + tid) - mx);
+            scratch[t * 64 + tid] = w;
+            d += w;
+        }
+        den[tid] = d;
+        lse[row_at + tid] = d > 0.f ? mx + logf(d) : NEG_INF;
+    }
+    __syncthreads();
+    // 8 float4 per thread in flight per split: the reads are L2 latency bound.
+    const float4* src = (const float4*)(o_part + row_at * FD_DV);
+    float4* dst = (float4*)(out + row_at * FD_DV);
+    const long long stride4 = split_rows * FD_DV / 4;
+    const int n4 = live_rows * (FD_DV / 4);
+    for (int i0 = tid; i0 < n4; i0 += 8 * FW_THREADS) {
+        float4 acc[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int t = 0; t < splits; ++t) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int i = i0 + u * FW_THREADS;
+                v[u] = i < n4 ? __ldcg(src + t * stride4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int i = i0 + u * FW_THREADS;
+                float w = i < n4 ? scratch[t * 64 + i / (FD_DV / 4)] : 0.f;
+                acc[u].x += w * v[u].x;
+                acc[u].y += w * v[u].y;
+                acc[u].z += w * v[u].z;
+                acc[u].w += w * v[u].w;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int i = i0 + u * FW_THREADS;
+            if (i >= n4) break;
+            float d = den[i / (FD_DV / 4)];
+            dst[i] = d > 0.f ? make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    if (tid == 0) *counter = 0;
+}
+
+// Arguments and layouts as flash_decode, plus out and lse (the kernel merges its own
+// splits: see merge_splits), `done` ([batch, ceil(rows / 64)] zeros, left zero), and the
+// cache as a tensor map ([slots, 576] bf16, box 64 x min(page, 64), 128-byte swizzle);
+// the page divides 64 or is a multiple of it.
 // Grid (ceil(rows / 64), splits, batch), 256 threads, FW_SMEM_BYTES of shared memory.
 //
 // Thread 0 issues each tile's boxes (one per page and 64-column block) on the tile's
@@ -112,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                        float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
                        int heads, int q_len, int page, int width, int split_size, int max_splits,
                        float scale_log2, float* __restrict__ out, float* __restrict__ lse,
-                       const __grid_constant__ FwTensorMap cache_map) {
+                       int* __restrict__ done, const __grid_constant__ FwTensorMap cache_map) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
 #else
@@ -124,6 +192,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     unsigned char* ps = ks + 2 * FW_TILE_BYTES;                        // P [64][64] bf16
     float* red = (float*)(ps + FW_BLOCK_BYTES);                        // [2 groups][64 rows]
     const unsigned bar_a = smem_addr(red + 2 * 64);                    // two mbarriers
+    int* last = (int*)(red + 2 * 64 + 4);                              // then a flag
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks), ps_a = smem_addr(ps);
 
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wq = (tid % 128) / 32;
@@ -355,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
     }
     __syncthreads();
-    // A request of one split is final here (flash_combine skips it): no partial round trip.
+    // A request of one split is final here: no partial round trip.
     const bool final_here = seq_len <= split;
     long long base = final_here ? (long long)b * rows : ((long long)sp * batch + b) * rows;
     float* obase = final_here ? out : o_part;
@@ -374,5 +443,9 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         if (wg == 0 && lane % 4 == 0)
             lbase[base + r] = total > 0.f ? (m[i] + log2f(total)) * 0.6931471805599453f : NEG_INF;
     }
+    if (final_here) return;
+    merge_splits(o_part, lse_part, out, lse, done + (long long)b * gridDim.x + blockIdx.x, last,
+                 (float*)qs, (seq_len + split - 1) / split, (long long)b * rows + row0,
+                 min(64, rows - row0), (long long)batch * rows);
 #endif
 }

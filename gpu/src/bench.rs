@@ -261,6 +261,11 @@ pub fn bench_flash(
     let lse_part = Buf::<f32>::uninit(dev, max_splits * s.batch * rows, "bench partial lse")?;
     let out = Buf::<f32>::uninit(dev, s.batch * rows * FLASH_DV, "bench outputs")?;
     let lse = Buf::<f32>::uninit(dev, s.batch * rows, "bench lse")?;
+    let done = Buf::from_host(
+        dev,
+        &vec![0i32; s.batch * rows.div_ceil(FLASH_ROWS)],
+        "bench split counters",
+    )?;
     let shape = FlashShape {
         batch: s.batch,
         q_len: s.q_len,
@@ -279,6 +284,7 @@ pub fn bench_flash(
         lse_part: lse_part.ptr(),
         out: out.ptr(),
         lse: lse.ptr(),
+        done: done.ptr(),
     };
     let scale = 1.0 / 192f32.sqrt();
     let t = time_us(dev, 3, reps, || {

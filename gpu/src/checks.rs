@@ -333,6 +333,7 @@ pub fn check_flash_decode(
     let (out, lse) = (poisoned(batch * rows * FLASH_DV)?, poisoned(batch * rows)?);
     let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
     let (td, sd) = (upload(dev, &table)?, upload(dev, &seq_lens)?);
+    let done = upload(dev, &vec![0i32; FlashBufs::done_len(&s)])?;
     let bufs = FlashBufs {
         q: qd.ptr(),
         cache: cd.ptr(),
@@ -342,10 +343,13 @@ pub fn check_flash_decode(
         lse_part: lse_part.ptr(),
         out: out.ptr(),
         lse: lse.ptr(),
+        done: done.ptr(),
     };
     let scale = 1.0 / 192f32.sqrt();
     k.flash_decode_with(wide, dev, s, bufs, scale)?;
     let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
+    // The split counters must be re-armed for the next launch (a CUDA graph replays them).
+    let rearmed = download(dev, &done)?.iter().all(|&c| c == 0);
     let shape = (q_len, heads, FLASH_DIM, FLASH_DV, page, width);
     let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale as f64);
     // The reference's LSE is [heads, tokens]; the kernel's is [batch, q_len * heads].
@@ -360,9 +364,16 @@ pub fn check_flash_decode(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     Ok(CaseResult {
         kernel: k.decode_function(rows, page, wide),
-        case: format!("bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}"),
+        case: format!(
+            "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}",
+            if rearmed {
+                ""
+            } else {
+                "; split counters left non-zero"
+            }
+        ),
         max_rel_err: err,
-        passed: err <= BF16_TOL,
+        passed: err <= BF16_TOL && rearmed,
     })
 }
 
@@ -412,6 +423,7 @@ pub fn check_flash_invariance(
         );
         let (out, lse) = (poisoned(batch * rows * FLASH_DV)?, poisoned(batch * rows)?);
         let (qd, td, sd) = (upload(dev, q)?, upload(dev, table)?, upload(dev, seq)?);
+        let done = upload(dev, &vec![0i32; FlashBufs::done_len(&s)])?;
         let bufs = FlashBufs {
             q: qd.ptr(),
             cache: cache.ptr(),
@@ -421,6 +433,7 @@ pub fn check_flash_invariance(
             lse_part: lse_part.ptr(),
             out: out.ptr(),
             lse: lse.ptr(),
+            done: done.ptr(),
         };
         k.flash_decode_with(wide, dev, s, bufs, 1.0 / 192f32.sqrt())?;
         let mut v = download(dev, &out)?;

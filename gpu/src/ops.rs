@@ -147,8 +147,8 @@ const MAX_SMEM_BYTES: usize = 232_448;
 
 /// Shared memory of `flash_decode_wgmma` (its FW_SMEM_BYTES): 1024 bytes to align the
 /// swizzled tiles, the Q tile and two 64-key tiles of 576 bf16, the P tile, row maxima,
-/// and the two tiles' mbarriers.
-const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 + 2 * 8;
+/// the two tiles' mbarriers and the last-split flag.
+const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 + 2 * 8 + 16;
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -335,6 +335,16 @@ pub struct FlashBufs {
     pub out: DPtr<f32>,
     /// `[batch, rows]`.
     pub lse: DPtr<f32>,
+    /// `[batch, ceil(rows / 64)]` zeros: the wgmma kernel counts each request's finished
+    /// splits here (the last one merges them) and leaves them zero again.
+    pub done: DPtr<i32>,
+}
+
+impl FlashBufs {
+    /// Elements of [`Self::done`] for `s`.
+    pub fn done_len(s: &FlashShape) -> usize {
+        s.batch * s.rows().div_ceil(FLASH_ROWS)
+    }
 }
 
 /// The compiled kernels.
@@ -513,11 +523,17 @@ impl Kernels {
             args.push(x.into());
         }
         args.push((scale * std::f32::consts::LOG2_E).into());
-        // The wgmma kernel writes a request of one split straight to `out` and `lse`, and
-        // flash_combine leaves it alone.
-        let single_final = name == "flash_decode_wgmma";
-        if single_final {
-            args.extend::<[Arg; 2]>([b.out.into(), b.lse.into()]);
+        // The wgmma kernel merges its own splits: no flash_combine after it.
+        let merged_in_kernel = name == "flash_decode_wgmma";
+        if merged_in_kernel {
+            // Its merge weights live in the freed Q tile: [splits][64] floats.
+            assert!(
+                s.max_splits <= 256,
+                "at most 256 splits, got {}",
+                s.max_splits
+            );
+            b.done.need(FlashBufs::done_len(&s));
+            args.extend::<[Arg; 3]>([b.out.into(), b.lse.into(), b.done.into()]);
             let slots = b.cache.len() / FLASH_DIM;
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
@@ -536,11 +552,14 @@ impl Kernels {
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // SAFETY: argument list matches the kernel (the wgmma one also takes the outputs and
-        // the tensor map); sizes checked above; no request takes more than max_splits
+        // SAFETY: argument list matches the kernel (the wgmma one also takes the outputs,
+        // the split counters and the tensor map); sizes checked above; no request takes more than max_splits
         // splits (the kernels lengthen them instead) and the caller's block table covers
         // its seq_lens; the narrow kernel runs only for at most 16 rows.
         unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
+        if merged_in_kernel {
+            return Ok(());
+        }
         let args = [
             b.o_part.into(),
             b.lse_part.into(),
@@ -551,7 +570,6 @@ impl Kernels {
             rows.into(),
             s.split_size.into(),
             s.max_splits.into(),
-            single_final.into(),
         ];
         let cfg = LaunchConfig {
             grid_dim: (rows as u32, s.batch as u32, 1),
@@ -1059,7 +1077,7 @@ mod tests {
         assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES);
         // The host's size is the kernel's own formula, term for term.
         assert!(super::FLASH_WGMMA_SRC.contains(
-            "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8)"
+            "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8 + 16)"
         ));
     }
 
