@@ -22,12 +22,14 @@ pub const CSV_HEADER: &str =
     "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm";
 
 /// Split unit of the batch-invariant mode: fixed, so a request's splits never depend on
-/// the batch. A multiple of every page size the bench uses.
-pub const INVARIANT_SPLIT_TOKENS: usize = 1024;
+/// the batch. A multiple of every page size the bench uses. Each split costs a CTA's cold
+/// start (its Q and first tiles) and an f32 partial written and merged (2 KB per row, as
+/// many bytes as 1.8 keys of cache); 2048 keeps that under 15% of the fastest plan at
+/// q_len 4, B 128, L 4096, and still gives 128 CTAs at H 128, B 32, L 4096. Below
+/// that (H 16, B 32, L 4096: 64 CTAs) half of an H100 idles.
+pub const INVARIANT_SPLIT_TOKENS: usize = 2048;
 /// Most splits a request takes in the batch-invariant mode; a longer request takes longer
-/// splits (a multiple of [`INVARIANT_SPLIT_TOKENS`]), which still depend on it alone. With
-/// 16 splits of 1024 at 16k keys, the f32 partials written and re-read by the merge cost
-/// as many bytes as the cache itself at q_len 4.
+/// splits (a multiple of [`INVARIANT_SPLIT_TOKENS`]), which still depend on it alone.
 pub const INVARIANT_MAX_SPLITS: usize = 4;
 
 /// One attention shape of the sweep.
