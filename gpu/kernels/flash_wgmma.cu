@@ -61,6 +61,13 @@ __device__ __forceinline__ void fw_bar_wait(unsigned bar, unsigned parity) {
         "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
         "@!done bra FW_WAIT;\n}\n" ::"r"(bar), "r"(parity) : "memory");
 }
+// 2^x on the SFU, flushing denormal results to zero (the probabilities they would give are
+// below bf16's range anyway); exp2f adds range handling around the same instruction.
+__device__ __forceinline__ float fw_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
 // Pins a register between asm statements: the compiler may not move its uses across.
 __device__ __forceinline__ void fw_pin(float& x) { asm volatile("" : "+f"(x)::"memory"); }
 
@@ -255,6 +262,18 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     for (int n = 0; n < 128; ++n) o[n] = 0.f;
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
     const int key0 = wg * 32;  // this group's keys in every tile
+    // The smallest causal limit among the CTA's rows (its first row's token).
+    const int limit_min = max(seq_len - q_len + row0 / heads + 1, 0);
+    // Where this thread's probabilities go in the swizzled P tile: the same every tile.
+    unsigned poff[2][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            int r = lrow[i], key = key0 + j * 8 + (lane % 4) * 2;
+            poff[i][j] = r * 128 + (((key >> 3) ^ (r & 7)) << 4) + (key & 7) * 2;
+        }
+    }
 
     const int tiles = kv_end > kv_start ? (kv_end - kv_start + 63) / 64 : 0;
     // Waits for tile `it` and zeroes its keys past the split's end. Only that zeroing
@@ -325,7 +344,11 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             s[n] += s2[n];
         }
 #endif
-        // Scale, mask, and this group's row maxima.
+        // This group's row maxima, on the raw scores (the scale is positive). Only tiles
+        // that reach a row's causal limit need the mask; dead rows need none (their
+        // outputs are never written).
+#ifndef FW_NO_SOFTMAX
+        const bool mask_tile = t0 + 64 > limit_min;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float mx = NEG_INF;
@@ -333,34 +356,39 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int j = 0; j < 4; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    int pos = t0 + key0 + j * 8 + (lane % 4) * 2 + e;
-                    float v = (live[i] && pos < limit[i]) ? s[4 * j + 2 * i + e] * scale_log2 : NEG_INF;
-                    s[4 * j + 2 * i + e] = v;
+                    float v = s[4 * j + 2 * i + e];
+                    if (mask_tile) {
+                        int pos = t0 + key0 + j * 8 + (lane % 4) * 2 + e;
+                        v = (live[i] && pos < limit[i]) ? v : NEG_INF;
+                        s[4 * j + 2 * i + e] = v;
+                    }
                     mx = fmaxf(mx, v);
                 }
             }
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
             mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
-            if (lane % 4 == 0) red[wg * 64 + lrow[i]] = mx;
+            if (lane % 4 == 0) red[wg * 64 + lrow[i]] = mx * scale_log2;
         }
+#endif
         __syncthreads();
         // Both groups are past their wait for tile it - 1's P V: its stage is free.
 #ifndef FW_NO_LOAD
         if (tid == 0 && it >= 1 && it + 1 < tiles) issue_tile((it + 1) % 2, t0 + 64);
 #endif
-        float alpha[2];
+        float alpha[2] = {1.f, 1.f};
+#ifndef FW_NO_SOFTMAX
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float all = fmaxf(red[lrow[i]], red[64 + lrow[i]]);  // same order in both groups
             float m_new = fmaxf(m[i], all);
             float base = m_new == NEG_INF ? 0.f : m_new;
-            alpha[i] = exp2f(m[i] - base);
+            alpha[i] = fw_exp2(m[i] - base);
             float sum = 0.f;
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) {
-                    float p = exp2f(s[4 * j + 2 * i + e] - base);
+                    float p = fw_exp2(fmaf(s[4 * j + 2 * i + e], scale_log2, -base));
                     s[4 * j + 2 * i + e] = p;
                     sum += p;
                 }
@@ -372,13 +400,13 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
 #pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                int r = lrow[i], key = key0 + j * 8 + (lane % 4) * 2;
-                unsigned off = r * 128 + ((((key >> 3) ^ (r & 7))) << 4) + (key & 7) * 2;
-                *(unsigned*)(ps + off) = pack_bf16(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]);
-            }
+            for (int i = 0; i < 2; ++i)
+                *(unsigned*)(ps + poff[i][j]) = pack_bf16(s[4 * j + 2 * i], s[4 * j + 2 * i + 1]);
         }
+#endif
+#ifndef FW_NO_PFENCE
         fw_proxy_fence();
+#endif
         // Once the row maxima settle, alpha is exactly 1 for the whole warp: skipping the
         // multiply then changes no bit.
         if (!__all_sync(0xffffffff, alpha[0] == 1.f && alpha[1] == 1.f)) {
@@ -390,7 +418,9 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 o[n + 3] *= alpha[1];
             }
         }
+#ifndef FW_NO_SYNC2
         __syncthreads();
+#endif
 
         // O[:, 256 wg ..] += P V: V is the first 512 columns of the K tile, read N-major
         // (256 columns = four 64-column blocks FW_BLOCK_BYTES apart; 8 keys 1024 bytes apart).
