@@ -142,7 +142,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
         let inv = bench_flash(&dev, &k, k.wide, &inp, invariant, "invariant", reps)?;
-        let split = fast_split_tokens(&s, sms, k.flash.keys);
+        let split = fast_split_tokens(&s, sms, k.flash.keys.max(64));
         let fast_split = (split, s.context.div_ceil(split));
         let fast = bench_flash(&dev, &k, k.wide, &inp, fast_split, "fast", reps)?;
         // The mma.sync kernels (wide or narrow) beside the wgmma one.
