@@ -21,16 +21,24 @@ use crate::ops::{
 pub const CSV_HEADER: &str =
     "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm";
 
-/// Split unit of the batch-invariant mode: fixed, so a request's splits never depend on
-/// the batch. A multiple of every page size the bench uses. Each split costs a CTA's cold
-/// start (its Q and first tiles) and an f32 partial written and merged (2 KB per row, as
-/// many bytes as 1.8 keys of cache); 2048 keeps that under 15% of the fastest plan at
-/// q_len 4, B 128, L 4096, and still gives 128 CTAs at H 128, B 32, L 4096. Below
-/// that (H 16, B 32, L 4096: 64 CTAs) half of an H100 idles.
-pub const INVARIANT_SPLIT_TOKENS: usize = 2048;
-/// Most splits a request takes in the batch-invariant mode; a longer request takes longer
-/// splits (a multiple of [`INVARIANT_SPLIT_TOKENS`]), which still depend on it alone.
-pub const INVARIANT_MAX_SPLITS: usize = 4;
+/// The batch-invariant split plan for requests of `rows` query rows: (split unit in keys,
+/// most splits a request takes). A request longer than unit x count takes longer splits
+/// (a multiple of the unit). The plan depends on the model's shape (heads x q_len) and the
+/// request's own length, never on the batch.
+///
+/// Each split costs a CTA's cold start (its Q and first tiles) and an f32 partial written
+/// and merged (2 KB per row, as many bytes as 1.8 keys of cache), while the fast plan may
+/// run one split per request once the batch fills the GPU. A request of more than 64 rows
+/// brings several CTAs per split: at most two splits of 2048+ keys keep H 128 near the
+/// fast plan and still give 128 CTAs at q 1, B 32. A request of one 64-row block (H 16)
+/// needs more splits to fill the GPU at small batches: up to eight of 1024+.
+pub fn invariant_plan(rows: usize) -> (usize, usize) {
+    if rows <= FLASH_ROWS {
+        (1024, 8)
+    } else {
+        (2048, 2)
+    }
+}
 
 /// One attention shape of the sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -335,7 +343,7 @@ pub fn bench_baseline_decode(
     let q = Buf::<f32>::uninit(dev, tokens * s.heads * FLASH_DIM, "baseline queries")?;
     k.fill(dev, cache.ptr(), 0.01, cache.len())?;
     k.fill(dev, q.ptr(), 0.01, q.len())?;
-    let split = INVARIANT_SPLIT_TOKENS;
+    let (split, _) = invariant_plan(s.q_len * s.heads);
     let seq = vec![s.context as i32; s.batch];
     let splits = vec![s.context.div_ceil(split) as i32; s.batch];
     let (td, sd, nd) = (
@@ -473,6 +481,15 @@ mod tests {
     }
 
     #[test]
+    fn the_invariant_plan_depends_on_the_model_shape_only() {
+        use super::invariant_plan;
+        assert_eq!(invariant_plan(16), (1024, 8));
+        assert_eq!(invariant_plan(64), (1024, 8));
+        assert_eq!(invariant_plan(128), (2048, 2));
+        assert_eq!(invariant_plan(512), (2048, 2));
+    }
+
+    #[test]
     fn the_fast_plan_counts_whole_waves() {
         // 64 CTAs a split on 132 SMs: two splits of 2048 fill one wave; five (the old
         // "two waves of CTAs" rule) took three waves of 13 tiles.
@@ -483,7 +500,10 @@ mod tests {
         for (h, q, b, l) in [(16, 1, 1, 300), (16, 1, 2, 100_000), (128, 2, 7, 5000)] {
             let split = fast_split_tokens(&shape(h, q, b, l), 132, 64);
             assert!(split.is_multiple_of(64), "{split}");
-            assert!(l.div_ceil(split) <= l.div_ceil(256), "{l} in splits of {split}");
+            assert!(
+                l.div_ceil(split) <= l.div_ceil(256),
+                "{l} in splits of {split}"
+            );
         }
     }
 }

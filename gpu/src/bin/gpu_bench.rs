@@ -9,8 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 use specmla_gpu::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_split_tokens,
-    BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER, INVARIANT_MAX_SPLITS,
-    INVARIANT_SPLIT_TOKENS,
+    invariant_plan, BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER,
 };
 use specmla_gpu::ops::{Kernels, WideKernel};
 use specmla_gpu::{GpuDevice, GpuError};
@@ -138,21 +137,22 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     } else {
         cli.reps
     };
-    let invariant = (INVARIANT_SPLIT_TOKENS, INVARIANT_MAX_SPLITS);
+    let invariant = |s: &BenchShape| invariant_plan(s.q_len * s.heads);
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
-        let inv = bench_flash(&dev, &k, k.wide, &inp, invariant, "invariant", reps)?;
+        let inv = bench_flash(&dev, &k, k.wide, &inp, invariant(&s), "invariant", reps)?;
         let split = fast_split_tokens(&s, sms, k.flash.keys.max(64));
         let fast_split = (split, s.context.div_ceil(split));
         let fast = bench_flash(&dev, &k, k.wide, &inp, fast_split, "fast", reps)?;
         // The mma.sync kernels (wide or narrow) beside the wgmma one.
         let peer = if k.wide == WideKernel::Wgmma {
+            let plan = invariant(&s);
             Some(bench_flash(
                 &dev,
                 &k,
                 WideKernel::Mma,
                 &inp,
-                invariant,
+                plan,
                 "invariant",
                 reps,
             )?)
@@ -174,7 +174,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
                 page: cli.page,
             };
             let inp = DecodeInputs::new(&dev, &k, s, 12)?;
-            let d = bench_flash(&dev, &k, k.wide, &inp, invariant, "invariant", reps)?;
+            let d = bench_flash(&dev, &k, k.wide, &inp, invariant(&s), "invariant", reps)?;
             drop(inp);
             let p = bench_prefill_path(&dev, &k, s, 3)?;
             println!(
