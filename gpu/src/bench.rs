@@ -26,17 +26,19 @@ pub const CSV_HEADER: &str =
 /// (a multiple of the unit). The plan depends on the model's shape (heads x q_len) and the
 /// request's own length, never on the batch.
 ///
-/// Each split costs a CTA's cold start (its Q and first tiles) and an f32 partial written
-/// and merged (2 KB per row, as many bytes as 1.8 keys of cache), while the fast plan may
-/// run one split per request once the batch fills the GPU. A request of more than 64 rows
-/// brings several CTAs per split: at most two splits of 2048+ keys keep H 128 near the
-/// fast plan and still give 128 CTAs at q 1, B 32. A request of one 64-row block (H 16)
-/// needs more splits to fill the GPU at small batches: up to eight of 1024+.
+/// Each split costs a CTA's cold start (its Q and first tiles, about 10 us) and an f32
+/// partial written and merged (2 KB per row), while the fast plan runs one split per
+/// request once the batch fills the GPU. So the plan aims at about four CTAs per request:
+/// - one 64-row block (H 16): up to 8 splits of 1024+ keys, since a memory-bound request
+///   needs them to fill the GPU at small batches;
+/// - two blocks (H 128, q 1): 2 splits of 2048+;
+/// - four or more (H 128, q 2 and up): one split, no partials at all.
+///
+/// Batches far below 32 requests leave SMs idle under this plan; the fast plan does not.
 pub fn invariant_plan(rows: usize) -> (usize, usize) {
-    if rows <= FLASH_ROWS {
-        (1024, 8)
-    } else {
-        (2048, 2)
+    match rows.div_ceil(FLASH_ROWS) {
+        0 | 1 => (1024, 8),
+        blocks => (2048, (4 / blocks).max(1)),
     }
 }
 
@@ -486,7 +488,8 @@ mod tests {
         assert_eq!(invariant_plan(16), (1024, 8));
         assert_eq!(invariant_plan(64), (1024, 8));
         assert_eq!(invariant_plan(128), (2048, 2));
-        assert_eq!(invariant_plan(512), (2048, 2));
+        assert_eq!(invariant_plan(192), (2048, 1));
+        assert_eq!(invariant_plan(512), (2048, 1));
     }
 
     #[test]
