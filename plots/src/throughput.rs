@@ -1,6 +1,6 @@
-//! Pictures `throughput` (TFLOP/s) and `bandwidth` (GB/s) against context length, one
-//! series per (kernel, mode, q_len, heads, batch) of the decode-like kernels, with the
-//! GEMM or copy ceiling as a horizontal line.
+//! Pictures `throughput` (TFLOP/s) and `bandwidth` (GB/s) against context length: one
+//! panel per q_len, one series per (kernel, mode, heads, batch) of the decode-like
+//! kernels (the same color in every panel), the GEMM or copy ceiling as a horizontal line.
 
 use std::collections::BTreeMap;
 
@@ -64,14 +64,19 @@ pub struct SeriesKey {
 }
 
 impl SeriesKey {
+    /// The legend's label: everything but q_len, which names the panel.
     fn label(&self) -> String {
         format!(
-            "{} q={} h={} b={}",
+            "{} h={} b={}",
             crate::data::kernel_label(&self.kernel, &self.mode),
-            self.q_len,
             self.heads,
             self.batch
         )
+    }
+
+    /// What decides the color: the key without q_len.
+    fn style_key(&self) -> (&str, &str, u32, u32) {
+        (&self.kernel, &self.mode, self.heads, self.batch)
     }
 }
 
@@ -121,6 +126,25 @@ pub fn context_series(bench: &Bench, metric: Metric) -> Vec<ContextSeries> {
         })
         .collect()
 }
+
+/// The q_len of each panel, ascending, and one style slot per distinct series key
+/// without q_len (so a line keeps its color from panel to panel).
+pub fn panels(series: &[ContextSeries]) -> (Vec<u32>, Vec<&SeriesKey>) {
+    let mut q_lens: Vec<u32> = series.iter().map(|s| s.key.q_len).collect();
+    q_lens.sort_unstable();
+    q_lens.dedup();
+    let mut keys: Vec<&SeriesKey> = Vec::new();
+    for s in series {
+        if !keys.iter().any(|k| k.style_key() == s.key.style_key()) {
+            keys.push(&s.key);
+        }
+    }
+    keys.sort_by(|a, b| a.style_key().cmp(&b.style_key()));
+    (q_lens, keys)
+}
+
+/// Width of one q_len panel.
+const PANEL_WIDTH_PX: u32 = 470;
 
 /// The `throughput` or `bandwidth` picture, ready to draw.
 pub struct ContextPicture {
@@ -184,7 +208,8 @@ impl Picture for ContextPicture {
     }
 
     fn size_px(&self) -> (u32, u32) {
-        (1280, 720)
+        let panels = panels(&self.series).0.len() as u32;
+        (panels * PANEL_WIDTH_PX + style::LEGEND_WIDTH_PX + 20, 720)
     }
 
     fn draw<DB>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
@@ -194,12 +219,66 @@ impl Picture for ContextPicture {
     {
         let root = root.titled(&self.title, (FAMILY, style::TITLE_PX))?;
         let width_px = root.dim_in_pixel().0;
-        let (chart_area, legend_area) = root.split_horizontally(width_px - style::LEGEND_WIDTH_PX);
-
-        let contexts = self
-            .series
+        let (charts, legend_area) = root.split_horizontally(width_px - style::LEGEND_WIDTH_PX);
+        let (q_lens, keys) = panels(&self.series);
+        let styles: Vec<SeriesStyle> = keys
             .iter()
-            .flat_map(|s| s.points.iter().map(|p| p.0));
+            .enumerate()
+            .map(|(i, k)| style::series_style(&k.kernel, &k.mode, style::palette(i)))
+            .collect();
+        let style_of = |key: &SeriesKey| {
+            let i = keys.iter().position(|k| k.style_key() == key.style_key());
+            styles[i.expect("every series has a style slot")].clone()
+        };
+        let areas = charts.split_evenly((1, q_lens.len()));
+        for (area, &q_len) in areas.iter().zip(&q_lens) {
+            let series: Vec<&ContextSeries> =
+                self.series.iter().filter(|s| s.key.q_len == q_len).collect();
+            self.draw_panel(area, q_len, &series, &style_of)?;
+        }
+        let mut legend = vec![LegendEntry {
+            label: self.ceiling_name().to_string(),
+            style: Some(CEILING_STYLE),
+        }];
+        for (key, s) in keys.iter().zip(&styles) {
+            legend.push(LegendEntry {
+                label: key.label(),
+                style: Some(s.clone()),
+            });
+        }
+        style::draw_legend(&legend_area, &legend)
+    }
+}
+
+const CEILING_STYLE: SeriesStyle = SeriesStyle {
+    color: style::CEILING_COLOR,
+    marker: None,
+    filled: false,
+    dashed: Some(false),
+    width_px: 3,
+};
+
+impl ContextPicture {
+    fn ceiling_name(&self) -> &'static str {
+        match self.metric {
+            Metric::Tflops => "bf16 GEMM ceiling",
+            Metric::Gbps => "copy ceiling",
+        }
+    }
+
+    /// One q_len's chart: every panel shares the context and rate ranges.
+    fn draw_panel<DB>(
+        &self,
+        area: &DrawingArea<DB, Shift>,
+        q_len: u32,
+        series: &[&ContextSeries],
+        style_of: &dyn Fn(&SeriesKey) -> SeriesStyle,
+    ) -> DrawResult
+    where
+        DB: DrawingBackend,
+        DB::ErrorType: 'static,
+    {
+        let contexts = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
         let (min_ctx, max_ctx) =
             contexts.fold((f64::MAX, 0f64), |(lo, hi), c| (lo.min(c), hi.max(c)));
         // Half a doubling of air on each side so end points are not on the frame.
@@ -213,7 +292,8 @@ impl Picture for ContextPicture {
         let doublings = (x_hi / x_lo).log2().ceil() as usize;
 
         let unit = self.metric.unit();
-        let mut chart = ChartBuilder::on(&chart_area)
+        let mut chart = ChartBuilder::on(area)
+            .caption(format!("q_len {q_len}"), (FAMILY, style::AXIS_DESC_PX))
             .margin(12)
             .x_label_area_size(50)
             .y_label_area_size(80)
@@ -230,33 +310,20 @@ impl Picture for ContextPicture {
             .axis_desc_style((FAMILY, style::AXIS_DESC_PX))
             .draw()?;
 
-        let area = chart.plotting_area();
-        let ceiling_style = SeriesStyle {
-            color: style::CEILING_COLOR,
-            marker: None,
-            filled: false,
-            dashed: Some(false),
-            width_px: 3,
-        };
-        let (ceiling_label, ceiling_name) = match self.metric {
-            Metric::Tflops => (
-                format!("bf16 GEMM {} TFLOP/s", style::fmt_sig(self.ceiling)),
-                "bf16 GEMM ceiling",
-            ),
-            Metric::Gbps => (
-                format!("copy {} GB/s (read + write)", style::fmt_sig(self.ceiling)),
-                "copy ceiling",
-            ),
+        let plot = chart.plotting_area();
+        let ceiling_label = match self.metric {
+            Metric::Tflops => format!("bf16 GEMM {} TFLOP/s", style::fmt_sig(self.ceiling)),
+            Metric::Gbps => format!("copy {} GB/s (read + write)", style::fmt_sig(self.ceiling)),
         };
         style::draw_line(
-            area,
+            plot,
             &[(x_lo, self.ceiling), (x_hi, self.ceiling)],
-            &ceiling_style,
+            &CEILING_STYLE,
         )?;
-        area.draw(
+        plot.draw(
             &(EmptyElement::at((x_hi, self.ceiling))
                 + Text::new(
-                    ceiling_label.clone(),
+                    ceiling_label,
                     (-8, -6),
                     (FAMILY, style::LABEL_PX)
                         .into_font()
@@ -264,20 +331,10 @@ impl Picture for ContextPicture {
                         .pos(Pos::new(HPos::Right, VPos::Bottom)),
                 )),
         )?;
-
-        let mut legend = vec![LegendEntry {
-            label: ceiling_name.to_string(),
-            style: Some(ceiling_style),
-        }];
-        for (i, series) in self.series.iter().enumerate() {
-            let s = style::series_style(&series.key.kernel, &series.key.mode, style::palette(i));
-            style::draw_series(area, &series.points, &s)?;
-            legend.push(LegendEntry {
-                label: series.key.label(),
-                style: Some(s),
-            });
+        for s in series {
+            style::draw_series(plot, &s.points, &style_of(&s.key))?;
         }
-        style::draw_legend(&legend_area, &legend)
+        Ok(())
     }
 }
 
@@ -306,6 +363,19 @@ triton_peer,,128,1,64,0,64,10,1,1,400,40,0,0
         assert_eq!(series[1].key.mode, "invariant");
         let gbps = context_series(&bench, Metric::Gbps);
         assert_eq!(gbps[0].points, vec![(1024.0, 500.0), (4096.0, 1100.0)]);
+    }
+
+    #[test]
+    fn one_panel_per_q_len_and_one_color_per_line_across_them() {
+        let csv = format!("{CSV}decode,fast,128,1,64,4096,64,10,1,1,1000,100,0,0\n");
+        let bench = Bench::parse(csv.as_bytes(), "t.csv").unwrap();
+        let series = context_series(&bench, Metric::Tflops);
+        assert_eq!(series.len(), 3);
+        let (q_lens, keys) = panels(&series);
+        assert_eq!(q_lens, vec![1, 4]);
+        // decode/fast at q 1 and q 4 share one slot; decode/invariant has its own.
+        let labels: Vec<String> = keys.iter().map(|k| k.label()).collect();
+        assert_eq!(labels, vec!["decode/fast h=128 b=64", "decode/invariant h=128 b=64"]);
     }
 
     #[test]
