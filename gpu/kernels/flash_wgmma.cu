@@ -175,7 +175,7 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
 // Arguments and layouts as flash_decode, plus out and lse (the kernel merges its own
 // splits: see merge_splits), `done` ([batch, ceil(rows / 64)] zeros, left zero), and the
 // cache as a tensor map ([slots, 576] bf16, box 64 x min(page, 64), 128-byte swizzle);
-// the page divides 64 or is a multiple of it.
+// the page is 16, 32, 64 or a multiple of 64 (the host checks).
 // Grid (ceil(rows / 64), splits, batch), 256 threads, FW_SMEM_BYTES of shared memory.
 //
 // Thread 0 issues each tile's boxes (one per page and 64-column block) on the tile's

@@ -251,7 +251,8 @@ const CTA_OVERHEAD_TILES: usize = 4;
 /// 256 keys.
 pub fn fast_split_tokens(s: &BenchShape, sms: usize, tile_keys: usize) -> usize {
     let ctas = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
-    let unit = s.page.max(tile_keys);
+    // Splits need whole tiles, not whole pages (a tile may span pages or part of one).
+    let unit = tile_keys;
     let most = s.context.div_ceil(256).max(1);
     let cost = |splits: usize| {
         let split = s.context.div_ceil(splits).div_ceil(unit) * unit;
@@ -499,7 +500,8 @@ mod tests {
         assert_eq!(fast_split_tokens(&shape(128, 1, 32, 4096), 132, 64), 2048);
         // 1024 CTAs already make 7.8 waves: splitting only adds cold starts.
         assert_eq!(fast_split_tokens(&shape(128, 4, 128, 4096), 132, 64), 4096);
-        // Splits stay whole pages and tiles, at most one per 256 keys.
+        // Splits stay whole tiles, at most one per 256 keys, whatever the page (96 is
+        // not a divisor of the tile).
         for (h, q, b, l) in [(16, 1, 1, 300), (16, 1, 2, 100_000), (128, 2, 7, 5000)] {
             let split = fast_split_tokens(&shape(h, q, b, l), 132, 64);
             assert!(split.is_multiple_of(64), "{split}");

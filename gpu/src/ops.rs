@@ -275,18 +275,32 @@ impl FlashConfig {
 /// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
 /// scores into two accumulator chains.
 fn diagnostic_defines() -> Result<String, GpuError> {
-    let Ok(v) = std::env::var("SPECMLA_FLASH_DEFINES") else {
-        return Ok(String::new());
-    };
+    match std::env::var("SPECMLA_FLASH_DEFINES") {
+        Ok(v) => parse_defines(&v).map_err(GpuError::NoDevice),
+        Err(_) => Ok(String::new()),
+    }
+}
+
+/// The diagnostic switches the kernels know; anything else (a layout macro such as
+/// `FD_KEYS`, which the host sizes shared memory from) is refused.
+const DIAGNOSTIC_DEFINES: [&str; 7] = [
+    "FW_NO_LOAD",
+    "FW_NO_MMA",
+    "FW_NO_QK",
+    "FW_NO_PV",
+    "FW_NO_SOFTMAX",
+    "FW_NO_PFENCE",
+    "FW_NO_SYNC2",
+];
+
+fn parse_defines(v: &str) -> Result<String, String> {
     let mut out = String::new();
     for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-        if !name
-            .bytes()
-            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == b'_')
-        {
-            return Err(GpuError::NoDevice(format!(
-                "SPECMLA_FLASH_DEFINES: {name:?} is not a macro name (A-Z, 0-9, _)"
-            )));
+        if !DIAGNOSTIC_DEFINES.contains(&name) && name != "FW_QK2" {
+            return Err(format!(
+                "SPECMLA_FLASH_DEFINES: {name:?} is not one of {}, FW_QK2",
+                DIAGNOSTIC_DEFINES.join(", ")
+            ));
         }
         out.push_str(&format!("#define {name} 1\n"));
     }
@@ -441,10 +455,11 @@ impl Kernels {
     /// The kernel that takes requests of `rows` query rows in pages of `page` on the
     /// `wide` family. The wgmma kernel takes every row count (even at 16 rows, where 48 of
     /// its 64 are dead, it beats the narrow kernel: the copy engine keeps the loads
-    /// streaming); it copies whole pages, or 64-slot parts of them, so its page must divide
-    /// 64 or be a multiple of it. On mma.sync, at most 16 rows take the narrow kernel.
+    /// streaming); it copies whole pages, or 64-slot parts of them, so its page must be
+    /// 16, 32, 64 or a multiple of 64. On mma.sync, at most 16 rows take the narrow kernel.
     pub fn decode_function(&self, rows: usize, page: usize, wide: WideKernel) -> &'static str {
-        let tma_pages = 64 % page == 0 || page % 64 == 0;
+        // Pages below 16 would mean 36+ boxes a tile from one thread, and are untested.
+        let tma_pages = page >= 16 && (64 % page == 0 || page % 64 == 0);
         if wide == WideKernel::Wgmma && tma_pages {
             WideKernel::Wgmma.function()
         } else if self.narrow(rows) {
@@ -482,6 +497,12 @@ impl Kernels {
             "flash_decode_wgmma needs sm_90a"
         );
         let rows = s.rows();
+        assert!(s.page >= 1, "a page holds at least one slot");
+        // The wgmma kernel takes row maxima before scaling: only a positive scale keeps them.
+        assert!(
+            scale.is_finite() && scale > 0.0,
+            "the softmax scale must be positive, got {scale}"
+        );
         let name = self.decode_function(rows, s.page, wide);
         // The wgmma kernel's tiles are 64 keys; the others' are the configuration's.
         let keys = if name == "flash_decode_wgmma" {
@@ -554,8 +575,9 @@ impl Kernels {
         };
         // SAFETY: argument list matches the kernel (the wgmma one also takes the outputs,
         // the split counters and the tensor map); sizes checked above; no request takes more than max_splits
-        // splits (the kernels lengthen them instead) and the caller's block table covers
-        // its seq_lens; the narrow kernel runs only for at most 16 rows.
+        // splits (the kernels lengthen them instead); the caller's block table covers its
+        // seq_lens with blocks inside `cache` (the kernels do not check them); the narrow
+        // kernel runs only for at most 16 rows.
         unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
         if merged_in_kernel {
             return Ok(());
@@ -1071,6 +1093,19 @@ impl Kernels {
 #[cfg(test)]
 mod tests {
     use super::FlashConfig;
+
+    #[test]
+    fn only_the_diagnostic_switches_pass() {
+        use super::parse_defines;
+        assert_eq!(
+            parse_defines("FW_NO_LOAD, FW_NO_MMA").unwrap(),
+            "#define FW_NO_LOAD 1\n#define FW_NO_MMA 1\n"
+        );
+        assert_eq!(parse_defines("").unwrap(), "");
+        // A layout macro would desynchronize the host's shared-memory size.
+        assert!(parse_defines("FD_KEYS").unwrap_err().contains("FD_KEYS"));
+        assert!(parse_defines("FW_NO_LOAD,x;y").is_err());
+    }
 
     #[test]
     fn the_wgmma_kernel_fits_in_shared_memory() {

@@ -232,8 +232,11 @@ impl Picture for ContextPicture {
         };
         let areas = charts.split_evenly((1, q_lens.len()));
         for (area, &q_len) in areas.iter().zip(&q_lens) {
-            let series: Vec<&ContextSeries> =
-                self.series.iter().filter(|s| s.key.q_len == q_len).collect();
+            let series: Vec<&ContextSeries> = self
+                .series
+                .iter()
+                .filter(|s| s.key.q_len == q_len)
+                .collect();
             self.draw_panel(area, q_len, &series, &style_of)?;
         }
         let mut legend = vec![LegendEntry {
@@ -278,7 +281,10 @@ impl ContextPicture {
         DB: DrawingBackend,
         DB::ErrorType: 'static,
     {
-        let contexts = self.series.iter().flat_map(|s| s.points.iter().map(|p| p.0));
+        let contexts = self
+            .series
+            .iter()
+            .flat_map(|s| s.points.iter().map(|p| p.0));
         let (min_ctx, max_ctx) =
             contexts.fold((f64::MAX, 0f64), |(lo, hi), c| (lo.min(c), hi.max(c)));
         // Half a doubling of air on each side so end points are not on the frame.
@@ -375,7 +381,10 @@ triton_peer,,128,1,64,0,64,10,1,1,400,40,0,0
         assert_eq!(q_lens, vec![1, 4]);
         // decode/fast at q 1 and q 4 share one slot; decode/invariant has its own.
         let labels: Vec<String> = keys.iter().map(|k| k.label()).collect();
-        assert_eq!(labels, vec!["decode/fast h=128 b=64", "decode/invariant h=128 b=64"]);
+        assert_eq!(
+            labels,
+            vec!["decode/fast h=128 b=64", "decode/invariant h=128 b=64"]
+        );
     }
 
     #[test]
