@@ -172,6 +172,53 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
     if (tid == 0) *counter = 0;
 }
 
+#ifdef FW_HAVE_WGMMA
+// The end of a split, shared by both wgmma kernels: warpgroup g holds O[:, 256 g ..] for its
+// threads' rows (the accumulator layout), both at the same running maximum m (log2 units),
+// and l, this warpgroup's share of the row sums. Adds the two shares (in group order, so the
+// bits do not depend on timing), writes the normalized output and the LSE (natural log),
+// straight to out / lse for a one-split request, else as a partial that merge_splits folds.
+// `red` holds 2 x 64 floats no warpgroup still reads; `scratch` the merge weights.
+__device__ __forceinline__ void fw_epilogue(const float* o, const float* m, float* l, const int* lrow,
+                                            const bool* live, float* red, int* last, float* scratch,
+                                            int seq_len, int split, int sp, int b, int batch, int rows,
+                                            int row0, float* __restrict__ o_part,
+                                            float* __restrict__ lse_part, float* __restrict__ out,
+                                            float* __restrict__ lse, int* __restrict__ done) {
+    const int lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+        if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
+    }
+    __syncthreads();
+    // A request of one split is final here: no partial round trip.
+    const bool final_here = seq_len <= split;
+    long long base = final_here ? (long long)b * rows : ((long long)sp * batch + b) * rows;
+    float* obase = final_here ? out : o_part;
+    float* lbase = final_here ? lse : lse_part;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float total = red[lrow[i]] + red[64 + lrow[i]];
+        if (!live[i]) continue;
+        int r = row0 + lrow[i];
+        float inv = total > 0.f ? 1.f / total : 0.f;
+        float* dst = obase + (base + r) * FD_DV + wg * 256 + (lane % 4) * 2;
+#pragma unroll
+        for (int j = 0; j < 32; ++j) {
+            *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        }
+        if (wg == 0 && lane % 4 == 0)
+            lbase[base + r] = total > 0.f ? (m[i] + log2f(total)) * 0.6931471805599453f : NEG_INF;
+    }
+    if (final_here) return;
+    merge_splits(o_part, lse_part, out, lse, done + (long long)b * gridDim.x + blockIdx.x, last, scratch,
+                 (seq_len + split - 1) / split, (long long)b * rows + row0, min(64, rows - row0),
+                 (long long)batch * rows);
+}
+#endif
+
 // Arguments and layouts as flash_decode, plus out and lse (the kernel merges its own
 // splits: see merge_splits), `done` ([batch, ceil(rows / 64)] zeros, left zero), and the
 // cache as a tensor map ([slots, 576] bf16, box 64 x min(page, 64), 128-byte swizzle);
@@ -445,37 +492,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         // which both groups reach only past this wait.
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
-
-    // Each group summed its half of every tile's keys: add the two, in group order.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
-        if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
-    }
-    __syncthreads();
-    // A request of one split is final here: no partial round trip.
-    const bool final_here = seq_len <= split;
-    long long base = final_here ? (long long)b * rows : ((long long)sp * batch + b) * rows;
-    float* obase = final_here ? out : o_part;
-    float* lbase = final_here ? lse : lse_part;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        float total = red[lrow[i]] + red[64 + lrow[i]];
-        if (!live[i]) continue;
-        int r = row0 + lrow[i];
-        float inv = total > 0.f ? 1.f / total : 0.f;
-        float* dst = obase + (base + r) * FD_DV + wg * 256 + (lane % 4) * 2;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        }
-        if (wg == 0 && lane % 4 == 0)
-            lbase[base + r] = total > 0.f ? (m[i] + log2f(total)) * 0.6931471805599453f : NEG_INF;
-    }
-    if (final_here) return;
-    merge_splits(o_part, lse_part, out, lse, done + (long long)b * gridDim.x + blockIdx.x, last,
-                 (float*)qs, (seq_len + split - 1) / split, (long long)b * rows + row0,
-                 min(64, rows - row0), (long long)batch * rows);
+    fw_epilogue(o, m, l, lrow, live, red, last, (float*)qs, seq_len, split, sp, b, batch, rows, row0,
+                o_part, lse_part, out, lse, done);
 #endif
 }

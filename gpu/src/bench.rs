@@ -265,7 +265,7 @@ pub fn fast_split_tokens(s: &BenchShape, sms: usize, tile_keys: usize) -> usize 
 
 /// Times the tensor-core decode at `inp.shape` with splits of `split_size` keys (at most
 /// `max_splits` per request), the wide rows on `wide`. The row is `decode` on the
-/// device's default kernel and `decode_mma` on the mma.sync peer.
+/// device's default kernel, else the family's peer label (`decode_wgmma`, `decode_mma`).
 pub fn bench_flash(
     dev: &GpuDevice,
     k: &Kernels,
@@ -318,7 +318,7 @@ pub fn bench_flash(
         kernel: if wide == k.wide {
             "decode"
         } else {
-            "decode_mma"
+            wide.peer_label()
         },
         mode,
         shape: Some(s),

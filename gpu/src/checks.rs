@@ -478,11 +478,12 @@ pub fn check_flash_invariance(
     })
 }
 
-/// The kernel families to check: both where the device has wgmma.
+/// The kernel families to check: all three where the device has wgmma.
 fn wide_kernels(k: &Kernels) -> Vec<WideKernel> {
-    match k.wide {
-        WideKernel::Wgmma => vec![WideKernel::Wgmma, WideKernel::Mma],
-        WideKernel::Mma => vec![WideKernel::Mma],
+    if k.wide.hopper() {
+        vec![WideKernel::Seesaw, WideKernel::Wgmma, WideKernel::Mma]
+    } else {
+        vec![WideKernel::Mma]
     }
 }
 

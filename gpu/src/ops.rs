@@ -24,6 +24,8 @@ pub const KERNEL_SRC: [&str; 3] = [
 pub const FLASH_SRC: &str = include_str!("../kernels/flash_decode.cu");
 /// CUDA source of the warpgroup-MMA decode (sm_90a), compiled into the same module.
 pub const FLASH_WGMMA_SRC: &str = include_str!("../kernels/flash_wgmma.cu");
+/// CUDA source of the seesaw-scheduled warpgroup-MMA decode (sm_90a), after the above.
+pub const FLASH_SEESAW_SRC: &str = include_str!("../kernels/flash_seesaw.cu");
 
 const NAMES: [&str; 17] = [
     "fill_bf16_hash",
@@ -150,11 +152,20 @@ const MAX_SMEM_BYTES: usize = 232_448;
 /// the two tiles' mbarriers and the last-split flag.
 const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 + 2 * 8 + 16;
 
+/// Shared memory of `flash_decode_seesaw` (its FS_SMEM_BYTES): the same tiles without the P
+/// tile (probabilities go to a tile's rope block), two maxima and two row-sum rows, one
+/// mbarrier per stage and 64-column block, the last-split flag.
+const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 18 * 8 + 16;
+
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WideKernel {
-    /// `flash_decode_wgmma`: warpgroup MMA straight from swizzled shared memory (sm_90a).
+    /// `flash_decode_seesaw`: warpgroup MMA, the two warpgroups on alternate key tiles so
+    /// one's softmax runs under the other's products (sm_90a). The default on Hopper.
+    Seesaw,
+    /// `flash_decode_wgmma`: warpgroup MMA straight from swizzled shared memory, both
+    /// warpgroups on every tile (sm_90a); the peer the benchmark times beside the default.
     Wgmma,
     /// `flash_decode`: `mma.sync` with `ldmatrix`, any sm_80+ device; on Hopper the
     /// peer the benchmark times beside the default.
@@ -165,8 +176,33 @@ impl WideKernel {
     /// The CUDA function's name.
     pub fn function(self) -> &'static str {
         match self {
+            Self::Seesaw => "flash_decode_seesaw",
             Self::Wgmma => "flash_decode_wgmma",
             Self::Mma => "flash_decode",
+        }
+    }
+
+    /// Whether this family needs sm_90a: warpgroup MMA and the copy engine (TMA), 64-key
+    /// tiles, 256 threads, and its own split merge (no flash_combine).
+    pub fn hopper(self) -> bool {
+        self != Self::Mma
+    }
+
+    /// The row label the benchmark gives this family when it is not the default.
+    pub fn peer_label(self) -> &'static str {
+        match self {
+            Self::Seesaw => "decode_seesaw",
+            Self::Wgmma => "decode_wgmma",
+            Self::Mma => "decode_mma",
+        }
+    }
+
+    /// Shared memory of a CTA of this family's kernel, where it is fixed (Hopper ones).
+    fn smem_bytes(self) -> Option<usize> {
+        match self {
+            Self::Seesaw => Some(SEESAW_SMEM_BYTES),
+            Self::Wgmma => Some(WGMMA_SMEM_BYTES),
+            Self::Mma => None,
         }
     }
 }
@@ -368,8 +404,8 @@ pub struct Kernels {
     fns: BTreeMap<&'static str, CudaFunction>,
     /// The tile configuration `flash_decode` was compiled with.
     pub flash: FlashConfig,
-    /// The kernel [`Self::flash_decode`] gives more than 16 query rows: wgmma where the
-    /// device has it (sm_90a), else mma.sync.
+    /// The kernel [`Self::flash_decode`] gives more than 16 query rows: the seesaw wgmma
+    /// kernel where the device has it (sm_90a), else mma.sync.
     pub wide: WideKernel,
 }
 
@@ -390,7 +426,7 @@ impl Kernels {
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let module = dev.compile("specmla_kernels.cu", &KERNEL_SRC.join("\n"))?;
         let flash_src = format!(
-            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}",
+            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}",
             flash.defines(),
             diagnostic_defines()?
         );
@@ -410,12 +446,13 @@ impl Kernels {
             "flash_decode",
             "flash_decode_narrow",
             "flash_decode_wgmma",
+            "flash_decode_seesaw",
             "flash_combine",
         ] {
             get(&flash_module, name)?;
         }
         let wide = if dev.arch == "sm_90a" {
-            WideKernel::Wgmma
+            WideKernel::Seesaw
         } else {
             WideKernel::Mma
         };
@@ -423,8 +460,12 @@ impl Kernels {
             ("flash_decode", flash.smem_bytes()),
             ("flash_decode_narrow", flash.smem_bytes()),
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
+            ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
         ] {
-            if name == "flash_decode_wgmma" && wide != WideKernel::Wgmma {
+            let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
+                .iter()
+                .any(|w| w.function() == name);
+            if hopper && !wide.hopper() {
                 continue; // compiled as a trap off sm_90a; never launched there
             }
             fns[name]
@@ -460,8 +501,8 @@ impl Kernels {
     pub fn decode_function(&self, rows: usize, page: usize, wide: WideKernel) -> &'static str {
         // Pages below 16 would mean 36+ boxes a tile from one thread, and are untested.
         let tma_pages = page >= 16 && (64 % page == 0 || page % 64 == 0);
-        if wide == WideKernel::Wgmma && tma_pages {
-            WideKernel::Wgmma.function()
+        if wide.hopper() && tma_pages {
+            wide.function()
         } else if self.narrow(rows) {
             "flash_decode_narrow"
         } else {
@@ -493,8 +534,9 @@ impl Kernels {
         scale: f32,
     ) -> Result<(), GpuError> {
         assert!(
-            wide == WideKernel::Mma || self.wide == WideKernel::Wgmma,
-            "flash_decode_wgmma needs sm_90a"
+            !wide.hopper() || self.wide.hopper(),
+            "{} needs sm_90a",
+            wide.function()
         );
         let rows = s.rows();
         assert!(s.page >= 1, "a page holds at least one slot");
@@ -504,8 +546,10 @@ impl Kernels {
             "the softmax scale must be positive, got {scale}"
         );
         let name = self.decode_function(rows, s.page, wide);
-        // The wgmma kernel's tiles are 64 keys; the others' are the configuration's.
-        let keys = if name == "flash_decode_wgmma" {
+        // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
+        let hopper = wide.hopper() && name == wide.function();
+        // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
+        let keys = if hopper {
             64
         } else {
             self.flash.keys
@@ -545,7 +589,7 @@ impl Kernels {
         }
         args.push((scale * std::f32::consts::LOG2_E).into());
         // The wgmma kernel merges its own splits: no flash_combine after it.
-        let merged_in_kernel = name == "flash_decode_wgmma";
+        let merged_in_kernel = hopper;
         if merged_in_kernel {
             // Its merge weights live in the freed Q tile: [splits][64] floats.
             assert!(
@@ -559,8 +603,8 @@ impl Kernels {
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
         }
-        let (threads, smem) = if name == "flash_decode_wgmma" {
-            (256, WGMMA_SMEM_BYTES)
+        let (threads, smem) = if let Some(bytes) = wide.smem_bytes().filter(|_| hopper) {
+            (256, bytes)
         } else {
             (self.flash.threads(), self.flash.smem_bytes())
         };
@@ -1105,6 +1149,14 @@ mod tests {
         // A layout macro would desynchronize the host's shared-memory size.
         assert!(parse_defines("FD_KEYS").unwrap_err().contains("FD_KEYS"));
         assert!(parse_defines("FW_NO_LOAD,x;y").is_err());
+    }
+
+    #[test]
+    fn the_seesaw_kernel_fits_in_shared_memory() {
+        assert!(super::SEESAW_SMEM_BYTES <= super::MAX_SMEM_BYTES);
+        assert!(super::FLASH_SEESAW_SRC.contains(
+            "#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 18 * 8 + 16)"
+        ));
     }
 
     #[test]

@@ -144,22 +144,16 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         let split = fast_split_tokens(&s, sms, k.flash.keys.max(64));
         let fast_split = (split, s.context.div_ceil(split));
         let fast = bench_flash(&dev, &k, k.wide, &inp, fast_split, "fast", reps)?;
-        // The mma.sync kernels (wide or narrow) beside the wgmma one.
-        let peer = if k.wide == WideKernel::Wgmma {
+        // On Hopper the peers in the same run: the first wgmma kernel (both warpgroups on
+        // every tile) on the fast plan, and the mma.sync kernels (wide or narrow) on the
+        // invariant one.
+        let mut peers = Vec::new();
+        if k.wide.hopper() {
+            peers.push(bench_flash(&dev, &k, WideKernel::Wgmma, &inp, fast_split, "fast", reps)?);
             let plan = invariant(&s);
-            Some(bench_flash(
-                &dev,
-                &k,
-                WideKernel::Mma,
-                &inp,
-                plan,
-                "invariant",
-                reps,
-            )?)
-        } else {
-            None
-        };
-        for m in [Some(inv), Some(fast), peer].into_iter().flatten() {
+            peers.push(bench_flash(&dev, &k, WideKernel::Mma, &inp, plan, "invariant", reps)?);
+        }
+        for m in [inv, fast].into_iter().chain(peers) {
             print_row(&m, &c);
             rows.push(m);
         }

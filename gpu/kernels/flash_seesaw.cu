@@ -1,0 +1,423 @@
+// Hopper MLA decode with a "seesaw" schedule (the idea FlashMLA published in 2025): the
+// same contract, tiles, shared-memory layout and split merge as flash_decode_wgmma, but the
+// two warpgroups no longer share every key tile. Each iteration takes a pair of 64-key
+// tiles, A (stage 0) and B (stage 1):
+//
+//   warpgroup 0                          warpgroup 1
+//   S_A = Q K_A^T (all 64 keys)          S_B = Q K_B^T
+//   m_A = max(m, rowmax S_A)  ------->   m_B = max(m_A, rowmax S_B)
+//   O_L = O_L a_A + P_A V_A[:, :256]     O_R = O_R a_A a_B + P_B V_B[:, 256:]
+//   P_A * a_B to shared memory  <------  P_B to shared memory
+//   O_L = O_L a_B + P_B V_B[:, :256]     O_R += (P_A a_B) V_A[:, 256:]
+//
+// so one warpgroup's softmax runs while the other's products keep the tensor cores busy,
+// with one 64 x 512 output split across the two (256 f32 accumulators a thread would not
+// fit twice). A warpgroup multiplies its own probabilities from registers; the other
+// one's come through the tile's rope block (columns 512..575), which no product reads
+// once the tile's scores are done.
+//
+// Each 64-column block of a stage lands on its own mbarrier, so a tile's scores start as
+// soon as its first block is in, and a block is reloaded as soon as its last reader is
+// done: a stage's left blocks (V columns 0..255) free up when warpgroup 0 has used them,
+// its right blocks and rope when warpgroup 1 has. A warpgroup takes a tile's blocks in the
+// order they free up.
+
+#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 18 * 8 + 16)
+// Named barriers (0 is __syncthreads): maxima and probabilities handed across warpgroups,
+// then one per warpgroup.
+#define FS_BAR_MAX_A 1
+#define FS_BAR_MAX_B 2
+#define FS_BAR_P_A 3
+#define FS_BAR_P_B 4
+#define FS_BAR_GROUP 5
+
+#ifdef FW_HAVE_WGMMA
+__device__ __forceinline__ void fs_sync(int id, int threads) {
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Signals a barrier without waiting: the producer side of a hand-over (it orders this
+// thread's earlier shared-memory writes before the waiting side's reads).
+__device__ __forceinline__ void fs_arrive(int id, int threads) {
+    asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void fs_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
+__device__ __forceinline__ void fs_pin_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
+
+#define FS_S8(i)                                                                                  \
+    "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+        "+f"(d[i + 6]), "+f"(d[i + 7])
+
+// d[64 x 64] += A[64 x 16] B[16 x 64]; both operands K-major in shared memory.
+__device__ __forceinline__ void fs_qk(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31"
+        "}, %32, %33, 1, 1, 1, 0, 0;\n"
+        : FS_S8(0), FS_S8(8), FS_S8(16), FS_S8(24)
+        : "l"(a), "l"(b));
+}
+
+// d[64 x 256] += A[64 x 16] (registers: this thread's bf16 pairs in the accumulator
+// layout of the scores) B[16 x 256] (N-major shared memory).
+__device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
+        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
+        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
+        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
+        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        "}, {%128,%129,%130,%131}, %132, 1, 1, 1, 1;\n"
+        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56),
+          FW_O8(64), FW_O8(72), FW_O8(80), FW_O8(88), FW_O8(96), FW_O8(104), FW_O8(112), FW_O8(120)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+#endif
+
+// Arguments, layouts, grid and contract as flash_decode_wgmma; FS_SMEM_BYTES of shared
+// memory. Thread 0 issues the loads of a stage's left blocks, thread 128 of its right
+// blocks: each right after its own warpgroup's last read of them.
+extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
+    flash_decode_seesaw(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
+                        const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                        float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
+                        int heads, int q_len, int page, int width, int split_size, int max_splits,
+                        float scale_log2, float* __restrict__ out, float* __restrict__ lse,
+                        int* __restrict__ done, const __grid_constant__ FwTensorMap cache_map) {
+#ifndef FW_HAVE_WGMMA
+    __trap();  // the host only launches this on sm_90a
+#else
+    extern __shared__ __align__(1024) unsigned char fw_smem[];
+    const unsigned raw = smem_addr(fw_smem);
+    unsigned char* qs = fw_smem + (((raw + 1023u) & ~1023u) - raw);  // Q tile
+    unsigned char* ks = qs + FW_TILE_BYTES;                            // stages 0 and 1
+    float* max_a = (float*)(ks + 2 * FW_TILE_BYTES);                   // [64] m after tile A
+    float* max_b = max_a + 64;                                         // [64] m after tile B
+    float* red = max_b + 64;                                           // [2][64] row sums
+    const unsigned bars = smem_addr(red + 2 * 64);                     // [stage][block] mbarriers
+    int* last = (int*)(red + 2 * 64 + 2 * 18);
+    const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks);
+
+    const int tid = threadIdx.x, lane = tid % 32, wq = (tid % 128) / 32;
+    // Read through a shuffle so the compiler sees it is uniform across the warp: otherwise it
+    // treats each warpgroup's branch as divergent and serializes the wgmmas inside.
+    const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
+    const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
+    const int seq_len = seq_lens[b];
+    const int split = fd_split(seq_len, split_size, max_splits);
+    const int kv_start = sp * split;
+    const int kv_end = min(kv_start + split, seq_len);
+    if (kv_start >= seq_len && sp > 0) return;  // the merge never reads this split
+
+    const unsigned short* qb = q + (long long)b * rows * FD_D;
+    for (int c = tid; c < 64 * (FD_D / 8); c += FW_THREADS) {
+        int r = c / (FD_D / 8), ch = c % (FD_D / 8);
+        bool ok = row0 + r < rows;
+        cp_async16(qs + fw_off(r, ch), qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
+    }
+    const int* bt = block_table + (long long)b * width;
+    const int box_rows = min(page, 64);
+    const int tiles = kv_end > kv_start ? (kv_end - kv_start + 63) / 64 : 0;
+    // The blocks in `mask` (bit c: columns 64c..64c+63) of tile `t` into its stage, each on
+    // its own mbarrier: one box per page part holding keys below kv_end.
+    auto issue = [&](int t, unsigned mask) {
+        const int stage = t % 2, t0 = kv_start + t * 64;
+        const int boxes = (min(kv_end - t0, 64) + box_rows - 1) / box_rows;
+        const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
+#pragma unroll
+        for (int c = 0; c < 9; ++c)
+            if (mask >> c & 1) fw_expect(bar0 + c * 8, boxes * box_rows * 128);
+        for (int k = 0; k < boxes * box_rows; k += box_rows) {
+            const int pos = t0 + k;
+            const int slot = bt[pos / page] * page + pos % page;
+#pragma unroll
+            for (int c = 0; c < 9; ++c)
+                if (mask >> c & 1) fw_tma(dst + c * FW_BLOCK_BYTES + k * 128, &cache_map, c * 64, slot, bar0 + c * 8);
+        }
+    };
+    if (tid == 0) {
+        for (int i = 0; i < 18; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (tid == 0) {
+        if (tiles > 0) issue(0, 0x1FF);
+        if (tiles > 1) issue(1, 0x1FF);
+    }
+    cp_commit();
+    cp_wait_0();  // Q
+    fw_proxy_fence();
+    __syncthreads();
+
+    // Accumulator layout (each warp 16 rows): register 4j + e holds row lane/4 (e < 2) or
+    // lane/4 + 8, column 8j + 2 (lane % 4) + e % 2.
+    int lrow[2], limit[2];
+    bool live[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        lrow[i] = wq * 16 + lane / 4 + i * 8;
+        int r = row0 + lrow[i];
+        live[i] = r < rows;
+        limit[i] = max(seq_len - q_len + r / heads + 1, 0);
+    }
+    const int limit_min = max(seq_len - q_len + row0 / heads + 1, 0);
+    float o[128];
+#pragma unroll
+    for (int n = 0; n < 128; ++n) o[n] = 0.f;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float s[32];
+    unsigned pr[16];  // this warpgroup's probabilities, bf16 pairs, the A operand of P V
+
+    // Scores of tile t (stage t % 2, use `use`) into s, taking the blocks in `order`
+    // (4 bits each). A split's last tile may end inside a box: its rows past kv_end are
+    // zeroed first (a slot past the sequence may hold NaN, and 0 * NaN reaches P V).
+    auto scores = [&](int t, unsigned long long order, unsigned parity) {
+        const int stage = t % 2, t0 = kv_start + t * 64;
+        const unsigned kt_a = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
+        if (t0 + 64 > kv_end) {
+            for (int c = 0; c < 9; ++c) fw_bar_wait(bar0 + c * 8, parity);
+            unsigned char* kt = ks + stage * FW_TILE_BYTES;
+            const int from = kv_end - t0;
+            for (int c = tid % 128; c < 9 * 64 * 8; c += 128) {
+                int blk = c / (64 * 8), r = (c / 8) % 64;
+                if (r >= from) *(uint4*)(kt + blk * FW_BLOCK_BYTES + r * 128 + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            fw_proxy_fence();
+            fs_sync(FS_BAR_GROUP + wg, 128);
+        }
+#pragma unroll
+        for (int n = 0; n < 32; ++n) s[n] = 0.f;
+        fw_fence();
+#pragma unroll
+        for (int i = 0; i < 9; ++i) {
+            const int c = (order >> (4 * i)) & 15;
+            fw_bar_wait(bar0 + c * 8, parity);
+#pragma unroll
+            for (int kk = 0; kk < 4; ++kk) {
+                const unsigned off = c * FW_BLOCK_BYTES + kk * 32;
+                fs_qk(s, fw_desc(qs_a + off, 16, 1024), fw_desc(kt_a + off, 16, 1024));
+            }
+        }
+        fw_commit();
+        fw_wait();
+#pragma unroll
+        for (int n = 0; n < 32; ++n) fw_pin(s[n]);
+    };
+    // Row maxima of s (raw scores; the scale is positive), masked where the tile reaches a
+    // row's causal limit; one value per row in a quad's every lane.
+    auto row_max = [&](int t, float* mx) {
+        const int t0 = kv_start + t * 64;
+        const bool mask_tile = t0 + 64 > limit_min;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float v_max = NEG_INF;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float v = s[4 * j + 2 * i + e];
+                    if (mask_tile) {
+                        int pos = t0 + j * 8 + (lane % 4) * 2 + e;
+                        v = (live[i] && pos < limit[i]) ? v : NEG_INF;
+                        s[4 * j + 2 * i + e] = v;
+                    }
+                    v_max = fmaxf(v_max, v);
+                }
+            }
+            v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffff, v_max, 1));
+            mx[i] = fmaxf(v_max, __shfl_xor_sync(0xffffffff, v_max, 2));
+        }
+    };
+    // s := exp2(s * scale - m_new) (log2 units); returns each row's sum over this thread.
+    auto exponentiate = [&](const float* m_new, float* sum) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float base = m_new[i] == NEG_INF ? 0.f : m_new[i];
+            sum[i] = 0.f;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    float p = fw_exp2(fmaf(s[4 * j + 2 * i + e], scale_log2, -base));
+                    s[4 * j + 2 * i + e] = p;
+                    sum[i] += p;
+                }
+            }
+        }
+    };
+    // exp2(from - to), the factor that moves sums taken at maximum `from` to maximum `to`.
+    auto factor = [&](float from, float to) { return fw_exp2(from - (to == NEG_INF ? 0.f : to)); };
+    // O *= a, skipped when the whole warp's factors are exactly 1 (no bit changes).
+    auto rescale = [&](const float* a) {
+        if (__all_sync(0xffffffff, a[0] == 1.f && a[1] == 1.f)) return;
+#pragma unroll
+        for (int n = 0; n < 128; n += 4) {
+            o[n] *= a[0];
+            o[n + 1] *= a[0];
+            o[n + 2] *= a[1];
+            o[n + 3] *= a[1];
+        }
+    };
+    // s (times a per row) as bf16 into the stage's rope block, K-major and swizzled: the
+    // A operand of the other warpgroup's P V.
+    auto store_p = [&](int stage, const float* a) {
+        unsigned char* pt = ks + stage * FW_TILE_BYTES + 8 * FW_BLOCK_BYTES;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const int r = lrow[i];
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *(unsigned*)(pt + r * 128 + ((j ^ (r & 7)) << 4) + (lane % 4) * 4) =
+                    pack_bf16(s[4 * j + 2 * i] * a[i], s[4 * j + 2 * i + 1] * a[i]);
+        }
+        fw_proxy_fence();
+    };
+    // s as the registers of the A operand: k-step kk takes score columns 16kk..16kk+15.
+    auto pack_p = [&]() {
+#pragma unroll
+        for (int n = 0; n < 16; ++n) pr[n] = pack_bf16(s[2 * n], s[2 * n + 1]);
+    };
+    // O += P V over this warpgroup's 256 columns of stage `stage`'s V.
+    auto pv_own = [&](int stage) {
+        const unsigned v_a = ks_a + stage * FW_TILE_BYTES + 4 * wg * FW_BLOCK_BYTES;
+        fw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk) fs_pv_rs(o, pr + 4 * kk, fw_desc(v_a + kk * 16 * 128, FW_BLOCK_BYTES, 1024));
+        fw_commit();
+    };
+    auto pv_other = [&](int stage) {
+        const unsigned t_a = ks_a + stage * FW_TILE_BYTES;
+        const unsigned v_a = t_a + 4 * wg * FW_BLOCK_BYTES, p_a = t_a + 8 * FW_BLOCK_BYTES;
+        fw_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; ++kk)
+            fw_pv(o, fw_desc(p_a + kk * 32, 16, 1024), fw_desc(v_a + kk * 16 * 128, FW_BLOCK_BYTES, 1024));
+        fw_commit();
+    };
+    // Every thread of this warpgroup past its wait: the blocks it read are free.
+    auto group_done = [&]() { fs_sync(FS_BAR_GROUP + wg, 128); };
+    // Block orders: a tile's left blocks free up first in stage 0, its right ones in stage 1.
+    const unsigned long long order_a = 0x876543210ull, order_b = 0x832107654ull;
+    const unsigned left = 0x00F, right_rope = 0x1F0, right = 0x0F0, left_rope = 0x10F;
+
+    const int pairs = (tiles + 1) / 2;
+    for (int it = 0; it < pairs; ++it) {
+        const int ta = 2 * it, tb = ta + 1;
+        const bool has_b = tb < tiles;
+        const unsigned parity = it & 1;
+        if (wg == 0) {
+            scores(ta, order_a, parity);
+            float mx[2], m_a[2], a_a[2], sum[2];
+            row_max(ta, mx);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                m_a[i] = fmaxf(m[i], mx[i] * scale_log2);
+                if (lane % 4 == 0) max_a[lrow[i]] = m_a[i];
+            }
+            fs_arrive(FS_BAR_MAX_A, 256);
+            exponentiate(m_a, sum);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                a_a[i] = factor(m[i], m_a[i]);
+                l[i] = l[i] * a_a[i] + sum[i];
+            }
+            rescale(a_a);
+            pack_p();
+            pv_own(0);
+            // Tile B's maxima give the factor that moves P_A and O_L to the new maximum.
+            float m_b[2], a_b[2] = {1.f, 1.f};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) m_b[i] = m_a[i];
+            if (has_b) {
+                fs_sync(FS_BAR_MAX_B, 256);
+#pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    m_b[i] = max_b[lrow[i]];
+                    a_b[i] = factor(m_a[i], m_b[i]);
+                }
+            }
+            // P_A goes where tile A's rope was: every warp's scores must be done with it
+            // (the maxima barrier above says so when there is a tile B).
+            if (!has_b) group_done();
+            store_p(0, a_b);
+            fs_arrive(FS_BAR_P_A, 256);
+            fw_wait();
+#pragma unroll
+            for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+#pragma unroll
+            for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
+            group_done();
+            if (tid == 0 && ta + 2 < tiles) issue(ta + 2, left);
+            rescale(a_b);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                l[i] *= a_b[i];
+                m[i] = m_b[i];
+            }
+            if (has_b) {
+                fs_sync(FS_BAR_P_B, 256);
+                pv_other(1);
+                fw_wait();
+#pragma unroll
+                for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+                group_done();
+                if (tid == 0 && tb + 2 < tiles) issue(tb + 2, left_rope);
+            }
+        } else {
+            float mx[2] = {NEG_INF, NEG_INF};
+            if (has_b) {
+                scores(tb, order_b, parity);
+                row_max(tb, mx);
+            }
+            fs_sync(FS_BAR_MAX_A, 256);
+            float m_b[2], a_ab[2], sum[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                m_b[i] = fmaxf(max_a[lrow[i]], mx[i] * scale_log2);
+                a_ab[i] = factor(m[i], m_b[i]);
+            }
+            if (has_b) {
+#pragma unroll
+                for (int i = 0; i < 2; ++i)
+                    if (lane % 4 == 0) max_b[lrow[i]] = m_b[i];
+                fs_arrive(FS_BAR_MAX_B, 256);
+                exponentiate(m_b, sum);
+            }
+            rescale(a_ab);
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                l[i] = l[i] * a_ab[i] + (has_b ? sum[i] : 0.f);
+                m[i] = m_b[i];
+            }
+            if (has_b) {
+                pack_p();
+                pv_own(1);
+                const float one[2] = {1.f, 1.f};
+                store_p(1, one);
+                fs_arrive(FS_BAR_P_B, 256);
+            }
+            fs_sync(FS_BAR_P_A, 256);
+            pv_other(0);
+            if (has_b) {
+                fs_wait1();  // P_B V_B done; (P_A a_B) V_A may still run
+#pragma unroll
+                for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
+                group_done();
+                if (tid == 128 && tb + 2 < tiles) issue(tb + 2, right);
+            }
+            fw_wait();
+#pragma unroll
+            for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+            group_done();
+            if (tid == 128 && ta + 2 < tiles) issue(ta + 2, right_rope);
+        }
+    }
+    __syncthreads();
+    fw_epilogue(o, m, l, lrow, live, red, last, (float*)qs, seq_len, split, sp, b, batch, rows, row0,
+                o_part, lse_part, out, lse, done);
+#endif
+}
