@@ -42,6 +42,19 @@ __device__ __forceinline__ void fs_arrive(int id, int threads) {
 }
 __device__ __forceinline__ void fs_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void fs_pin_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
+// fw_tma with an L2 eviction priority (FS_EVICT_FIRST: the cache's lines go first, the
+// tuning switch FlashMLA reports as a gain).
+__device__ __forceinline__ void fs_tma(unsigned dst, const FwTensorMap* map, int col, int slot, unsigned bar) {
+#ifdef FS_EVICT_FIRST
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n"
+        ::"r"(dst), "l"(map), "r"(col), "r"(slot), "r"(bar), "l"(policy) : "memory");
+#else
+    fw_tma(dst, map, col, slot, bar);
+#endif
+}
 
 #define FS_S8(i)                                                                                  \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
@@ -136,7 +149,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             const int slot = bt[pos / page] * page + pos % page;
 #pragma unroll
             for (int c = 0; c < 9; ++c)
-                if (mask >> c & 1) fw_tma(dst + c * FW_BLOCK_BYTES + k * 128, &cache_map, c * 64, slot, bar0 + c * 8);
+                if (mask >> c & 1) fs_tma(dst + c * FW_BLOCK_BYTES + k * 128, &cache_map, c * 64, slot, bar0 + c * 8);
         }
     };
     if (tid == 0) {
@@ -172,14 +185,21 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     float s[32];
     unsigned pr[16];  // this warpgroup's probabilities, bf16 pairs, the A operand of P V
 
-    // Scores of tile t (stage t % 2, use `use`) into s, taking the blocks in `order`
-    // (4 bits each). A split's last tile may end inside a box: its rows past kv_end are
-    // zeroed first (a slot past the sequence may hold NaN, and 0 * NaN reaches P V).
-    auto scores = [&](int t, unsigned long long order, unsigned parity) {
+    // Scores of tile t (stage t % 2, the stage's use `use`) into s, taking the blocks in
+    // `order` (4 bits each). A split's last tile may end inside a box: its rows past kv_end
+    // are zeroed first (a slot past the sequence may hold NaN, and 0 * NaN reaches P V).
+    auto scores = [&](int t, unsigned long long order, int use) {
         const int stage = t % 2, t0 = kv_start + t * 64;
         const unsigned kt_a = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
+        const unsigned parity = use & 1;
+#ifdef FW_NO_LOAD
+        const bool wait = use == 0;  // no later tile is ever issued: time the math
+#else
+        const bool wait = true;
+#endif
         if (t0 + 64 > kv_end) {
-            for (int c = 0; c < 9; ++c) fw_bar_wait(bar0 + c * 8, parity);
+            for (int c = 0; c < 9; ++c)
+                if (wait) fw_bar_wait(bar0 + c * 8, parity);
             unsigned char* kt = ks + stage * FW_TILE_BYTES;
             const int from = kv_end - t0;
             for (int c = tid % 128; c < 9 * 64 * 8; c += 128) {
@@ -195,7 +215,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
         for (int i = 0; i < 9; ++i) {
             const int c = (order >> (4 * i)) & 15;
-            fw_bar_wait(bar0 + c * 8, parity);
+            if (wait) fw_bar_wait(bar0 + c * 8, parity);
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const unsigned off = c * FW_BLOCK_BYTES + kk * 32;
@@ -308,9 +328,13 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     for (int it = 0; it < pairs; ++it) {
         const int ta = 2 * it, tb = ta + 1;
         const bool has_b = tb < tiles;
-        const unsigned parity = it & 1;
+#ifdef FW_NO_LOAD
+        const int more = 0;  // tiles issued after the first two
+#else
+        const int more = tiles;
+#endif
         if (wg == 0) {
-            scores(ta, order_a, parity);
+            scores(ta, order_a, it);
             float mx[2], m_a[2], a_a[2], sum[2];
             row_max(ta, mx);
 #pragma unroll
@@ -351,7 +375,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
             for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
             group_done();
-            if (tid == 0 && ta + 2 < tiles) issue(ta + 2, left);
+            if (tid == 0 && ta + 2 < more) issue(ta + 2, left);
             rescale(a_b);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -365,12 +389,12 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < 128; ++n) fw_pin(o[n]);
                 group_done();
-                if (tid == 0 && tb + 2 < tiles) issue(tb + 2, left_rope);
+                if (tid == 0 && tb + 2 < more) issue(tb + 2, left_rope);
             }
         } else {
             float mx[2] = {NEG_INF, NEG_INF};
             if (has_b) {
-                scores(tb, order_b, parity);
+                scores(tb, order_b, it);
                 row_max(tb, mx);
             }
             fs_sync(FS_BAR_MAX_A, 256);
@@ -407,13 +431,13 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
                 for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
                 group_done();
-                if (tid == 128 && tb + 2 < tiles) issue(tb + 2, right);
+                if (tid == 128 && tb + 2 < more) issue(tb + 2, right);
             }
             fw_wait();
 #pragma unroll
             for (int n = 0; n < 128; ++n) fw_pin(o[n]);
             group_done();
-            if (tid == 128 && ta + 2 < tiles) issue(ta + 2, right_rope);
+            if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
         }
     }
     __syncthreads();

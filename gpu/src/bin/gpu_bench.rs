@@ -42,10 +42,24 @@ struct Cli {
     /// Also time the spec-step comparison with our prefill path (B 16, L 2048, q 2..4).
     #[arg(long)]
     spec: bool,
+    /// Instead of the two plans, time the default kernel at 1, 2, 3, 4, 6 and 8 splits
+    /// per request (mode `splits=N`): the data the plans are chosen from.
+    #[arg(long)]
+    sweep_splits: bool,
     /// Write the CSV here.
     #[arg(long, default_value = "gpu-bench.csv")]
     csv: std::path::PathBuf,
 }
+
+/// Split counts of `--sweep-splits`, with their mode labels.
+const SWEEP_SPLITS: [(usize, &str); 6] = [
+    (1, "splits=1"),
+    (2, "splits=2"),
+    (3, "splits=3"),
+    (4, "splits=4"),
+    (6, "splits=6"),
+    (8, "splits=8"),
+];
 
 /// A whole number of at least 1 (a zero page, batch or context has no meaning here).
 fn positive(s: &str) -> Result<usize, String> {
@@ -140,6 +154,19 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     let invariant = |s: &BenchShape| invariant_plan(s.q_len * s.heads);
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
+        if cli.sweep_splits {
+            for (n, mode) in SWEEP_SPLITS {
+                let split = s.context.div_ceil(n).div_ceil(64) * 64;
+                if n > 1 && split < 256 {
+                    continue;
+                }
+                let plan = (split, s.context.div_ceil(split));
+                let m = bench_flash(&dev, &k, k.wide, &inp, plan, mode, reps)?;
+                print_row(&m, &c);
+                rows.push(m);
+            }
+            continue;
+        }
         let inv = bench_flash(&dev, &k, k.wide, &inp, invariant(&s), "invariant", reps)?;
         let split = fast_split_tokens(&s, sms, k.flash.keys.max(64));
         let fast_split = (split, s.context.div_ceil(split));
@@ -158,7 +185,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             rows.push(m);
         }
     }
-    if cli.spec || !cli.quick {
+    if cli.spec || (!cli.quick && !cli.sweep_splits) {
         for q_len in 2..=4 {
             let s = BenchShape {
                 heads: 128,
