@@ -105,87 +105,32 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 }
 #endif
 
-// Called by every CTA of a request's split after writing its partial: the request's last
-// split to finish merges all `splits` of its 64-row block in split order (flash_combine's
-// arithmetic, so the bits do not depend on which CTA it is) while they are still in L2,
-// then re-arms `counter` for the next launch. `scratch` holds splits x 64 weights.
-__device__ void merge_splits(const float* __restrict__ o_part, const float* __restrict__ lse_part,
-                             float* __restrict__ out, float* __restrict__ lse, int* counter, int* last,
-                             float* scratch, int splits, long long row_at, int live_rows,
-                             long long split_rows) {
-    const int tid = threadIdx.x;
-    __threadfence();  // this CTA's partial, visible before the count says so
-    __syncthreads();
-    if (tid == 0) *last = atomicAdd(counter, 1) == splits - 1;
-    __syncthreads();
-    if (!*last) return;
-    __threadfence();
-    float* den = scratch + splits * 64;
-    if (tid < live_rows) {
-        float mx = NEG_INF;
-        for (int t = 0; t < splits; ++t) mx = fmaxf(mx, __ldcg(lse_part + t * split_rows + row_at + tid));
-        float d = 0.f;
-        for (int t = 0; t < splits; ++t) {
-            float w = mx == NEG_INF ? 0.f : __expf(__ldcg(lse_part + t * split_rows + row_at + tid) - mx);
-            scratch[t * 64 + tid] = w;
-            d += w;
-        }
-        den[tid] = d;
-        lse[row_at + tid] = d > 0.f ? mx + logf(d) : NEG_INF;
-    }
-    __syncthreads();
-    // 8 float4 per thread in flight per split: the reads are L2 latency bound.
-    const float4* src = (const float4*)(o_part + row_at * FD_DV);
-    float4* dst = (float4*)(out + row_at * FD_DV);
-    const long long stride4 = split_rows * FD_DV / 4;
-    const int n4 = live_rows * (FD_DV / 4);
-    for (int i0 = tid; i0 < n4; i0 += 8 * FW_THREADS) {
-        float4 acc[8];
-#pragma unroll
-        for (int u = 0; u < 8; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int t = 0; t < splits; ++t) {
-            float4 v[8];
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                int i = i0 + u * FW_THREADS;
-                v[u] = i < n4 ? __ldcg(src + t * stride4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; ++u) {
-                int i = i0 + u * FW_THREADS;
-                float w = i < n4 ? scratch[t * 64 + i / (FD_DV / 4)] : 0.f;
-                acc[u].x += w * v[u].x;
-                acc[u].y += w * v[u].y;
-                acc[u].z += w * v[u].z;
-                acc[u].w += w * v[u].w;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-            int i = i0 + u * FW_THREADS;
-            if (i >= n4) break;
-            float d = den[i / (FD_DV / 4)];
-            dst[i] = d > 0.f ? make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
-    }
-    if (tid == 0) *counter = 0;
+#ifdef FW_HAVE_WGMMA
+// The end of a split, shared by both wgmma kernels. Warpgroup g holds O[:, 256 g ..] for
+// its threads' rows (the accumulator layout), both at the same running maximum m (log2
+// units), and l, this warpgroup's share of the row sums; `red` holds 2 x 64 floats no
+// warpgroup still reads. The two shares are added in group order (the bits must not depend
+// on timing). A one-split request writes its output and LSE (natural log) straight away.
+//
+// Otherwise the request's splits of this 64-row block meet on `done`, which counts
+// arrivals in its low 16 bits and written partials in its high bits. Every split but the
+// last to arrive writes its normalized partial and counts it. The last keeps its own in
+// registers, waits for the others' (they have arrived, so they are running and finish), and
+// merges all of them in split order, its own in its place: the same arithmetic whichever
+// split arrives last, so the bits never depend on timing or on the batch. Then it re-arms
+// `done` for the next launch. One partial round trip fewer than writing every split out.
+__device__ __forceinline__ float fw_lse_of(float m, float total) {
+    return total > 0.f ? (m + log2f(total)) * 0.6931471805599453f : NEG_INF;
 }
 
-#ifdef FW_HAVE_WGMMA
-// The end of a split, shared by both wgmma kernels: warpgroup g holds O[:, 256 g ..] for its
-// threads' rows (the accumulator layout), both at the same running maximum m (log2 units),
-// and l, this warpgroup's share of the row sums. Adds the two shares (in group order, so the
-// bits do not depend on timing), writes the normalized output and the LSE (natural log),
-// straight to out / lse for a one-split request, else as a partial that merge_splits folds.
-// `red` holds 2 x 64 floats no warpgroup still reads; `scratch` the merge weights.
-__device__ __forceinline__ void fw_epilogue(const float* o, const float* m, float* l, const int* lrow,
-                                            const bool* live, float* red, int* last, float* scratch,
-                                            int seq_len, int split, int sp, int b, int batch, int rows,
-                                            int row0, float* __restrict__ o_part,
-                                            float* __restrict__ lse_part, float* __restrict__ out,
-                                            float* __restrict__ lse, int* __restrict__ done) {
-    const int lane = threadIdx.x % 32, wg = threadIdx.x / 128;
+__device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, const int* lrow,
+                                            const bool* live, float* red, int* last, int seq_len,
+                                            int split, int sp, int b, int batch, int rows, int row0,
+                                            float* __restrict__ o_part, float* __restrict__ lse_part,
+                                            float* __restrict__ out, float* __restrict__ lse,
+                                            int* __restrict__ done) {
+    const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
+    float inv[2], lse_own[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
@@ -193,34 +138,110 @@ __device__ __forceinline__ void fw_epilogue(const float* o, const float* m, floa
         if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
     }
     __syncthreads();
-    // A request of one split is final here: no partial round trip.
-    const bool final_here = seq_len <= split;
-    long long base = final_here ? (long long)b * rows : ((long long)sp * batch + b) * rows;
-    float* obase = final_here ? out : o_part;
-    float* lbase = final_here ? lse : lse_part;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float total = red[lrow[i]] + red[64 + lrow[i]];
-        if (!live[i]) continue;
-        int r = row0 + lrow[i];
-        float inv = total > 0.f ? 1.f / total : 0.f;
-        float* dst = obase + (base + r) * FD_DV + wg * 256 + (lane % 4) * 2;
-#pragma unroll
-        for (int j = 0; j < 32; ++j) {
-            *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        }
-        if (wg == 0 && lane % 4 == 0)
-            lbase[base + r] = total > 0.f ? (m[i] + log2f(total)) * 0.6931471805599453f : NEG_INF;
+        inv[i] = total > 0.f ? 1.f / total : 0.f;
+        lse_own[i] = fw_lse_of(m[i], total);
     }
-    if (final_here) return;
-    merge_splits(o_part, lse_part, out, lse, done + (long long)b * gridDim.x + blockIdx.x, last, scratch,
-                 (seq_len + split - 1) / split, (long long)b * rows + row0, min(64, rows - row0),
-                 (long long)batch * rows);
+    const int col0 = wg * 256 + (lane % 4) * 2;  // + 8 j: this thread's column pairs
+    const bool final_here = seq_len <= split;
+    const long long split_rows = (long long)batch * rows;
+    // Writes this CTA's rows (times inv) as [.., rows, 512] at `obase` and their LSE.
+    auto write_rows = [&](float* obase, float* lbase, long long base) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (!live[i]) continue;
+            const long long r = base + row0 + lrow[i];
+            float* dst = obase + r * FD_DV + col0;
+#pragma unroll
+            for (int j = 0; j < 32; ++j)
+                *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+            if (wg == 0 && lane % 4 == 0) lbase[r] = lse_own[i];
+        }
+    };
+    if (final_here) {
+        write_rows(out, lse, (long long)b * rows);
+        return;
+    }
+    const int splits = (seq_len + split - 1) / split;
+    int* counter = done + (long long)b * gridDim.x + blockIdx.x;
+    if (tid == 0) *last = (atomicAdd(counter, 1) & 0xFFFF) == splits - 1;
+    __syncthreads();
+    if (!*last) {
+        write_rows(o_part, lse_part, ((long long)sp * batch + b) * rows);
+        __threadfence();  // the partial, visible before the count says so
+        __syncthreads();
+        if (tid == 0) atomicAdd(counter, 1 << 16);
+        return;
+    }
+    if (tid == 0) {
+        int written;
+        do {
+            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(written) : "l"(counter) : "memory");
+        } while ((written >> 16) != splits - 1);
+        *counter = 0;  // every split has arrived and written: re-armed for the next launch
+    }
+    __syncthreads();
+    __threadfence();
+    // Weights per row: each split's LSE against their maximum, as flash_combine takes them
+    // (a dead row past the request reads nothing: its output is never written).
+    float mx[2], den[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const long long r = (long long)b * rows + row0 + lrow[i];
+        mx[i] = NEG_INF;
+        for (int t = 0; t < splits; ++t)
+            mx[i] = fmaxf(mx[i], t == sp || !live[i] ? lse_own[i] : __ldcg(lse_part + t * split_rows + r));
+        den[i] = 0.f;
+        for (int t = 0; t < splits; ++t) {
+            float lt = t == sp || !live[i] ? lse_own[i] : __ldcg(lse_part + t * split_rows + r);
+            den[i] += mx[i] == NEG_INF ? 0.f : __expf(lt - mx[i]);
+        }
+        if (live[i] && wg == 0 && lane % 4 == 0) lse[r] = den[i] > 0.f ? mx[i] + logf(den[i]) : NEG_INF;
+    }
+    // Eight column pairs per row at a time: their sum over the splits, in split order.
+#pragma unroll
+    for (int j0 = 0; j0 < 32; j0 += 8) {
+        float2 acc[2][8];
+#pragma unroll
+        for (int i = 0; i < 2; ++i)
+#pragma unroll
+            for (int j = 0; j < 8; ++j) acc[i][j] = make_float2(0.f, 0.f);
+        for (int t = 0; t < splits; ++t) {
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const long long r = (long long)b * rows + row0 + lrow[i];
+                const float lt = t == sp || !live[i] ? lse_own[i] : __ldcg(lse_part + t * split_rows + r);
+                const float w = mx[i] == NEG_INF ? 0.f : __expf(lt - mx[i]);
+                const float2* src = (const float2*)(o_part + (t * split_rows + r) * FD_DV + col0);
+                float2 v[8];
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+                    v[j] = t == sp ? make_float2(o[4 * (j0 + j) + 2 * i] * inv[i], o[4 * (j0 + j) + 2 * i + 1] * inv[i])
+                                   : (live[i] ? __ldcg(src + (j0 + j) * 4) : make_float2(0.f, 0.f));
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    acc[i][j].x += w * v[j].x;
+                    acc[i][j].y += w * v[j].y;
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            if (!live[i]) continue;
+            float* dst = out + ((long long)b * rows + row0 + lrow[i]) * FD_DV + col0;
+#pragma unroll
+            for (int j = 0; j < 8; ++j)
+                *(float2*)(dst + (j0 + j) * 8) = den[i] > 0.f ? make_float2(acc[i][j].x / den[i], acc[i][j].y / den[i])
+                                                              : make_float2(0.f, 0.f);
+        }
+    }
 }
 #endif
 
 // Arguments and layouts as flash_decode, plus out and lse (the kernel merges its own
-// splits: see merge_splits), `done` ([batch, ceil(rows / 64)] zeros, left zero), and the
+// splits: see fw_epilogue), `done` ([batch, ceil(rows / 64)] zeros, left zero), and the
 // cache as a tensor map ([slots, 576] bf16, box 64 x min(page, 64), 128-byte swizzle);
 // the page is 16, 32, 64 or a multiple of 64 (the host checks).
 // Grid (ceil(rows / 64), splits, batch), 256 threads, FW_SMEM_BYTES of shared memory.
@@ -492,7 +513,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         // which both groups reach only past this wait.
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
-    fw_epilogue(o, m, l, lrow, live, red, last, (float*)qs, seq_len, split, sp, b, batch, rows, row0,
+    fw_epilogue(o, m, l, lrow, live, red, last, seq_len, split, sp, b, batch, rows, row0,
                 o_part, lse_part, out, lse, done);
 #endif
 }

@@ -26,10 +26,12 @@ pub const CSV_HEADER: &str =
 /// (a multiple of the unit). The plan depends on the model's shape (heads x q_len) and the
 /// request's own length, never on the batch.
 ///
-/// Each split costs a CTA's cold start (its Q and first tiles, about 10 us) and an f32
-/// partial written and merged (2 KB per row), while the fast plan runs one split per
-/// request once the batch fills the GPU. So the plan aims at about four CTAs per request:
-/// - one 64-row block (H 16): up to 8 splits of 1024+ keys, since a memory-bound request
+/// Each split costs a CTA's cold start (its Q and first tiles) and an f32 partial written
+/// and read back (2 KB per row), while one split per request is fastest once the batch
+/// fills the GPU (`gpu-bench --sweep-splits` on the H100, seesaw kernel: 1 split is best
+/// at every batch from 32 for H 128 with q 2 and 4; for q 1, 2 splits at B 32 and 1 from
+/// B 64; for H 16, 3 or 4 splits at B 32 and 1 at B 128, with 4 within 11%). So:
+/// - one 64-row block (H 16): up to 4 splits of 1024+ keys, since a memory-bound request
 ///   needs them to fill the GPU at small batches;
 /// - two blocks (H 128, q 1): 2 splits of 2048+;
 /// - four or more (H 128, q 2 and up): one split, no partials at all.
@@ -37,7 +39,7 @@ pub const CSV_HEADER: &str =
 /// Batches far below 32 requests leave SMs idle under this plan; the fast plan does not.
 pub fn invariant_plan(rows: usize) -> (usize, usize) {
     match rows.div_ceil(FLASH_ROWS) {
-        0 | 1 => (1024, 8),
+        0 | 1 => (1024, 4),
         blocks => (2048, (4 / blocks).max(1)),
     }
 }
@@ -240,27 +242,18 @@ impl DecodeInputs {
     }
 }
 
-/// Tiles' worth of time a CTA spends starting up and writing out (its Q and first tiles
-/// before any math, its partial after): about 10 us on the H100 against 2.6 us a 64-key
-/// tile at H 128.
-const CTA_OVERHEAD_TILES: usize = 4;
-
-/// Split size of the fast mode, which may look at the batch: the split count that
-/// minimizes waves x (tiles per split + a CTA's fixed cost) on `sms` multiprocessors
-/// (one CTA each), so whole waves, not just "enough CTAs", decide. At most one split per
-/// 256 keys.
+/// Split size of the fast mode, which may look at the batch: as many splits as fit the
+/// requests' CTAs in one wave on `sms` multiprocessors (one CTA each), at least one, at
+/// most one per 256 keys. Past one wave a split only adds a cold start and a partial
+/// round trip: `gpu-bench --sweep-splits` found no shape where more splits paid once
+/// the first split's CTAs filled half the GPU, and the best count at every smaller batch
+/// was the one that just fills it (2 splits of 64 CTAs, 4 of 32).
 pub fn fast_split_tokens(s: &BenchShape, sms: usize, tile_keys: usize) -> usize {
     let ctas = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
-    // Splits need whole tiles, not whole pages (a tile may span pages or part of one).
-    let unit = tile_keys;
     let most = s.context.div_ceil(256).max(1);
-    let cost = |splits: usize| {
-        let split = s.context.div_ceil(splits).div_ceil(unit) * unit;
-        let waves = (ctas * s.context.div_ceil(split)).div_ceil(sms.max(1));
-        waves * (split.div_ceil(tile_keys) + CTA_OVERHEAD_TILES)
-    };
-    let best = (1..=most).min_by_key(|&n| (cost(n), n)).unwrap_or(1);
-    s.context.div_ceil(best).div_ceil(unit) * unit
+    let splits = (sms / ctas.max(1)).clamp(1, most);
+    // Splits need whole tiles, not whole pages (a tile may span pages or part of one).
+    s.context.div_ceil(splits).div_ceil(tile_keys) * tile_keys
 }
 
 /// Times the tensor-core decode at `inp.shape` with splits of `split_size` keys (at most
@@ -486,20 +479,23 @@ mod tests {
     #[test]
     fn the_invariant_plan_depends_on_the_model_shape_only() {
         use super::invariant_plan;
-        assert_eq!(invariant_plan(16), (1024, 8));
-        assert_eq!(invariant_plan(64), (1024, 8));
+        assert_eq!(invariant_plan(16), (1024, 4));
+        assert_eq!(invariant_plan(64), (1024, 4));
         assert_eq!(invariant_plan(128), (2048, 2));
         assert_eq!(invariant_plan(192), (2048, 1));
         assert_eq!(invariant_plan(512), (2048, 1));
     }
 
     #[test]
-    fn the_fast_plan_counts_whole_waves() {
-        // 64 CTAs a split on 132 SMs: two splits of 2048 fill one wave; five (the old
-        // "two waves of CTAs" rule) took three waves of 13 tiles.
+    fn the_fast_plan_fills_one_wave() {
+        // 64 CTAs a split on 132 SMs: two splits of 2048 fill one wave.
         assert_eq!(fast_split_tokens(&shape(128, 1, 32, 4096), 132, 64), 2048);
-        // 1024 CTAs already make 7.8 waves: splitting only adds cold starts.
+        // 128 CTAs already fill it: one split.
+        assert_eq!(fast_split_tokens(&shape(128, 1, 64, 16384), 132, 64), 16384);
+        // 1024 CTAs make 7.8 waves: splitting only adds cold starts.
         assert_eq!(fast_split_tokens(&shape(128, 4, 128, 4096), 132, 64), 4096);
+        // H 16, B 32: 32 CTAs, four splits.
+        assert_eq!(fast_split_tokens(&shape(16, 1, 32, 4096), 132, 64), 1024);
         // Splits stay whole tiles, at most one per 256 keys, whatever the page (96 is
         // not a divisor of the tile).
         for (h, q, b, l) in [(16, 1, 1, 300), (16, 1, 2, 100_000), (128, 2, 7, 5000)] {

@@ -387,8 +387,8 @@ pub struct FlashBufs {
     pub out: DPtr<f32>,
     /// `[batch, rows]`.
     pub lse: DPtr<f32>,
-    /// `[batch, ceil(rows / 64)]` zeros: the wgmma kernel counts each request's finished
-    /// splits here (the last one merges them) and leaves them zero again.
+    /// `[batch, ceil(rows / 64)]` zeros: the Hopper kernels count each request's arrived
+    /// and written splits here (the last to arrive merges them) and leave them zero again.
     pub done: DPtr<i32>,
 }
 
@@ -593,10 +593,10 @@ impl Kernels {
         // The wgmma kernel merges its own splits: no flash_combine after it.
         let merged_in_kernel = hopper;
         if merged_in_kernel {
-            // Its merge weights live in the freed Q tile: [splits][64] floats.
+            // Its split counters count arrivals in 16 bits.
             assert!(
-                s.max_splits <= 256,
-                "at most 256 splits, got {}",
+                s.max_splits < 1 << 15,
+                "at most 32767 splits, got {}",
                 s.max_splits
             );
             b.done.need(FlashBufs::done_len(&s));
