@@ -164,6 +164,10 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
         write_rows(out, lse, (long long)b * rows);
         return;
     }
+#ifdef FW_NO_MERGE
+    write_rows(o_part, lse_part, ((long long)sp * batch + b) * rows);  // diagnostic: no merge
+    return;
+#endif
     const int splits = (seq_len + split - 1) / split;
     int* counter = done + (long long)b * gridDim.x + blockIdx.x;
     if (tid == 0) *last = (atomicAdd(counter, 1) & 0xFFFF) == splits - 1;
