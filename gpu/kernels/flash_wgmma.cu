@@ -109,9 +109,10 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 // The end of a split, shared by both wgmma kernels. Warpgroup g holds O[:, 256 g ..] for
 // its threads' rows (the accumulator layout), both at the same running maximum m (log2
 // units), and l, this warpgroup's share of the row sums; `red` holds 2 x 64 floats no
-// warpgroup still reads. The two shares are added in group order (the bits must not depend
+// warpgroup still reads, `scratch` the freed tiles (at least 136 KB). The two shares are added in group order (the bits must not depend
 // on timing). A one-split request writes its output and LSE (natural log) straight away.
 //
+// Launched as clusters of the request's splits, they merge on chip (fw_cluster_merge).
 // Otherwise the request's splits of this 64-row block meet on `done`, which counts
 // arrivals in its low 16 bits and written partials in its high bits. Every split but the
 // last to arrive writes its normalized partial and counts it. The last keeps its own in
@@ -119,12 +120,119 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 // merges all of them in split order, its own in its place: the same arithmetic whichever
 // split arrives last, so the bits never depend on timing or on the batch. Then it re-arms
 // `done` for the next launch. One partial round trip fewer than writing every split out.
+// Row stride (floats) of a split's normalized output in shared memory for the cluster
+// merge: 8 mod 32, so a warp's float2 stores of the accumulator layout hit 32 banks.
+#define FW_MSTRIDE 520
+
+__device__ __forceinline__ unsigned fw_mapa(unsigned addr, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float fw_ld_cluster(unsigned addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float4 fw_ld_cluster4(unsigned addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
+    return v;
+}
+// Every thread of the cluster: this CTA's shared-memory writes before, peers' after.
+__device__ __forceinline__ void fw_cluster_sync() {
+    asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
+// The merge of a request's splits launched as one cluster (split t = cluster rank t, all
+// resident together): each split puts its normalized rows and LSE in its own shared memory
+// (`scratch`, the freed tiles), then merges 64 / splits of the block's rows from all of
+// them through distributed shared memory, in split order, and writes them out. No partial
+// leaves the chip. The arithmetic is the global merge's, so a request's bits depend on
+// its split plan alone.
+__device__ void fw_cluster_merge(const float* o, const float* inv, const float* lse_own, const int* lrow,
+                                 unsigned char* scratch, int splits, int sp, long long row_at, int live_rows,
+                                 float* __restrict__ out, float* __restrict__ lse) {
+    const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
+    float* own = (float*)scratch;          // [64][FW_MSTRIDE]
+    float* lse_s = own + 64 * FW_MSTRIDE;  // [64]
+    float* wts = lse_s + 64;               // [64][9]: weights of splits 0..7, then their sum
+    const int col0 = wg * 256 + (lane % 4) * 2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = lrow[i];
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+            *(float2*)(own + r * FW_MSTRIDE + col0 + j * 8) =
+                make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+        if (wg == 0 && lane % 4 == 0) lse_s[r] = lse_own[i];
+    }
+    fw_cluster_sync();
+    const int r_lo = sp * 64 / splits, r_hi = min((sp + 1) * 64 / splits, live_rows);
+    if (tid < r_hi - r_lo) {
+        const int r = r_lo + tid;
+        const unsigned at = smem_addr(lse_s + r);
+        float lt[8], mx = NEG_INF, den = 0.f;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) lt[t] = t < splits ? fw_ld_cluster(fw_mapa(at, t)) : NEG_INF;
+#pragma unroll
+        for (int t = 0; t < 8; ++t) mx = fmaxf(mx, lt[t]);
+#pragma unroll
+        for (int t = 0; t < 8; ++t) {
+            if (t >= splits) break;
+            const float w = mx == NEG_INF ? 0.f : __expf(lt[t] - mx);
+            wts[r * 9 + t] = w;
+            den += w;
+        }
+        wts[r * 9 + 8] = den;
+        lse[row_at + r] = den > 0.f ? mx + logf(den) : NEG_INF;
+    }
+    __syncthreads();
+    // Four float4 columns per thread at a time, every split's loads in flight together.
+    const int total = max(r_hi - r_lo, 0) * (FD_DV / 4);
+    for (int base = tid; base < total; base += 4 * FW_THREADS) {
+        float4 v[4][8];
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int idx = base + u * FW_THREADS;
+            const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
+            const unsigned at = smem_addr(own + r * FW_MSTRIDE + c);
+#pragma unroll
+            for (int t = 0; t < 8; ++t)
+                if (t < splits && idx < total) v[u][t] = fw_ld_cluster4(fw_mapa(at, t));
+        }
+#pragma unroll
+        for (int u = 0; u < 4; ++u) {
+            const int idx = base + u * FW_THREADS;
+            if (idx >= total) break;
+            const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
+            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+            for (int t = 0; t < 8; ++t) {
+                if (t >= splits) break;
+                const float w = wts[r * 9 + t];
+                acc.x += w * v[u][t].x;
+                acc.y += w * v[u][t].y;
+                acc.z += w * v[u][t].z;
+                acc.w += w * v[u][t].w;
+            }
+            const float den = wts[r * 9 + 8];
+            *(float4*)(out + (row_at + r) * FD_DV + c) =
+                den > 0.f ? make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den)
+                          : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    fw_cluster_sync();  // no split leaves (freeing its shared memory) while others read it
+}
+
 __device__ __forceinline__ float fw_lse_of(float m, float total) {
     return total > 0.f ? (m + log2f(total)) * 0.6931471805599453f : NEG_INF;
 }
 
 __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, const int* lrow,
-                                            const bool* live, float* red, int* last, int seq_len,
+                                            const bool* live, float* red, int* last,
+                                            unsigned char* scratch, int seq_len,
                                             int split, int sp, int b, int batch, int rows, int row0,
                                             float* __restrict__ o_part, float* __restrict__ lse_part,
                                             float* __restrict__ out, float* __restrict__ lse,
@@ -169,6 +277,13 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
     return;
 #endif
     const int splits = (seq_len + split - 1) / split;
+    unsigned cluster_ctas;
+    asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(cluster_ctas));
+    if (cluster_ctas > 1) {
+        fw_cluster_merge(o, inv, lse_own, lrow, scratch, splits, sp, (long long)b * rows + row0,
+                         min(64, rows - row0), out, lse);
+        return;
+    }
     int* counter = done + (long long)b * gridDim.x + blockIdx.x;
     if (tid == 0) *last = (atomicAdd(counter, 1) & 0xFFFF) == splits - 1;
     __syncthreads();
@@ -517,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         // which both groups reach only past this wait.
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
-    fw_epilogue(o, m, l, lrow, live, red, last, seq_len, split, sp, b, batch, rows, row0,
+    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, row0,
                 o_part, lse_part, out, lse, done);
 #endif
 }

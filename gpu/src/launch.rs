@@ -289,6 +289,78 @@ pub unsafe fn launch_cfg(
     Ok(())
 }
 
+/// [`launch_cfg`] with the grid's CTAs in clusters of `cluster_y` along y (resident
+/// together, sharing distributed shared memory). cudarc has no safe cluster launch, so this
+/// calls `cuLaunchKernelEx` with the cluster-dimension attribute.
+///
+/// # Safety
+/// As [`launch_cfg`]; `cluster_y` must divide the grid's y and the kernel must expect
+/// clusters of that shape.
+pub unsafe fn launch_cluster(
+    dev: &GpuDevice,
+    f: &CudaFunction,
+    name: &str,
+    cfg: LaunchConfig,
+    cluster_y: u32,
+    args: &[Arg],
+) -> Result<(), GpuError> {
+    let (x, y, z) = cfg.grid_dim;
+    if x == 0 || y == 0 || z == 0 {
+        return Ok(());
+    }
+    assert!(
+        y % cluster_y == 0,
+        "clusters of {cluster_y} do not tile a grid {y} high"
+    );
+    dev.ctx
+        .bind_to_thread()
+        .map_err(GpuError::driver("binding the context"))?;
+    // The driver reads each parameter through a pointer to its value.
+    let mut params: Vec<*mut std::ffi::c_void> = args
+        .iter()
+        .map(|a| match a {
+            Arg::Ptr(v) => v as *const u64 as *mut std::ffi::c_void,
+            Arg::I32(v) => v as *const i32 as *mut std::ffi::c_void,
+            Arg::I64(v) => v as *const i64 as *mut std::ffi::c_void,
+            Arg::F32(v) => v as *const f32 as *mut std::ffi::c_void,
+            Arg::F64(v) => v as *const f64 as *mut std::ffi::c_void,
+            Arg::Map(m) => &m.0 as *const sys::CUtensorMap as *mut std::ffi::c_void,
+        })
+        .collect();
+    // SAFETY: a plain C union; the cluster-dimension member is the one the id names.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: 1,
+        y: cluster_y,
+        z: 1,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: x,
+        gridDimY: y,
+        gridDimZ: z,
+        blockDimX: cfg.block_dim.0,
+        blockDimY: cfg.block_dim.1,
+        blockDimZ: cfg.block_dim.2,
+        sharedMemBytes: cfg.shared_mem_bytes,
+        hStream: dev.stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    // SAFETY: `params` points at live values matching the kernel's parameters (the
+    // caller's contract); `config` and `attr` outlive the call.
+    unsafe {
+        sys::cuLaunchKernelEx(
+            &config,
+            f.cu_function(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    }
+    .result()
+    .map_err(GpuError::driver(format!("launching {name} in clusters")))
+}
+
 /// Copies `n` elements from `src` to `dst` on the stream (ordered with the kernels).
 pub fn copy<T>(dev: &GpuDevice, src: DPtr<T>, dst: DPtr<T>, n: usize) -> Result<(), GpuError> {
     if n == 0 {

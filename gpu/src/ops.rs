@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule};
 
 use crate::device::{GpuDevice, GpuError};
-use crate::launch::{launch, launch_cfg, Arg, DPtr, TensorMap, THREADS};
+use crate::launch::{launch, launch_cfg, launch_cluster, Arg, DPtr, TensorMap, THREADS};
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
 
@@ -411,7 +411,15 @@ pub struct Kernels {
     /// The kernel [`Self::flash_decode`] gives more than 16 query rows: the seesaw wgmma
     /// kernel where the device has it (sm_90a), else mma.sync.
     pub wide: WideKernel,
+    /// Whether the Hopper kernels merge a request's splits on chip, launched as clusters
+    /// of them (at most [`MAX_CLUSTER_SPLITS`]); else through global partials. On unless
+    /// `SPECMLA_NO_CLUSTER_MERGE` is set (for A/B timing).
+    pub cluster_merge: bool,
 }
+
+/// The most splits a request's cluster takes (the portable cluster size); more splits
+/// merge through global partials.
+pub const MAX_CLUSTER_SPLITS: usize = 8;
 
 fn blocks(n: usize) -> usize {
     n.div_ceil(THREADS as usize)
@@ -487,6 +495,7 @@ impl Kernels {
             fns,
             flash,
             wide,
+            cluster_merge: std::env::var_os("SPECMLA_NO_CLUSTER_MERGE").is_none(),
         })
     }
 
@@ -504,7 +513,7 @@ impl Kernels {
     /// 16, 32, 64 or a multiple of 64. On mma.sync, at most 16 rows take the narrow kernel.
     pub fn decode_function(&self, rows: usize, page: usize, wide: WideKernel) -> &'static str {
         // Pages below 16 would mean 36+ boxes a tile from one thread, and are untested.
-        let tma_pages = page >= 16 && (64 % page == 0 || page % 64 == 0);
+        let tma_pages = page >= 16 && (64 % page == 0 || page.is_multiple_of(64));
         if wide.hopper() && tma_pages {
             wide.function()
         } else if self.narrow(rows) {
@@ -625,8 +634,14 @@ impl Kernels {
         // the split counters and the tensor map); sizes checked above; no request takes more than max_splits
         // splits (the kernels lengthen them instead); the caller's block table covers its
         // seq_lens with blocks inside `cache` (the kernels do not check them); the narrow
-        // kernel runs only for at most 16 rows.
-        unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
+        // kernel runs only for at most 16 rows; a cluster holds one request's splits of one
+        // 64-row block, which is what the Hopper kernels' on-chip merge expects.
+        if hopper && self.cluster_merge && (2..=MAX_CLUSTER_SPLITS).contains(&s.max_splits) {
+            let f = &self.fns[name];
+            unsafe { launch_cluster(dev, f, name, cfg, s.max_splits as u32, &args) }?;
+        } else {
+            unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
+        }
         if merged_in_kernel {
             return Ok(());
         }
