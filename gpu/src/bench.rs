@@ -26,20 +26,22 @@ pub const CSV_HEADER: &str =
 /// (a multiple of the unit). The plan depends on the model's shape (heads x q_len) and the
 /// request's own length, never on the batch.
 ///
-/// Each split costs a CTA's cold start (its Q and first tiles) and an f32 partial written
-/// and read back (2 KB per row), while one split per request is fastest once the batch
-/// fills the GPU (`gpu-bench --sweep-splits` on the H100, seesaw kernel: 1 split is best
-/// at every batch from 32 for H 128 with q 2 and 4; for q 1, 2 splits at B 32 and 1 from
-/// B 64; for H 16, 3 or 4 splits at B 32 and 1 at B 128, with 4 within 11%). So:
-/// - one 64-row block (H 16): up to 4 splits of 1024+ keys, since a memory-bound request
-///   needs them to fill the GPU at small batches;
-/// - two blocks (H 128, q 1): 2 splits of 2048+;
-/// - four or more (H 128, q 2 and up): one split, no partials at all.
+/// Each split costs a CTA's cold start (its Q and first tiles) and a merge (on chip, in
+/// a cluster of the request's splits), while one split per request is fastest once the
+/// batch fills the GPU. `gpu-bench --sweep-splits` on the H100 (seesaw kernel, cluster
+/// merge), time against the best split count:
+/// - H 128, q 2 and 4: 1 split is best at every batch from 32;
+/// - H 128, q 1: 2 splits are best at B 32 and within 6-12% of 1 split at B 64 and 128;
+/// - H 16: 3 splits are best at B 32 (2 within 19%), 1 at B 128 (2 within 2-8%; 3 and 4
+///   cost 10-23% there, as clusters of 3 or 4 leave SMs of a GPC idle).
+///
+/// So: one 64-row block (H 16) takes up to 2 splits of 1024+ keys; two blocks (H 128,
+/// q 1) up to 2 of 2048+; four or more (H 128, q 2 and up) one split, no merge at all.
 ///
 /// Batches far below 32 requests leave SMs idle under this plan; the fast plan does not.
 pub fn invariant_plan(rows: usize) -> (usize, usize) {
     match rows.div_ceil(FLASH_ROWS) {
-        0 | 1 => (1024, 4),
+        0 | 1 => (1024, 2),
         blocks => (2048, (4 / blocks).max(1)),
     }
 }
@@ -242,16 +244,23 @@ impl DecodeInputs {
     }
 }
 
-/// Split size of the fast mode, which may look at the batch: as many splits as fit the
-/// requests' CTAs in one wave on `sms` multiprocessors (one CTA each), at least one, at
-/// most one per 256 keys. Past one wave a split only adds a cold start and a partial
-/// round trip: `gpu-bench --sweep-splits` found no shape where more splits paid once
-/// the first split's CTAs filled half the GPU, and the best count at every smaller batch
-/// was the one that just fills it (2 splits of 64 CTAs, 4 of 32).
-pub fn fast_split_tokens(s: &BenchShape, sms: usize, tile_keys: usize) -> usize {
-    let ctas = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
+/// Split size of the fast mode, which may look at the batch: the most splits per request
+/// whose CTAs still run in one wave, at least one, at most one per 256 keys.
+/// `resident(n)` is how many requests' groups of n split CTAs the device runs at once
+/// ([`Kernels::resident_split_groups`]: SMs / n, or fewer where clusters of n must fit in
+/// a GPC). Past one wave a split only adds a cold start and a merge: `gpu-bench
+/// --sweep-splits` found the best count at every shape was the largest that fit one wave.
+pub fn fast_split_tokens(
+    s: &BenchShape,
+    resident: &dyn Fn(usize) -> usize,
+    tile_keys: usize,
+) -> usize {
+    let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
     let most = s.context.div_ceil(256).max(1);
-    let splits = (sms / ctas.max(1)).clamp(1, most);
+    let splits = (1..=most)
+        .filter(|&n| groups <= resident(n))
+        .max()
+        .unwrap_or(1);
     // Splits need whole tiles, not whole pages (a tile may span pages or part of one).
     s.context.div_ceil(splits).div_ceil(tile_keys) * tile_keys
 }
@@ -479,8 +488,8 @@ mod tests {
     #[test]
     fn the_invariant_plan_depends_on_the_model_shape_only() {
         use super::invariant_plan;
-        assert_eq!(invariant_plan(16), (1024, 4));
-        assert_eq!(invariant_plan(64), (1024, 4));
+        assert_eq!(invariant_plan(16), (1024, 2));
+        assert_eq!(invariant_plan(64), (1024, 2));
         assert_eq!(invariant_plan(128), (2048, 2));
         assert_eq!(invariant_plan(192), (2048, 1));
         assert_eq!(invariant_plan(512), (2048, 1));
@@ -488,18 +497,22 @@ mod tests {
 
     #[test]
     fn the_fast_plan_fills_one_wave() {
+        let plain = |n: usize| 132 / n;
         // 64 CTAs a split on 132 SMs: two splits of 2048 fill one wave.
-        assert_eq!(fast_split_tokens(&shape(128, 1, 32, 4096), 132, 64), 2048);
+        assert_eq!(fast_split_tokens(&shape(128, 1, 32, 4096), &plain, 64), 2048);
         // 128 CTAs already fill it: one split.
-        assert_eq!(fast_split_tokens(&shape(128, 1, 64, 16384), 132, 64), 16384);
+        assert_eq!(fast_split_tokens(&shape(128, 1, 64, 16384), &plain, 64), 16384);
         // 1024 CTAs make 7.8 waves: splitting only adds cold starts.
-        assert_eq!(fast_split_tokens(&shape(128, 4, 128, 4096), 132, 64), 4096);
-        // H 16, B 32: 32 CTAs, four splits.
-        assert_eq!(fast_split_tokens(&shape(16, 1, 32, 4096), 132, 64), 1024);
+        assert_eq!(fast_split_tokens(&shape(128, 4, 128, 4096), &plain, 64), 4096);
+        // H 16, B 32: 32 CTAs, four splits; but where only 30 clusters of four fit at once
+        // (they must sit in one GPC), three.
+        assert_eq!(fast_split_tokens(&shape(16, 1, 32, 4096), &plain, 64), 1024);
+        let gpcs = |n: usize| if n == 4 { 30 } else { 132 / n };
+        assert_eq!(fast_split_tokens(&shape(16, 1, 32, 4096), &gpcs, 64), 1408);
         // Splits stay whole tiles, at most one per 256 keys, whatever the page (96 is
         // not a divisor of the tile).
         for (h, q, b, l) in [(16, 1, 1, 300), (16, 1, 2, 100_000), (128, 2, 7, 5000)] {
-            let split = fast_split_tokens(&shape(h, q, b, l), 132, 64);
+            let split = fast_split_tokens(&shape(h, q, b, l), &|n| 132 / n, 64);
             assert!(split.is_multiple_of(64), "{split}");
             assert!(
                 l.div_ceil(split) <= l.div_ceil(256),

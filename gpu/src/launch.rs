@@ -361,6 +361,47 @@ pub unsafe fn launch_cluster(
     .map_err(GpuError::driver(format!("launching {name} in clusters")))
 }
 
+/// How many clusters of `cluster_y` CTAs of `f` (`block` threads, `smem_bytes` each) the
+/// device holds at once, as the driver counts them: whole clusters must sit in one GPC, so
+/// this can fall short of SMs / cluster_y.
+pub fn max_active_clusters(
+    dev: &GpuDevice,
+    f: &CudaFunction,
+    block: u32,
+    smem_bytes: u32,
+    cluster_y: u32,
+) -> Result<usize, GpuError> {
+    dev.ctx
+        .bind_to_thread()
+        .map_err(GpuError::driver("binding the context"))?;
+    // SAFETY: a plain C union; the cluster-dimension member is the one the id names.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: 1,
+        y: cluster_y,
+        z: 1,
+    };
+    let config = sys::CUlaunchConfig {
+        gridDimX: 1,
+        gridDimY: cluster_y,
+        gridDimZ: 1,
+        blockDimX: block,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: smem_bytes,
+        hStream: dev.stream.cu_stream(),
+        attrs: &mut attr,
+        numAttrs: 1,
+    };
+    let mut n: std::ffi::c_int = 0;
+    // SAFETY: `n`, `config` and `attr` outlive the call; it only reads the function.
+    unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &config) }
+        .result()
+        .map_err(GpuError::driver("counting resident clusters"))?;
+    Ok(n.max(0) as usize)
+}
+
 /// Copies `n` elements from `src` to `dst` on the stream (ordered with the kernels).
 pub fn copy<T>(dev: &GpuDevice, src: DPtr<T>, dst: DPtr<T>, n: usize) -> Result<(), GpuError> {
     if n == 0 {

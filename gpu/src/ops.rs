@@ -9,7 +9,9 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaModule};
 
 use crate::device::{GpuDevice, GpuError};
-use crate::launch::{launch, launch_cfg, launch_cluster, Arg, DPtr, TensorMap, THREADS};
+use crate::launch::{
+    launch, launch_cfg, launch_cluster, max_active_clusters, Arg, DPtr, TensorMap, THREADS,
+};
 use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::LaunchConfig;
 
@@ -520,6 +522,28 @@ impl Kernels {
             "flash_decode_narrow"
         } else {
             WideKernel::Mma.function()
+        }
+    }
+
+    /// How many groups of `splits` CTAs of the default wide kernel run at once on a device
+    /// of `sms` multiprocessors (one CTA each, its shared memory allows no more): the
+    /// driver's count of resident clusters where those splits merge in a cluster, else
+    /// `sms / splits`.
+    pub fn resident_split_groups(
+        &self,
+        dev: &GpuDevice,
+        sms: usize,
+        splits: usize,
+    ) -> Result<usize, GpuError> {
+        let clustered = self.wide.hopper()
+            && self.cluster_merge
+            && (2..=MAX_CLUSTER_SPLITS).contains(&splits);
+        match self.wide.smem_bytes().filter(|_| clustered) {
+            Some(bytes) => {
+                let f = &self.fns[self.wide.function()];
+                max_active_clusters(dev, f, 256, bytes as u32, splits as u32)
+            }
+            None => Ok(sms / splits.max(1)),
         }
     }
 

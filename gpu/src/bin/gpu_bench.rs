@@ -141,6 +141,19 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         "ceilings: copy {:.0} GB/s (read + write), bf16 GEMM {:.1} TFLOP/s",
         c.copy_gb_per_s, c.gemm_tflop_per_s
     );
+    // Groups of n split CTAs resident at once, n = 0..=256 (index 0 unused); the driver
+    // counts clusters, which must fit in a GPC.
+    let mut resident = vec![sms];
+    for n in 1..=256 {
+        resident.push(k.resident_split_groups(&dev, sms, n)?);
+    }
+    println!(
+        "resident split groups (n: count): {}",
+        (1..=8)
+            .map(|n| format!("{n}: {}", resident[n]))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
     let mut rows: Vec<Measurement> = Vec::new();
     println!(
         "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10} {:>8} {:>8} {:>6} {:>6}",
@@ -168,7 +181,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             continue;
         }
         let inv = bench_flash(&dev, &k, k.wide, &inp, invariant(&s), "invariant", reps)?;
-        let split = fast_split_tokens(&s, sms, k.flash.keys.max(64));
+        let split = fast_split_tokens(&s, &|n| resident[n.min(resident.len() - 1)], 64);
         let fast_split = (split, s.context.div_ceil(split));
         let fast = bench_flash(&dev, &k, k.wide, &inp, fast_split, "fast", reps)?;
         // On Hopper the peers in the same run: the first wgmma kernel (both warpgroups on
