@@ -417,6 +417,35 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 l[i] = l[i] * a_ab[i] + (has_b ? sum[i] : 0.f);
                 m[i] = m_b[i];
             }
+#ifdef FS_OTHER_FIRST
+            // Tuning variant: P_A V_A first, so stage 0's right blocks (the ones tile A + 2
+            // waits for last) free up one product sooner; P_B V_B after it.
+            if (has_b) {
+                pack_p();
+                const float one[2] = {1.f, 1.f};
+                store_p(1, one);
+                fs_arrive(FS_BAR_P_B, 256);
+            }
+            fs_sync(FS_BAR_P_A, 256);
+            pv_other(0);
+            if (has_b) {
+                pv_own(1);
+                fs_wait1();  // (P_A a_B) V_A done; P_B V_B may still run
+                group_done();
+                if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
+            }
+            fw_wait();
+#pragma unroll
+            for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+#pragma unroll
+            for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
+            group_done();
+            if (tid == 128) {
+                if (!has_b && ta + 2 < more) issue(ta + 2, right_rope);
+                if (has_b && tb + 2 < more) issue(tb + 2, right);
+            }
+        }
+#else
             if (has_b) {
                 pack_p();
                 pv_own(1);
@@ -439,6 +468,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             group_done();
             if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
         }
+#endif
     }
     __syncthreads();
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, row0,
