@@ -133,30 +133,53 @@ pub fn time_us(
     reps: usize,
     mut f: impl FnMut() -> Result<(), GpuError>,
 ) -> Result<f64, GpuError> {
-    for _ in 0..warmup {
-        f()?;
+    let mut one: [&mut dyn FnMut() -> Result<(), GpuError>; 1] = [&mut f];
+    Ok(time_interleaved_us(dev, warmup, reps, &mut one)?[0])
+}
+
+/// Times several launches against each other: `warmup` runs of each, then `reps` rounds
+/// in which each runs once between its own CUDA events; the median per launch, in µs.
+/// Round by round, so the clock the GPU settles at under sustained load (it falls as the
+/// chip heats) weighs on every variant alike, not on whichever was timed last.
+pub fn time_interleaved_us(
+    dev: &GpuDevice,
+    warmup: usize,
+    reps: usize,
+    fs: &mut [&mut dyn FnMut() -> Result<(), GpuError>],
+) -> Result<Vec<f64>, GpuError> {
+    for f in fs.iter_mut() {
+        for _ in 0..warmup {
+            f()?;
+        }
     }
     let ev = || {
         dev.ctx
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(GpuError::driver("creating a timing event"))
     };
-    let mut times = Vec::with_capacity(reps);
+    let mut times = vec![Vec::with_capacity(reps); fs.len()];
     for _ in 0..reps.max(1) {
-        let (start, end) = (ev()?, ev()?);
-        start
-            .record(&dev.stream)
-            .map_err(GpuError::driver("recording an event"))?;
-        f()?;
-        end.record(&dev.stream)
-            .map_err(GpuError::driver("recording an event"))?;
-        let ms = start
-            .elapsed_ms(&end)
-            .map_err(GpuError::driver("reading an event"))?;
-        times.push(ms as f64 * 1e3);
+        for (f, t) in fs.iter_mut().zip(&mut times) {
+            let (start, end) = (ev()?, ev()?);
+            start
+                .record(&dev.stream)
+                .map_err(GpuError::driver("recording an event"))?;
+            f()?;
+            end.record(&dev.stream)
+                .map_err(GpuError::driver("recording an event"))?;
+            let ms = start
+                .elapsed_ms(&end)
+                .map_err(GpuError::driver("reading an event"))?;
+            t.push(ms as f64 * 1e3);
+        }
     }
-    times.sort_by(f64::total_cmp);
-    Ok(times[times.len() / 2])
+    Ok(times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect())
 }
 
 /// Measures both ceilings.
@@ -265,34 +288,37 @@ pub fn fast_split_tokens(
     s.context.div_ceil(splits).div_ceil(tile_keys) * tile_keys
 }
 
-/// Times the tensor-core decode at `inp.shape` with splits of `split_size` keys (at most
-/// `max_splits` per request), the wide rows on `wide`. The row is `decode` on the
-/// device's default kernel, else the family's peer label (`decode_wgmma`, `decode_mma`).
+/// One way to run the tensor-core decode at a shape: the kernel family for the wide rows,
+/// the split plan (split size in keys, most splits a request takes) and the mode label.
+#[derive(Clone, Copy, Debug)]
+pub struct FlashVariant {
+    pub wide: WideKernel,
+    pub plan: (usize, usize),
+    pub mode: &'static str,
+}
+
+/// Output buffers of one variant's launches.
+struct FlashOutputs {
+    o_part: Buf<f32>,
+    lse_part: Buf<f32>,
+    out: Buf<f32>,
+    lse: Buf<f32>,
+    done: Buf<i32>,
+}
+
+/// Times the tensor-core decode at `inp.shape` in each of `variants`, interleaved round by
+/// round ([`time_interleaved_us`]). A row is `decode` on the device's default kernel, else
+/// the family's peer label (`decode_wgmma`, `decode_mma`).
 pub fn bench_flash(
     dev: &GpuDevice,
     k: &Kernels,
-    wide: WideKernel,
     inp: &DecodeInputs,
-    (split_size, max_splits): (usize, usize),
-    mode: &'static str,
+    variants: &[FlashVariant],
     reps: usize,
-) -> Result<Measurement, GpuError> {
+) -> Result<Vec<Measurement>, GpuError> {
     let s = inp.shape;
     let rows = s.q_len * s.heads;
-    let o_part = Buf::<f32>::uninit(
-        dev,
-        max_splits * s.batch * rows * FLASH_DV,
-        "bench partial outputs",
-    )?;
-    let lse_part = Buf::<f32>::uninit(dev, max_splits * s.batch * rows, "bench partial lse")?;
-    let out = Buf::<f32>::uninit(dev, s.batch * rows * FLASH_DV, "bench outputs")?;
-    let lse = Buf::<f32>::uninit(dev, s.batch * rows, "bench lse")?;
-    let done = Buf::from_host(
-        dev,
-        &vec![0i32; s.batch * rows.div_ceil(FLASH_ROWS)],
-        "bench split counters",
-    )?;
-    let shape = FlashShape {
+    let shape = |(split_size, max_splits): (usize, usize)| FlashShape {
         batch: s.batch,
         q_len: s.q_len,
         heads: s.heads,
@@ -301,33 +327,61 @@ pub fn bench_flash(
         split_size,
         max_splits,
     };
-    let bufs = FlashBufs {
-        q: inp.q.ptr(),
-        cache: inp.cache.ptr(),
-        block_table: inp.block_table.ptr(),
-        seq_lens: inp.seq_lens.ptr(),
-        o_part: o_part.ptr(),
-        lse_part: lse_part.ptr(),
-        out: out.ptr(),
-        lse: lse.ptr(),
-        done: done.ptr(),
-    };
+    let mut outs = Vec::with_capacity(variants.len());
+    for v in variants {
+        let max_splits = v.plan.1;
+        outs.push(FlashOutputs {
+            o_part: Buf::uninit(dev, max_splits * s.batch * rows * FLASH_DV, "bench partial outputs")?,
+            lse_part: Buf::uninit(dev, max_splits * s.batch * rows, "bench partial lse")?,
+            out: Buf::uninit(dev, s.batch * rows * FLASH_DV, "bench outputs")?,
+            lse: Buf::uninit(dev, s.batch * rows, "bench lse")?,
+            done: Buf::from_host(
+                dev,
+                &vec![0i32; s.batch * rows.div_ceil(FLASH_ROWS)],
+                "bench split counters",
+            )?,
+        });
+    }
     let scale = 1.0 / 192f32.sqrt();
-    let t = time_us(dev, 3, reps, || {
-        k.flash_decode_with(wide, dev, shape, bufs, scale)
-    })?;
-    Ok(Measurement {
-        kernel: if wide == k.wide {
-            "decode"
-        } else {
-            wide.peer_label()
-        },
-        mode,
-        shape: Some(s),
-        time_us: t,
-        bytes: s.bytes(),
-        flops: s.flops(),
-    })
+    let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = variants
+        .iter()
+        .zip(&outs)
+        .map(|(v, o)| {
+            let bufs = FlashBufs {
+                q: inp.q.ptr(),
+                cache: inp.cache.ptr(),
+                block_table: inp.block_table.ptr(),
+                seq_lens: inp.seq_lens.ptr(),
+                o_part: o.o_part.ptr(),
+                lse_part: o.lse_part.ptr(),
+                out: o.out.ptr(),
+                lse: o.lse.ptr(),
+                done: o.done.ptr(),
+            };
+            let (wide, fs) = (v.wide, shape(v.plan));
+            Box::new(move || k.flash_decode_with(wide, dev, fs, bufs, scale))
+                as Box<dyn FnMut() -> Result<(), GpuError> + '_>
+        })
+        .collect();
+    let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =
+        runs.iter_mut().map(|r| &mut **r as _).collect();
+    let times = time_interleaved_us(dev, 3, reps, &mut refs)?;
+    Ok(variants
+        .iter()
+        .zip(times)
+        .map(|(v, t)| Measurement {
+            kernel: if v.wide == k.wide {
+                "decode"
+            } else {
+                v.wide.peer_label()
+            },
+            mode: v.mode,
+            shape: Some(s),
+            time_us: t,
+            bytes: s.bytes(),
+            flops: s.flops(),
+        })
+        .collect())
 }
 
 /// Times the f32 correctness-baseline decode (`mla_decode`) at `s`, inputs f32.

@@ -1198,7 +1198,7 @@ mod tests {
 
     #[test]
     fn the_seesaw_kernel_fits_in_shared_memory() {
-        assert!(super::SEESAW_SMEM_BYTES <= super::MAX_SMEM_BYTES);
+        const { assert!(super::SEESAW_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         assert!(super::FLASH_SEESAW_SRC.contains(
             "#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 18 * 8 + 16)"
         ));
@@ -1206,7 +1206,7 @@ mod tests {
 
     #[test]
     fn the_wgmma_kernel_fits_in_shared_memory() {
-        assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES);
+        const { assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         // The host's size is the kernel's own formula, term for term.
         assert!(super::FLASH_WGMMA_SRC.contains(
             "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8 + 16)"

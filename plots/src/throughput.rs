@@ -228,7 +228,7 @@ impl Picture for ContextPicture {
             .collect();
         let style_of = |key: &SeriesKey| {
             let i = keys.iter().position(|k| k.style_key() == key.style_key());
-            styles[i.expect("every series has a style slot")].clone()
+            styles[i.expect("every series has a style slot")]
         };
         let areas = charts.split_evenly((1, q_lens.len()));
         for (area, &q_len) in areas.iter().zip(&q_lens) {
@@ -246,7 +246,7 @@ impl Picture for ContextPicture {
         for (key, s) in keys.iter().zip(&styles) {
             legend.push(LegendEntry {
                 label: key.label(),
-                style: Some(s.clone()),
+                style: Some(*s),
             });
         }
         style::draw_legend(&legend_area, &legend)

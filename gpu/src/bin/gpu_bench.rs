@@ -9,6 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 use specmla_gpu::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_split_tokens,
+    FlashVariant,
     invariant_plan, BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER,
 };
 use specmla_gpu::ops::{Kernels, WideKernel};
@@ -167,33 +168,29 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     let invariant = |s: &BenchShape| invariant_plan(s.q_len * s.heads);
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
+        let v = |wide, plan, mode| FlashVariant { wide, plan, mode };
+        let mut variants = Vec::new();
         if cli.sweep_splits {
             for (n, mode) in SWEEP_SPLITS {
                 let split = s.context.div_ceil(n).div_ceil(64) * 64;
-                if n > 1 && split < 256 {
-                    continue;
+                if n == 1 || split >= 256 {
+                    variants.push(v(k.wide, (split, s.context.div_ceil(split)), mode));
                 }
-                let plan = (split, s.context.div_ceil(split));
-                let m = bench_flash(&dev, &k, k.wide, &inp, plan, mode, reps)?;
-                print_row(&m, &c);
-                rows.push(m);
             }
-            continue;
+        } else {
+            let split = fast_split_tokens(&s, &|n| resident[n.min(resident.len() - 1)], 64);
+            let fast = (split, s.context.div_ceil(split));
+            variants.push(v(k.wide, invariant(&s), "invariant"));
+            variants.push(v(k.wide, fast, "fast"));
+            // On Hopper the peers in the same rounds: the first wgmma kernel (both
+            // warpgroups on every tile) on the fast plan, and the mma.sync kernels (wide or
+            // narrow) on the invariant one.
+            if k.wide.hopper() {
+                variants.push(v(WideKernel::Wgmma, fast, "fast"));
+                variants.push(v(WideKernel::Mma, invariant(&s), "invariant"));
+            }
         }
-        let inv = bench_flash(&dev, &k, k.wide, &inp, invariant(&s), "invariant", reps)?;
-        let split = fast_split_tokens(&s, &|n| resident[n.min(resident.len() - 1)], 64);
-        let fast_split = (split, s.context.div_ceil(split));
-        let fast = bench_flash(&dev, &k, k.wide, &inp, fast_split, "fast", reps)?;
-        // On Hopper the peers in the same run: the first wgmma kernel (both warpgroups on
-        // every tile) on the fast plan, and the mma.sync kernels (wide or narrow) on the
-        // invariant one.
-        let mut peers = Vec::new();
-        if k.wide.hopper() {
-            peers.push(bench_flash(&dev, &k, WideKernel::Wgmma, &inp, fast_split, "fast", reps)?);
-            let plan = invariant(&s);
-            peers.push(bench_flash(&dev, &k, WideKernel::Mma, &inp, plan, "invariant", reps)?);
-        }
-        for m in [inv, fast].into_iter().chain(peers) {
+        for m in bench_flash(&dev, &k, &inp, &variants, reps)? {
             print_row(&m, &c);
             rows.push(m);
         }
@@ -208,7 +205,12 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
                 page: cli.page,
             };
             let inp = DecodeInputs::new(&dev, &k, s, 12)?;
-            let d = bench_flash(&dev, &k, k.wide, &inp, invariant(&s), "invariant", reps)?;
+            let inv = FlashVariant {
+                wide: k.wide,
+                plan: invariant(&s),
+                mode: "invariant",
+            };
+            let d = bench_flash(&dev, &k, &inp, &[inv], reps)?.remove(0);
             drop(inp);
             let p = bench_prefill_path(&dev, &k, s, 3)?;
             println!(
