@@ -175,7 +175,8 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
         const unsigned at = smem_addr(lse_s + r);
         float lt[8], mx = NEG_INF, den = 0.f;
 #pragma unroll
-        for (int t = 0; t < 8; ++t) lt[t] = t < splits ? fw_ld_cluster(fw_mapa(at, t)) : NEG_INF;
+        for (int t = 0; t < 8; ++t)
+            lt[t] = t >= splits ? NEG_INF : t == sp ? lse_s[r] : fw_ld_cluster(fw_mapa(at, t));
 #pragma unroll
         for (int t = 0; t < 8; ++t) mx = fmaxf(mx, lt[t]);
 #pragma unroll
@@ -200,7 +201,8 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
             const unsigned at = smem_addr(own + r * FW_MSTRIDE + c);
 #pragma unroll
             for (int t = 0; t < 8; ++t)
-                if (t < splits && idx < total) v[u][t] = fw_ld_cluster4(fw_mapa(at, t));
+                if (t < splits && idx < total)
+                    v[u][t] = t == sp ? *(const float4*)(own + r * FW_MSTRIDE + c) : fw_ld_cluster4(fw_mapa(at, t));
         }
 #pragma unroll
         for (int u = 0; u < 4; ++u) {

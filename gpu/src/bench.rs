@@ -138,7 +138,8 @@ pub fn time_us(
 }
 
 /// Times several launches against each other: `warmup` runs of each, then `reps` rounds
-/// in which each runs once between its own CUDA events; the median per launch, in µs.
+/// in which each runs once between its own CUDA events, in an order rotated every round;
+/// the median per launch, in µs.
 /// Round by round, so the clock the GPU settles at under sustained load (it falls as the
 /// chip heats) weighs on every variant alike, not on whichever was timed last.
 pub fn time_interleaved_us(
@@ -157,9 +158,13 @@ pub fn time_interleaved_us(
             .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
             .map_err(GpuError::driver("creating a timing event"))
     };
-    let mut times = vec![Vec::with_capacity(reps); fs.len()];
-    for _ in 0..reps.max(1) {
-        for (f, t) in fs.iter_mut().zip(&mut times) {
+    let n = fs.len();
+    let mut times = vec![Vec::with_capacity(reps); n];
+    for round in 0..reps.max(1) {
+        // Each round starts at the next variant: none is always first after the host's
+        // wait on the previous round (which costs the first launch a few percent).
+        for i in (0..n).map(|i| (i + round) % n) {
+            let (f, t) = (&mut fs[i], &mut times[i]);
             let (start, end) = (ev()?, ev()?);
             start
                 .record(&dev.stream)
