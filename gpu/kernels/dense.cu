@@ -140,3 +140,15 @@ extern "C" __global__ void fill_bf16_hash(unsigned short* __restrict__ x, long l
         x[i] = (unsigned short)(__float_as_uint(v) >> 16);
     }
 }
+
+// Reads n float4 and writes nothing (unless the sum hits one exact value, which keeps the
+// reads from being optimized away): run over twice the L2's size before a timed launch, it
+// leaves the L2 holding clean lines of this buffer only, whatever ran before.
+extern "C" __global__ void scrub_l2(const float4* __restrict__ x, long long n, float* __restrict__ sink) {
+    float acc = 0.f;
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < n; i += (long long)gridDim.x * THREADS) {
+        float4 v = __ldcg(x + i);
+        acc += v.x + v.y + v.z + v.w;
+    }
+    if (acc == 1234.5678f) sink[0] = acc;
+}

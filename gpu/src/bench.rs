@@ -134,18 +134,44 @@ pub fn time_us(
     mut f: impl FnMut() -> Result<(), GpuError>,
 ) -> Result<f64, GpuError> {
     let mut one: [&mut dyn FnMut() -> Result<(), GpuError>; 1] = [&mut f];
-    Ok(time_interleaved_us(dev, warmup, reps, &mut one)?[0])
+    Ok(time_interleaved_us(dev, warmup, reps, None, &mut one)?[0])
+}
+
+/// A 128 MiB buffer (over twice the H100's 50 MiB of L2) and the kernel that reads it:
+/// run before every timed launch of a comparison, so none inherits another's dirty lines
+/// (whose write-back would compete with its own reads) or its cached inputs.
+pub struct L2Scrub<'a> {
+    k: &'a Kernels,
+    buf: Buf<f32>,
+    sink: Buf<f32>,
+}
+
+impl<'a> L2Scrub<'a> {
+    const FLOATS: usize = 2 * 64 * (1 << 20) / 4;
+
+    pub fn new(dev: &GpuDevice, k: &'a Kernels) -> Result<Self, GpuError> {
+        let buf = Buf::uninit(dev, Self::FLOATS, "L2 scrub buffer")?;
+        k.fill(dev, buf.ptr(), 0.0, Self::FLOATS)?;
+        let sink = Buf::uninit(dev, 1, "L2 scrub sink")?;
+        Ok(Self { k, buf, sink })
+    }
+
+    fn run(&self, dev: &GpuDevice) -> Result<(), GpuError> {
+        self.k
+            .scrub_l2(dev, self.buf.ptr(), Self::FLOATS, self.sink.ptr())
+    }
 }
 
 /// Times several launches against each other: `warmup` runs of each, then `reps` rounds
-/// in which each runs once between its own CUDA events, in an order rotated every round;
-/// the median per launch, in µs.
+/// in which each runs once between its own CUDA events (after `scrub`, if given), in an
+/// order rotated every round; the median per launch, in µs.
 /// Round by round, so the clock the GPU settles at under sustained load (it falls as the
 /// chip heats) weighs on every variant alike, not on whichever was timed last.
 pub fn time_interleaved_us(
     dev: &GpuDevice,
     warmup: usize,
     reps: usize,
+    scrub: Option<&L2Scrub>,
     fs: &mut [&mut dyn FnMut() -> Result<(), GpuError>],
 ) -> Result<Vec<f64>, GpuError> {
     for f in fs.iter_mut() {
@@ -165,6 +191,9 @@ pub fn time_interleaved_us(
         // wait on the previous round (which costs the first launch a few percent).
         for i in (0..n).map(|i| (i + round) % n) {
             let (f, t) = (&mut fs[i], &mut times[i]);
+            if let Some(scrub) = scrub {
+                scrub.run(dev)?;
+            }
             let (start, end) = (ev()?, ev()?);
             start
                 .record(&dev.stream)
@@ -312,7 +341,7 @@ struct FlashOutputs {
 }
 
 /// Times the tensor-core decode at `inp.shape` in each of `variants`, interleaved round by
-/// round ([`time_interleaved_us`]). A row is `decode` on the device's default kernel, else
+/// round, each launch after an L2 scrub ([`time_interleaved_us`]). A row is `decode` on the device's default kernel, else
 /// the family's peer label (`decode_wgmma`, `decode_mma`).
 pub fn bench_flash(
     dev: &GpuDevice,
@@ -370,7 +399,8 @@ pub fn bench_flash(
         .collect();
     let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =
         runs.iter_mut().map(|r| &mut **r as _).collect();
-    let times = time_interleaved_us(dev, 3, reps, &mut refs)?;
+    let scrub = L2Scrub::new(dev, k)?;
+    let times = time_interleaved_us(dev, 3, reps, Some(&scrub), &mut refs)?;
     Ok(variants
         .iter()
         .zip(times)

@@ -29,8 +29,9 @@ pub const FLASH_WGMMA_SRC: &str = include_str!("../kernels/flash_wgmma.cu");
 /// CUDA source of the seesaw-scheduled warpgroup-MMA decode (sm_90a), after the above.
 pub const FLASH_SEESAW_SRC: &str = include_str!("../kernels/flash_seesaw.cu");
 
-const NAMES: [&str; 17] = [
+const NAMES: [&str; 18] = [
     "fill_bf16_hash",
+    "scrub_l2",
     "kv_write",
     "mla_decode",
     "gather_context",
@@ -1168,6 +1169,24 @@ impl Kernels {
         // SAFETY: argument list matches fill_bf16_hash (the seed's bits pass as an int);
         // size checked above; the kernel strides over n.
         unsafe { self.go(dev, "fill_bf16_hash", (blocks(n).min(1 << 20), 1), &args) }
+    }
+
+    /// Reads the `n` floats of `x` (n a multiple of 4) and writes nothing: over a buffer
+    /// twice the L2's size, the benchmark's way of starting each timed launch from the
+    /// same clean cache.
+    pub fn scrub_l2(
+        &self,
+        dev: &GpuDevice,
+        x: DPtr<f32>,
+        n: usize,
+        sink: DPtr<f32>,
+    ) -> Result<(), GpuError> {
+        x.need(n);
+        sink.need(1);
+        let args = [x.into(), Arg::I64((n / 4) as i64), sink.into()];
+        // SAFETY: argument list matches scrub_l2; it reads n / 4 float4 of x (size checked
+        // above) and writes at most sink[0].
+        unsafe { self.go(dev, "scrub_l2", (1024, 1), &args) }
     }
 
     /// Sets the first `n` values of `x` to `v`.
