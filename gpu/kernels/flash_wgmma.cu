@@ -106,20 +106,6 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 #endif
 
 #ifdef FW_HAVE_WGMMA
-// The end of a split, shared by both wgmma kernels. Warpgroup g holds O[:, 256 g ..] for
-// its threads' rows (the accumulator layout), both at the same running maximum m (log2
-// units), and l, this warpgroup's share of the row sums; `red` holds 2 x 64 floats no
-// warpgroup still reads, `scratch` the freed tiles (at least 136 KB). The two shares are added in group order (the bits must not depend
-// on timing). A one-split request writes its output and LSE (natural log) straight away.
-//
-// Launched as clusters of the request's splits, they merge on chip (fw_cluster_merge).
-// Otherwise the request's splits of this 64-row block meet on `done`, which counts
-// arrivals in its low 16 bits and written partials in its high bits. Every split but the
-// last to arrive writes its normalized partial and counts it. The last keeps its own in
-// registers, waits for the others' (they have arrived, so they are running and finish), and
-// merges all of them in split order, its own in its place: the same arithmetic whichever
-// split arrives last, so the bits never depend on timing or on the batch. Then it re-arms
-// `done` for the next launch. One partial round trip fewer than writing every split out.
 // Row stride (floats) of a split's normalized output in shared memory for the cluster
 // merge: 8 mod 32, so a warp's float2 stores of the accumulator layout hit 32 banks.
 #define FW_MSTRIDE 520
@@ -228,6 +214,82 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
     fw_cluster_sync();  // no split leaves (freeing its shared memory) while others read it
 }
 
+// Called by every CTA of a request's split after writing its partial: the request's last
+// split to finish merges all `splits` of its 64-row block in split order (flash_combine's
+// arithmetic, so the bits do not depend on which CTA it is) while they are still in L2,
+// then re-arms `counter` for the next launch. `scratch` holds splits x 64 weights.
+__device__ void merge_splits(const float* __restrict__ o_part, const float* __restrict__ lse_part,
+                             float* __restrict__ out, float* __restrict__ lse, int* counter, int* last,
+                             float* scratch, int splits, long long row_at, int live_rows,
+                             long long split_rows) {
+    const int tid = threadIdx.x;
+    __threadfence();  // this CTA's partial, visible before the count says so
+    __syncthreads();
+    if (tid == 0) *last = atomicAdd(counter, 1) == splits - 1;
+    __syncthreads();
+    if (!*last) return;
+    __threadfence();
+    float* den = scratch + splits * 64;
+    if (tid < live_rows) {
+        float mx = NEG_INF;
+        for (int t = 0; t < splits; ++t) mx = fmaxf(mx, __ldcg(lse_part + t * split_rows + row_at + tid));
+        float d = 0.f;
+        for (int t = 0; t < splits; ++t) {
+            float w = mx == NEG_INF ? 0.f : __expf(__ldcg(lse_part + t * split_rows + row_at + tid) - mx);
+            scratch[t * 64 + tid] = w;
+            d += w;
+        }
+        den[tid] = d;
+        lse[row_at + tid] = d > 0.f ? mx + logf(d) : NEG_INF;
+    }
+    __syncthreads();
+    // 8 float4 per thread in flight per split: the reads are L2 latency bound.
+    const float4* src = (const float4*)(o_part + row_at * FD_DV);
+    float4* dst = (float4*)(out + row_at * FD_DV);
+    const long long stride4 = split_rows * FD_DV / 4;
+    const int n4 = live_rows * (FD_DV / 4);
+    for (int i0 = tid; i0 < n4; i0 += 8 * FW_THREADS) {
+        float4 acc[8];
+#pragma unroll
+        for (int u = 0; u < 8; ++u) acc[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int t = 0; t < splits; ++t) {
+            float4 v[8];
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int i = i0 + u * FW_THREADS;
+                v[u] = i < n4 ? __ldcg(src + t * stride4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; ++u) {
+                int i = i0 + u * FW_THREADS;
+                float w = i < n4 ? scratch[t * 64 + i / (FD_DV / 4)] : 0.f;
+                acc[u].x += w * v[u].x;
+                acc[u].y += w * v[u].y;
+                acc[u].z += w * v[u].z;
+                acc[u].w += w * v[u].w;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+            int i = i0 + u * FW_THREADS;
+            if (i >= n4) break;
+            float d = den[i / (FD_DV / 4)];
+            dst[i] = d > 0.f ? make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d)
+                             : make_float4(0.f, 0.f, 0.f, 0.f);
+        }
+    }
+    if (tid == 0) *counter = 0;
+}
+
+// The end of a split, shared by both wgmma kernels. Warpgroup g holds O[:, 256 g ..] for
+// its threads' rows (the accumulator layout), both at the same running maximum m (log2
+// units), and l, this warpgroup's share of the row sums; `red` holds 2 x 64 floats no
+// warpgroup still reads, `scratch` the freed tiles (at least 136 KB). The two shares are
+// added in group order (the bits must not depend on timing). Then:
+// - a one-split request writes its output and LSE (natural log) straight away;
+// - a request's splits launched as one cluster merge on chip (fw_cluster_merge);
+// - otherwise every split writes its normalized partial and the last to finish merges
+//   them from L2 (merge_splits), in split order either way.
 __device__ __forceinline__ float fw_lse_of(float m, float total) {
     return total > 0.f ? (m + log2f(total)) * 0.6931471805599453f : NEG_INF;
 }
@@ -286,78 +348,9 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
                          min(64, rows - row0), out, lse);
         return;
     }
-    int* counter = done + (long long)b * gridDim.x + blockIdx.x;
-    if (tid == 0) *last = (atomicAdd(counter, 1) & 0xFFFF) == splits - 1;
-    __syncthreads();
-    if (!*last) {
-        write_rows(o_part, lse_part, ((long long)sp * batch + b) * rows);
-        __threadfence();  // the partial, visible before the count says so
-        __syncthreads();
-        if (tid == 0) atomicAdd(counter, 1 << 16);
-        return;
-    }
-    if (tid == 0) {
-        int written;
-        do {
-            asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(written) : "l"(counter) : "memory");
-        } while ((written >> 16) != splits - 1);
-        *counter = 0;  // every split has arrived and written: re-armed for the next launch
-    }
-    __syncthreads();
-    __threadfence();
-    // Weights per row: each split's LSE against their maximum, as flash_combine takes them
-    // (a dead row past the request reads nothing: its output is never written).
-    float mx[2], den[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const long long r = (long long)b * rows + row0 + lrow[i];
-        mx[i] = NEG_INF;
-        for (int t = 0; t < splits; ++t)
-            mx[i] = fmaxf(mx[i], t == sp || !live[i] ? lse_own[i] : __ldcg(lse_part + t * split_rows + r));
-        den[i] = 0.f;
-        for (int t = 0; t < splits; ++t) {
-            float lt = t == sp || !live[i] ? lse_own[i] : __ldcg(lse_part + t * split_rows + r);
-            den[i] += mx[i] == NEG_INF ? 0.f : __expf(lt - mx[i]);
-        }
-        if (live[i] && wg == 0 && lane % 4 == 0) lse[r] = den[i] > 0.f ? mx[i] + logf(den[i]) : NEG_INF;
-    }
-    // Eight column pairs per row at a time: their sum over the splits, in split order.
-#pragma unroll
-    for (int j0 = 0; j0 < 32; j0 += 8) {
-        float2 acc[2][8];
-#pragma unroll
-        for (int i = 0; i < 2; ++i)
-#pragma unroll
-            for (int j = 0; j < 8; ++j) acc[i][j] = make_float2(0.f, 0.f);
-        for (int t = 0; t < splits; ++t) {
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const long long r = (long long)b * rows + row0 + lrow[i];
-                const float lt = t == sp || !live[i] ? lse_own[i] : __ldcg(lse_part + t * split_rows + r);
-                const float w = mx[i] == NEG_INF ? 0.f : __expf(lt - mx[i]);
-                const float2* src = (const float2*)(o_part + (t * split_rows + r) * FD_DV + col0);
-                float2 v[8];
-#pragma unroll
-                for (int j = 0; j < 8; ++j)
-                    v[j] = t == sp ? make_float2(o[4 * (j0 + j) + 2 * i] * inv[i], o[4 * (j0 + j) + 2 * i + 1] * inv[i])
-                                   : (live[i] ? __ldcg(src + (j0 + j) * 4) : make_float2(0.f, 0.f));
-#pragma unroll
-                for (int j = 0; j < 8; ++j) {
-                    acc[i][j].x += w * v[j].x;
-                    acc[i][j].y += w * v[j].y;
-                }
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            if (!live[i]) continue;
-            float* dst = out + ((long long)b * rows + row0 + lrow[i]) * FD_DV + col0;
-#pragma unroll
-            for (int j = 0; j < 8; ++j)
-                *(float2*)(dst + (j0 + j) * 8) = den[i] > 0.f ? make_float2(acc[i][j].x / den[i], acc[i][j].y / den[i])
-                                                              : make_float2(0.f, 0.f);
-        }
-    }
+    write_rows(o_part, lse_part, ((long long)sp * batch + b) * rows);
+    merge_splits(o_part, lse_part, out, lse, done + (long long)b * gridDim.x + blockIdx.x, last,
+                 (float*)scratch, splits, (long long)b * rows + row0, min(64, rows - row0), split_rows);
 }
 #endif
 

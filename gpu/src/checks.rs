@@ -6,7 +6,9 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::Buf;
-use crate::ops::{DecodeBufs, DecodeShape, Kernels, KeyBufs, MlaDims, State, WideKernel};
+use crate::ops::{
+    DecodeBufs, DecodeShape, Kernels, KeyBufs, MlaDims, SplitMerge, State, WideKernel,
+};
 use crate::reference::{decode_f64, prefill_f64};
 
 /// The result of one checked case.
@@ -294,7 +296,7 @@ pub fn bf16_vec(rng: &mut ChaCha8Rng, len: usize, a: f32) -> (Vec<u16>, Vec<f32>
 pub fn check_flash_decode(
     dev: &GpuDevice,
     k: &Kernels,
-    wide: WideKernel,
+    (wide, merge): (WideKernel, SplitMerge),
     (q_len, heads, page, split): (usize, usize, usize, usize),
     ctx: &[usize],
     seed: u64,
@@ -346,7 +348,7 @@ pub fn check_flash_decode(
         done: done.ptr(),
     };
     let scale = 1.0 / 192f32.sqrt();
-    k.flash_decode_with(wide, dev, s, bufs, scale)?;
+    k.flash_decode_merged((wide, merge), dev, s, bufs, scale)?;
     let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
     // The split counters must be re-armed for the next launch (a CUDA graph replays them).
     let rearmed = download(dev, &done)?.iter().all(|&c| c == 0);
@@ -365,7 +367,8 @@ pub fn check_flash_decode(
     Ok(CaseResult {
         kernel: k.decode_function(rows, page, wide),
         case: format!(
-            "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}",
+            "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}{}",
+            merge_label(wide, merge),
             if rearmed {
                 ""
             } else {
@@ -383,7 +386,7 @@ pub fn check_flash_decode(
 pub fn check_flash_invariance(
     dev: &GpuDevice,
     k: &Kernels,
-    wide: WideKernel,
+    (wide, merge): (WideKernel, SplitMerge),
     (q_len, heads, page, split): (usize, usize, usize, usize),
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
@@ -435,7 +438,7 @@ pub fn check_flash_invariance(
             lse: lse.ptr(),
             done: done.ptr(),
         };
-        k.flash_decode_with(wide, dev, s, bufs, 1.0 / 192f32.sqrt())?;
+        k.flash_decode_merged((wide, merge), dev, s, bufs, 1.0 / 192f32.sqrt())?;
         let mut v = download(dev, &out)?;
         v.extend(download(dev, &lse)?);
         Ok(v)
@@ -468,8 +471,9 @@ pub fn check_flash_invariance(
     Ok(CaseResult {
         kernel: "flash_invariance",
         case: format!(
-            "{}: request alone vs in a batch of 3, q {q_len} heads {heads}: {differ} of {} values differ ({moved} with splits of {})",
+            "{}{}: request alone vs in a batch of 3, q {q_len} heads {heads}: {differ} of {} values differ ({moved} with splits of {})",
             k.decode_function(rows, page, wide),
+            merge_label(wide, merge),
             by_itself.len(),
             2 * split
         ),
@@ -478,12 +482,26 @@ pub fn check_flash_invariance(
     })
 }
 
-/// The kernel families to check: all three where the device has wgmma.
-fn wide_kernels(k: &Kernels) -> Vec<WideKernel> {
+/// The decode paths to check: where the device has wgmma, both Hopper kernels with each
+/// split merge, and the mma.sync kernels (whose merge is `flash_combine`).
+fn wide_kernels(k: &Kernels) -> Vec<(WideKernel, SplitMerge)> {
+    let mut paths = Vec::new();
     if k.wide.hopper() {
-        vec![WideKernel::Seesaw, WideKernel::Wgmma, WideKernel::Mma]
+        for wide in [WideKernel::Seesaw, WideKernel::Wgmma] {
+            paths.push((wide, SplitMerge::Cluster));
+            paths.push((wide, SplitMerge::Global));
+        }
+    }
+    paths.push((WideKernel::Mma, SplitMerge::Global));
+    paths
+}
+
+/// "; global merge" for a Hopper kernel merging through global partials.
+fn merge_label(wide: WideKernel, merge: SplitMerge) -> &'static str {
+    if wide.hopper() && merge == SplitMerge::Global {
+        "; global merge"
     } else {
-        vec![WideKernel::Mma]
+        ""
     }
 }
 

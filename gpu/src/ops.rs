@@ -394,8 +394,9 @@ pub struct FlashBufs {
     pub out: DPtr<f32>,
     /// `[batch, rows]`.
     pub lse: DPtr<f32>,
-    /// `[batch, ceil(rows / 64)]` zeros: the Hopper kernels count each request's arrived
-    /// and written splits here (the last to arrive merges them) and leave them zero again.
+    /// `[batch, ceil(rows / 64)]` zeros: where a request's splits merge through global
+    /// memory, the Hopper kernels count its finished splits here (the last one merges
+    /// them) and leave them zero again.
     pub done: DPtr<i32>,
 }
 
@@ -416,14 +417,24 @@ pub struct Kernels {
     /// The kernel [`Self::flash_decode`] gives more than 16 query rows: the seesaw wgmma
     /// kernel where the device has it (sm_90a), else mma.sync.
     pub wide: WideKernel,
-    /// Whether the Hopper kernels merge a request's splits on chip, launched as clusters
-    /// of them (at most [`MAX_CLUSTER_SPLITS`]); else through global partials. On unless
-    /// `SPECMLA_NO_CLUSTER_MERGE` is set (for A/B timing).
-    pub cluster_merge: bool,
+    /// How [`Self::flash_decode`] has the Hopper kernels merge a request's splits:
+    /// `Cluster` unless `SPECMLA_NO_CLUSTER_MERGE` is set (for A/B timing).
+    pub merge: SplitMerge,
 }
 
-/// The most splits a request's cluster takes (the portable cluster size); more splits
-/// merge through global partials.
+/// How a Hopper kernel merges a request's splits (one split needs no merge). Either way
+/// in split order with the same arithmetic per element, so the bits depend on the split
+/// plan alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SplitMerge {
+    /// The splits run as one cluster and merge through distributed shared memory; more than
+    /// [`MAX_CLUSTER_SPLITS`] take the global merge.
+    Cluster,
+    /// Every split writes an f32 partial; the last to finish merges them from L2.
+    Global,
+}
+
+/// The most splits a request's cluster takes (the portable cluster size).
 pub const MAX_CLUSTER_SPLITS: usize = 8;
 
 fn blocks(n: usize) -> usize {
@@ -500,7 +511,11 @@ impl Kernels {
             fns,
             flash,
             wide,
-            cluster_merge: std::env::var_os("SPECMLA_NO_CLUSTER_MERGE").is_none(),
+            merge: if std::env::var_os("SPECMLA_NO_CLUSTER_MERGE").is_some() {
+                SplitMerge::Global
+            } else {
+                SplitMerge::Cluster
+            },
         })
     }
 
@@ -539,7 +554,7 @@ impl Kernels {
         splits: usize,
     ) -> Result<usize, GpuError> {
         let clustered = self.wide.hopper()
-            && self.cluster_merge
+            && self.merge == SplitMerge::Cluster
             && (2..=MAX_CLUSTER_SPLITS).contains(&splits);
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
@@ -563,11 +578,23 @@ impl Kernels {
         self.flash_decode_with(self.wide, dev, s, b, scale)
     }
 
-    /// [`Self::flash_decode`] with requests of more than 16 rows on `wide`; `Wgmma` only
-    /// where [`Self::wide`] is `Wgmma`.
+    /// [`Self::flash_decode`] with requests of more than 16 rows on `wide`; the Hopper
+    /// families only where [`Self::wide`] is one.
     pub fn flash_decode_with(
         &self,
         wide: WideKernel,
+        dev: &GpuDevice,
+        s: FlashShape,
+        b: FlashBufs,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        self.flash_decode_merged((wide, self.merge), dev, s, b, scale)
+    }
+
+    /// [`Self::flash_decode_with`] with the Hopper kernels' split merge given.
+    pub fn flash_decode_merged(
+        &self,
+        (wide, merge): (WideKernel, SplitMerge),
         dev: &GpuDevice,
         s: FlashShape,
         b: FlashBufs,
@@ -631,10 +658,10 @@ impl Kernels {
         // The wgmma kernel merges its own splits: no flash_combine after it.
         let merged_in_kernel = hopper;
         if merged_in_kernel {
-            // Its split counters count arrivals in 16 bits.
+            // Outside a cluster, its merge weights live in the freed tiles: [splits][64].
             assert!(
-                s.max_splits < 1 << 15,
-                "at most 32767 splits, got {}",
+                s.max_splits <= 256,
+                "at most 256 splits, got {}",
                 s.max_splits
             );
             b.done.need(FlashBufs::done_len(&s));
@@ -663,7 +690,8 @@ impl Kernels {
         // seq_lens with blocks inside `cache` (the kernels do not check them); the narrow
         // kernel runs only for at most 16 rows; a cluster holds one request's splits of one
         // 64-row block, which is what the Hopper kernels' on-chip merge expects.
-        if hopper && self.cluster_merge && (2..=MAX_CLUSTER_SPLITS).contains(&s.max_splits) {
+        let clustered = merge == SplitMerge::Cluster;
+        if hopper && clustered && (2..=MAX_CLUSTER_SPLITS).contains(&s.max_splits) {
             let f = &self.fns[name];
             unsafe { launch_cluster(dev, f, name, cfg, s.max_splits as u32, &args) }?;
         } else {
