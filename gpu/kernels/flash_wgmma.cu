@@ -131,6 +131,47 @@ __device__ __forceinline__ void fw_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+// Rows [r_lo, r_hi) of a cluster merge of S splits, float4 columns spread over the CTA:
+// every load a thread needs (about 32 whatever S, as a split merges 64 / S rows) is issued
+// before any is used, since each distributed-shared-memory read waits on the SM-to-SM
+// network. Sums in split order.
+template <int S>
+__device__ __forceinline__ void fw_cluster_rows(const float* own, const float* wts, int sp, int r_lo,
+                                                int r_hi, long long row_at, float* __restrict__ out) {
+    constexpr int U = ((64 + S - 1) / S * (FD_DV / 4) + FW_THREADS - 1) / FW_THREADS;
+    const int total = max(r_hi - r_lo, 0) * (FD_DV / 4);
+    float4 v[U][S];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int idx = threadIdx.x + u * FW_THREADS;
+        const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
+        const unsigned at = smem_addr(own + r * FW_MSTRIDE + c);
+#pragma unroll
+        for (int t = 0; t < S; ++t)
+            if (idx < total)
+                v[u][t] = t == sp ? *(const float4*)(own + r * FW_MSTRIDE + c) : fw_ld_cluster4(fw_mapa(at, t));
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+        const int idx = threadIdx.x + u * FW_THREADS;
+        if (idx >= total) break;
+        const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int t = 0; t < S; ++t) {
+            const float w = wts[r * 9 + t];
+            acc.x += w * v[u][t].x;
+            acc.y += w * v[u][t].y;
+            acc.z += w * v[u][t].z;
+            acc.w += w * v[u][t].w;
+        }
+        const float den = wts[r * 9 + 8];
+        *(float4*)(out + (row_at + r) * FD_DV + c) =
+            den > 0.f ? make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den)
+                      : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+}
+
 // The merge of a request's splits launched as one cluster (split t = cluster rank t, all
 // resident together): each split puts its normalized rows and LSE in its own shared memory
 // (`scratch`, the freed tiles), then merges 64 / splits of the block's rows from all of
@@ -176,40 +217,14 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
         lse[row_at + r] = den > 0.f ? mx + logf(den) : NEG_INF;
     }
     __syncthreads();
-    // Four float4 columns per thread at a time, every split's loads in flight together.
-    const int total = max(r_hi - r_lo, 0) * (FD_DV / 4);
-    for (int base = tid; base < total; base += 4 * FW_THREADS) {
-        float4 v[4][8];
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int idx = base + u * FW_THREADS;
-            const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
-            const unsigned at = smem_addr(own + r * FW_MSTRIDE + c);
-#pragma unroll
-            for (int t = 0; t < 8; ++t)
-                if (t < splits && idx < total)
-                    v[u][t] = t == sp ? *(const float4*)(own + r * FW_MSTRIDE + c) : fw_ld_cluster4(fw_mapa(at, t));
-        }
-#pragma unroll
-        for (int u = 0; u < 4; ++u) {
-            const int idx = base + u * FW_THREADS;
-            if (idx >= total) break;
-            const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
-            float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-            for (int t = 0; t < 8; ++t) {
-                if (t >= splits) break;
-                const float w = wts[r * 9 + t];
-                acc.x += w * v[u][t].x;
-                acc.y += w * v[u][t].y;
-                acc.z += w * v[u][t].z;
-                acc.w += w * v[u][t].w;
-            }
-            const float den = wts[r * 9 + 8];
-            *(float4*)(out + (row_at + r) * FD_DV + c) =
-                den > 0.f ? make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den)
-                          : make_float4(0.f, 0.f, 0.f, 0.f);
-        }
+    switch (splits) {
+        case 2: fw_cluster_rows<2>(own, wts, sp, r_lo, r_hi, row_at, out); break;
+        case 3: fw_cluster_rows<3>(own, wts, sp, r_lo, r_hi, row_at, out); break;
+        case 4: fw_cluster_rows<4>(own, wts, sp, r_lo, r_hi, row_at, out); break;
+        case 5: fw_cluster_rows<5>(own, wts, sp, r_lo, r_hi, row_at, out); break;
+        case 6: fw_cluster_rows<6>(own, wts, sp, r_lo, r_hi, row_at, out); break;
+        case 7: fw_cluster_rows<7>(own, wts, sp, r_lo, r_hi, row_at, out); break;
+        default: fw_cluster_rows<8>(own, wts, sp, r_lo, r_hi, row_at, out); break;
     }
     fw_cluster_sync();  // no split leaves (freeing its shared memory) while others read it
 }
