@@ -34,15 +34,22 @@ fn zero_shapes_are_refused_before_touching_the_device() {
 fn without_a_gpu_it_says_why_in_one_line() {
     let dir = std::env::temp_dir().join(format!("specmla-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let csv = dir.join("b.csv");
-    let (code, err) = bench(&["--quick", "--csv", csv.to_str().unwrap()]);
-    if code == Some(0) {
-        // A machine with a GPU ran the sweep; the CSV must then exist.
-        assert!(csv.exists());
-        return;
+    for (i, extra) in [&[][..], &["--sweep-splits", "--heads", "16"][..]]
+        .into_iter()
+        .enumerate()
+    {
+        let csv = dir.join(format!("b{i}.csv"));
+        let mut args = vec!["--quick", "--csv", csv.to_str().unwrap()];
+        args.extend_from_slice(extra);
+        let (code, err) = bench(&args);
+        if code == Some(0) {
+            // A machine with a GPU ran the sweep; the CSV must then exist.
+            assert!(csv.exists());
+            continue;
+        }
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+        assert!(!csv.exists(), "no CSV without measurements");
     }
-    assert_eq!(code, Some(2), "{err}");
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
-    assert!(err.starts_with("error: "), "{err}");
-    assert!(!csv.exists(), "no CSV without measurements");
 }
