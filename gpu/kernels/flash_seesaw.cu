@@ -42,20 +42,6 @@ __device__ __forceinline__ void fs_arrive(int id, int threads) {
 }
 __device__ __forceinline__ void fs_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void fs_pin_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
-// fw_tma with an L2 eviction priority (FS_EVICT_FIRST: the cache's lines go first, the
-// tuning switch FlashMLA reports as a gain).
-__device__ __forceinline__ void fs_tma(unsigned dst, const FwTensorMap* map, int col, int slot, unsigned bar) {
-#ifdef FS_EVICT_FIRST
-    unsigned long long policy;
-    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n"
-        ::"r"(dst), "l"(map), "r"(col), "r"(slot), "r"(bar), "l"(policy) : "memory");
-#else
-    fw_tma(dst, map, col, slot, bar);
-#endif
-}
-
 #define FS_S8(i)                                                                                  \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
         "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -76,14 +62,7 @@ __device__ __forceinline__ void fs_qk(float* d, unsigned long long a, unsigned l
 __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned long long b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        FW_D128
         "}, {%128,%129,%130,%131}, %132, 1, 1, 1, 1;\n"
         : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56),
           FW_O8(64), FW_O8(72), FW_O8(80), FW_O8(88), FW_O8(96), FW_O8(104), FW_O8(112), FW_O8(120)
@@ -95,18 +74,12 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
 // memory. Thread 0 issues the loads of a stage's left blocks, thread 128 of its right
 // blocks: each right after its own warpgroup's last read of them.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
-    flash_decode_seesaw(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
-                        const int* __restrict__ block_table, const int* __restrict__ seq_lens,
-                        float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                        int heads, int q_len, int page, int width, int split_size, int max_splits,
-                        float scale_log2, float* __restrict__ out, float* __restrict__ lse,
-                        int* __restrict__ done, const __grid_constant__ FwTensorMap cache_map) {
+    flash_decode_seesaw(FW_DECODE_PARAMS) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
 #else
     extern __shared__ __align__(1024) unsigned char fw_smem[];
-    const unsigned raw = smem_addr(fw_smem);
-    unsigned char* qs = fw_smem + (((raw + 1023u) & ~1023u) - raw);  // Q tile
+    unsigned char* qs = fw_align(fw_smem);                             // Q tile
     unsigned char* ks = qs + FW_TILE_BYTES;                            // stages 0 and 1
     float* max_a = (float*)(ks + 2 * FW_TILE_BYTES);                   // [64] m after tile A
     float* max_b = max_a + 64;                                         // [64] m after tile B
@@ -115,7 +88,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     int* last = (int*)(red + 2 * 64 + 2 * 18);
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks);
 
-    const int tid = threadIdx.x, lane = tid % 32, wq = (tid % 128) / 32;
+    const int tid = threadIdx.x, lane = tid % 32;
     // Read through a shuffle so the compiler sees it is uniform across the warp: otherwise it
     // treats each warpgroup's branch as divergent and serializes the wgmmas inside.
     const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
@@ -126,12 +99,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int kv_end = min(kv_start + split, seq_len);
     if (kv_start >= seq_len && sp > 0) return;  // the merge never reads this split
 
-    const unsigned short* qb = q + (long long)b * rows * FD_D;
-    for (int c = tid; c < 64 * (FD_D / 8); c += FW_THREADS) {
-        int r = c / (FD_D / 8), ch = c % (FD_D / 8);
-        bool ok = row0 + r < rows;
-        cp_async16(qs + fw_off(r, ch), qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
-    }
+    fw_load_q(qs, q, b, rows, row0);
     const int* bt = block_table + (long long)b * width;
     const int box_rows = min(page, 64);
     const int tiles = kv_end > kv_start ? (kv_end - kv_start + 63) / 64 : 0;
@@ -144,13 +112,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
         for (int c = 0; c < 9; ++c)
             if (mask >> c & 1) fw_expect(bar0 + c * 8, boxes * box_rows * 128);
-        for (int k = 0; k < boxes * box_rows; k += box_rows) {
-            const int pos = t0 + k;
-            const int slot = bt[pos / page] * page + pos % page;
-#pragma unroll
-            for (int c = 0; c < 9; ++c)
-                if (mask >> c & 1) fs_tma(dst + c * FW_BLOCK_BYTES + k * 128, &cache_map, c * 64, slot, bar0 + c * 8);
-        }
+        fw_issue_boxes(dst, &cache_map, bt, page, t0, boxes, mask, bar0, 8);
     };
     if (tid == 0) {
         for (int i = 0; i < 18; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
@@ -166,17 +128,9 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_proxy_fence();
     __syncthreads();
 
-    // Accumulator layout (each warp 16 rows): register 4j + e holds row lane/4 (e < 2) or
-    // lane/4 + 8, column 8j + 2 (lane % 4) + e % 2.
     int lrow[2], limit[2];
     bool live[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        lrow[i] = wq * 16 + lane / 4 + i * 8;
-        int r = row0 + lrow[i];
-        live[i] = r < rows;
-        limit[i] = max(seq_len - q_len + r / heads + 1, 0);
-    }
+    fw_rows(lrow, live, limit, row0, rows, heads, q_len, seq_len);
     const int limit_min = max(seq_len - q_len + row0 / heads + 1, 0);
     float o[128];
 #pragma unroll
@@ -417,35 +371,6 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 l[i] = l[i] * a_ab[i] + (has_b ? sum[i] : 0.f);
                 m[i] = m_b[i];
             }
-#ifdef FS_OTHER_FIRST
-            // Tuning variant: P_A V_A first, so stage 0's right blocks (the ones tile A + 2
-            // waits for last) free up one product sooner; P_B V_B after it.
-            if (has_b) {
-                pack_p();
-                const float one[2] = {1.f, 1.f};
-                store_p(1, one);
-                fs_arrive(FS_BAR_P_B, 256);
-            }
-            fs_sync(FS_BAR_P_A, 256);
-            pv_other(0);
-            if (has_b) {
-                pv_own(1);
-                fs_wait1();  // (P_A a_B) V_A done; P_B V_B may still run
-                group_done();
-                if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
-            }
-            fw_wait();
-#pragma unroll
-            for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-#pragma unroll
-            for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
-            group_done();
-            if (tid == 128) {
-                if (!has_b && ta + 2 < more) issue(ta + 2, right_rope);
-                if (has_b && tb + 2 < more) issue(tb + 2, right);
-            }
-        }
-#else
             if (has_b) {
                 pack_p();
                 pv_own(1);
@@ -468,7 +393,6 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             group_done();
             if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
         }
-#endif
     }
     __syncthreads();
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, row0,

@@ -82,6 +82,17 @@ __device__ __forceinline__ void fw_qk(float* d, unsigned long long a, unsigned l
         : "l"(a), "l"(b));
 }
 
+// The operand list of a 64 x 256 f32 accumulator, %0 to %127.
+#define FW_D128                                                                          \
+    "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                             \
+    "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"                   \
+    "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"                   \
+    "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"                   \
+    "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"                   \
+    "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"                   \
+    "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"       \
+    "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+
 #define FW_O8(i)                                                                                  \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
         "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -90,20 +101,73 @@ __device__ __forceinline__ void fw_qk(float* d, unsigned long long a, unsigned l
 __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned long long b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,"
-        "%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,"
-        "%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,"
-        "%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,"
-        "%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127"
+        FW_D128
         "}, %128, %129, 1, 1, 1, 0, 1;\n"
         : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56),
           FW_O8(64), FW_O8(72), FW_O8(80), FW_O8(88), FW_O8(96), FW_O8(104), FW_O8(112), FW_O8(120)
         : "l"(a), "l"(b));
 }
 #endif
+
+// The parameter list both Hopper decode kernels take (see flash_decode_wgmma).
+#define FW_DECODE_PARAMS                                                                              \
+    const unsigned short *__restrict__ q, const unsigned short *__restrict__ cache,                   \
+        const int *__restrict__ block_table, const int *__restrict__ seq_lens,                        \
+        float *__restrict__ o_part, float *__restrict__ lse_part, int batch, int rows, int heads,      \
+        int q_len, int page, int width, int split_size, int max_splits, float scale_log2,             \
+        float *__restrict__ out, float *__restrict__ lse, int *__restrict__ done,                      \
+        const __grid_constant__ FwTensorMap cache_map
+
+// The swizzle pattern is anchored at 1024-byte boundaries: the carve-out's aligned start.
+__device__ __forceinline__ unsigned char* fw_align(unsigned char* smem) {
+    const unsigned raw = smem_addr(smem);
+    return smem + (((raw + 1023u) & ~1023u) - raw);
+}
+
+// The CTA's 64 query rows of request b into the swizzled Q tile by cp.async (zeros past
+// the request's rows); the caller commits and waits.
+__device__ __forceinline__ void fw_load_q(unsigned char* qs, const unsigned short* __restrict__ q, int b,
+                                          int rows, int row0) {
+    const unsigned short* qb = q + (long long)b * rows * FD_D;
+    for (int c = threadIdx.x; c < 64 * (FD_D / 8); c += FW_THREADS) {
+        int r = c / (FD_D / 8), ch = c % (FD_D / 8);
+        bool ok = row0 + r < rows;
+        cp_async16(qs + fw_off(r, ch), qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
+    }
+}
+
+// The 64-column blocks in `mask` (bit c) of the tile at key t0 into `dst`: one box per page
+// part that holds keys below kv_end, block c completing on bar0 + c * bar_stride (0: all
+// on one mbarrier). The caller arms the mbarriers with the bytes. Rows past kv_end may
+// land too; the caller zeroes them (a slot past the sequence may hold NaN, and 0 * NaN
+// would reach the output through P V).
+__device__ __forceinline__ void fw_issue_boxes(unsigned dst, const FwTensorMap* map, const int* bt, int page,
+                                               int t0, int boxes, unsigned mask, unsigned bar0,
+                                               unsigned bar_stride) {
+    const int box_rows = min(page, 64);
+    for (int k = 0; k < boxes * box_rows; k += box_rows) {
+        const int pos = t0 + k;
+        const int slot = bt[pos / page] * page + pos % page;
+#pragma unroll
+        for (int c = 0; c < 9; ++c)
+            if (mask >> c & 1) fw_tma(dst + c * FW_BLOCK_BYTES + k * 128, map, c * 64, slot, bar0 + c * bar_stride);
+    }
+}
+
+// This thread's two accumulator rows (each warp 16 rows: register 4j + e holds row lane/4
+// for e < 2, else lane/4 + 8, column 8j + 2 (lane % 4) + e % 2), whether each is a row of
+// the request, and the key each row's causal mask stops at.
+__device__ __forceinline__ void fw_rows(int* lrow, bool* live, int* limit, int row0, int rows, int heads,
+                                        int q_len, int seq_len) {
+    const int lane = threadIdx.x % 32, wq = (threadIdx.x % 128) / 32;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        lrow[i] = wq * 16 + lane / 4 + i * 8;
+        const int r = row0 + lrow[i];
+        live[i] = r < rows;
+        limit[i] = max(seq_len - q_len + r / heads + 1, 0);
+    }
+}
 
 #ifdef FW_HAVE_WGMMA
 // Row stride (floats) of a split's normalized output in shared memory for the cluster
@@ -379,19 +443,12 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
 // mbarrier; everyone else only waits. The tile after next is issued as soon as both
 // warpgroups are done with a stage.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
-    flash_decode_wgmma(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
-                       const int* __restrict__ block_table, const int* __restrict__ seq_lens,
-                       float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                       int heads, int q_len, int page, int width, int split_size, int max_splits,
-                       float scale_log2, float* __restrict__ out, float* __restrict__ lse,
-                       int* __restrict__ done, const __grid_constant__ FwTensorMap cache_map) {
+    flash_decode_wgmma(FW_DECODE_PARAMS) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
 #else
     extern __shared__ __align__(1024) unsigned char fw_smem[];
-    // The swizzle pattern is anchored at 1024-byte boundaries: align the carve-out.
-    const unsigned raw = smem_addr(fw_smem);
-    unsigned char* qs = fw_smem + (((raw + 1023u) & ~1023u) - raw);  // Q tile
+    unsigned char* qs = fw_align(fw_smem);                             // Q tile
     unsigned char* ks = qs + FW_TILE_BYTES;                            // two K tiles
     unsigned char* ps = ks + 2 * FW_TILE_BYTES;                        // P [64][64] bf16
     float* red = (float*)(ps + FW_BLOCK_BYTES);                        // [2 groups][64 rows]
@@ -399,7 +456,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     int* last = (int*)(red + 2 * 64 + 4);                              // then a flag
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks), ps_a = smem_addr(ps);
 
-    const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128, wq = (tid % 128) / 32;
+    const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
@@ -407,27 +464,15 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int kv_end = min(kv_start + split, seq_len);
     if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
-    const unsigned short* qb = q + (long long)b * rows * FD_D;
-    for (int c = tid; c < 64 * (FD_D / 8); c += FW_THREADS) {
-        int r = c / (FD_D / 8), ch = c % (FD_D / 8);
-        bool ok = row0 + r < rows;
-        cp_async16(qs + fw_off(r, ch), qb + (long long)(ok ? row0 + r : 0) * FD_D + ch * 8, ok);
-    }
+    fw_load_q(qs, q, b, rows, row0);
     const int* bt = block_table + (long long)b * width;
     const int box_rows = min(page, 64);
-    // Tile t0's pages that hold keys below kv_end, one box per 64 columns each; rows past
-    // kv_end are zeroed after landing (a slot past the sequence may hold NaN, and
-    // 0 * NaN would reach the output through P V).
+    // All of tile t0 into a stage, on the stage's one mbarrier.
     auto issue_tile = [&](int stage, int t0) {
         unsigned bar = bar_a + stage * 8, dst = ks_a + stage * FW_TILE_BYTES;
         int boxes = (min(kv_end - t0, 64) + box_rows - 1) / box_rows;
         fw_expect(bar, boxes * 9 * box_rows * 128);
-        for (int k = 0; k < boxes * box_rows; k += box_rows) {
-            int pos = t0 + k;
-            int slot = bt[pos / page] * page + pos % page;
-#pragma unroll
-            for (int c = 0; c < 9; ++c) fw_tma(dst + c * FW_BLOCK_BYTES + k * 128, &cache_map, c * 64, slot, bar);
-        }
+        fw_issue_boxes(dst, &cache_map, bt, page, t0, boxes, 0x1FF, bar, 0);
     };
     if (tid == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar_a) : "memory");
@@ -444,16 +489,9 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_proxy_fence();
     __syncthreads();
 
-    // Accumulator layout (each warp 16 rows): register 4j + e holds row lane/4 (e < 2) or
-    // lane/4 + 8, column 8j + 2 (lane % 4) + e % 2.
     int lrow[2], limit[2];
     bool live[2];
-    for (int i = 0; i < 2; ++i) {
-        lrow[i] = wq * 16 + lane / 4 + i * 8;
-        int r = row0 + lrow[i];
-        live[i] = r < rows;
-        limit[i] = max(seq_len - q_len + r / heads + 1, 0);
-    }
+    fw_rows(lrow, live, limit, row0, rows, heads, q_len, seq_len);
     float o[128];
 #pragma unroll
     for (int n = 0; n < 128; ++n) o[n] = 0.f;

@@ -289,6 +289,19 @@ pub unsafe fn launch_cfg(
     Ok(())
 }
 
+/// The launch attribute that groups a grid's CTAs in clusters of `cluster_y` along y.
+fn cluster_attr(cluster_y: u32) -> sys::CUlaunchAttribute {
+    // SAFETY: a plain C union; the cluster-dimension member is the one the id names.
+    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
+        x: 1,
+        y: cluster_y,
+        z: 1,
+    };
+    attr
+}
+
 /// [`launch_cfg`] with the grid's CTAs in clusters of `cluster_y` along y (resident
 /// together, sharing distributed shared memory). cudarc has no safe cluster launch, so this
 /// calls `cuLaunchKernelEx` with the cluster-dimension attribute.
@@ -327,14 +340,7 @@ pub unsafe fn launch_cluster(
             Arg::Map(m) => &m.0 as *const sys::CUtensorMap as *mut std::ffi::c_void,
         })
         .collect();
-    // SAFETY: a plain C union; the cluster-dimension member is the one the id names.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-        x: 1,
-        y: cluster_y,
-        z: 1,
-    };
+    let mut attr = cluster_attr(cluster_y);
     let config = sys::CUlaunchConfig {
         gridDimX: x,
         gridDimY: y,
@@ -374,14 +380,7 @@ pub fn max_active_clusters(
     dev.ctx
         .bind_to_thread()
         .map_err(GpuError::driver("binding the context"))?;
-    // SAFETY: a plain C union; the cluster-dimension member is the one the id names.
-    let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-    attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-    attr.value.clusterDim = sys::CUlaunchAttributeValue_union__bindgen_ty_1 {
-        x: 1,
-        y: cluster_y,
-        z: 1,
-    };
+    let mut attr = cluster_attr(cluster_y);
     let config = sys::CUlaunchConfig {
         gridDimX: 1,
         gridDimY: cluster_y,

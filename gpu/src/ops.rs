@@ -312,10 +312,8 @@ impl FlashConfig {
 /// tuning and diagnosis only. On the wgmma kernel `FW_NO_LOAD` drops the loads after the
 /// first two tiles, `FW_NO_MMA` all tensor-core work, `FW_NO_QK` / `FW_NO_PV` one of the
 /// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
-/// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same,
-/// and `FS_EVICT_FIRST` gives the cache's copies an evict-first L2 policy. On both,
-/// `FW_NO_MERGE` leaves every split's partial unmerged. `FS_OTHER_FIRST` has the seesaw's
-/// second warpgroup multiply the first one's probabilities before its own.
+/// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same.
+/// On both, `FW_NO_MERGE` leaves every split's partial unmerged.
 fn diagnostic_defines() -> Result<String, GpuError> {
     match std::env::var("SPECMLA_FLASH_DEFINES") {
         Ok(v) => parse_defines(&v).map_err(GpuError::NoDevice),
@@ -325,7 +323,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 10] = [
+const DIAGNOSTIC_DEFINES: [&str; 8] = [
     "FW_NO_LOAD",
     "FW_NO_MMA",
     "FW_NO_QK",
@@ -333,9 +331,7 @@ const DIAGNOSTIC_DEFINES: [&str; 10] = [
     "FW_NO_SOFTMAX",
     "FW_NO_PFENCE",
     "FW_NO_SYNC2",
-    "FS_EVICT_FIRST",
     "FW_NO_MERGE",
-    "FS_OTHER_FIRST",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {
