@@ -365,7 +365,11 @@ pub fn bench_flash(
     for v in variants {
         let max_splits = v.plan.1;
         outs.push(FlashOutputs {
-            o_part: Buf::uninit(dev, max_splits * s.batch * rows * FLASH_DV, "bench partial outputs")?,
+            o_part: Buf::uninit(
+                dev,
+                max_splits * s.batch * rows * FLASH_DV,
+                "bench partial outputs",
+            )?,
             lse_part: Buf::uninit(dev, max_splits * s.batch * rows, "bench partial lse")?,
             out: Buf::uninit(dev, s.batch * rows * FLASH_DV, "bench outputs")?,
             lse: Buf::uninit(dev, s.batch * rows, "bench lse")?,
@@ -588,11 +592,20 @@ mod tests {
     fn the_fast_plan_fills_one_wave() {
         let plain = |n: usize| 132 / n;
         // 64 CTAs a split on 132 SMs: two splits of 2048 fill one wave.
-        assert_eq!(fast_split_tokens(&shape(128, 1, 32, 4096), &plain, 64), 2048);
+        assert_eq!(
+            fast_split_tokens(&shape(128, 1, 32, 4096), &plain, 64),
+            2048
+        );
         // 128 CTAs already fill it: one split.
-        assert_eq!(fast_split_tokens(&shape(128, 1, 64, 16384), &plain, 64), 16384);
+        assert_eq!(
+            fast_split_tokens(&shape(128, 1, 64, 16384), &plain, 64),
+            16384
+        );
         // 1024 CTAs make 7.8 waves: splitting only adds cold starts.
-        assert_eq!(fast_split_tokens(&shape(128, 4, 128, 4096), &plain, 64), 4096);
+        assert_eq!(
+            fast_split_tokens(&shape(128, 4, 128, 4096), &plain, 64),
+            4096
+        );
         // H 16, B 32: 32 CTAs, four splits; but where only 30 clusters of four fit at once
         // (they must sit in one GPC), three.
         assert_eq!(fast_split_tokens(&shape(16, 1, 32, 4096), &plain, 64), 1024);

@@ -612,11 +612,7 @@ impl Kernels {
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
         let hopper = wide.hopper() && name == wide.function();
         // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
-        let keys = if hopper {
-            64
-        } else {
-            self.flash.keys
-        };
+        let keys = if hopper { 64 } else { self.flash.keys };
         assert!(
             s.split_size.is_multiple_of(keys) && s.split_size > 0,
             "split size {} is not a multiple of {keys}",

@@ -126,7 +126,9 @@ impl Picture for SpecPicture {
     fn size_px(&self) -> (u32, u32) {
         let (rows, cols) = self.grid();
         (
-            (PANEL_PX.0 * cols as u32 + style::LEGEND_WIDTH_PX).max(MIN_WIDTH_PX),
+            (PANEL_PX.0 * cols as u32 + style::LEGEND_WIDTH_PX)
+                .max(MIN_WIDTH_PX)
+                .max(style::title_width_px(&self.title)),
             60 + PANEL_PX.1 * rows as u32,
         )
     }
@@ -246,6 +248,27 @@ impl Picture for SpecPicture {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_title_widens_the_canvas() {
+        let csv = "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm
+decode,invariant,128,4,16,2048,64,10,0,0,0,0,0,0
+prefill_path,invariant,128,4,16,2048,64,40,0,0,0,0,0,0
+";
+        let bench = Bench::parse(csv.as_bytes(), "t.csv").unwrap();
+        let width = |title| match plan(&bench, title).unwrap() {
+            Plan::Draw(p) => p.size_px().0,
+            Plan::Skip(why) => panic!("{why}"),
+        };
+        assert_eq!(width(None), MIN_WIDTH_PX);
+        let long = "H100 SXM, seesaw kernel, commit b95cf92, 2026-11-23";
+        let title = style::title(
+            "Spec step: decode kernel vs materialized prefill path",
+            Some(long),
+        );
+        assert!(width(Some(long)) >= style::title_width_px(&title));
+        assert!(width(Some(long)) > MIN_WIDTH_PX);
+    }
 
     #[test]
     fn pairs_shapes_that_have_both_kernels() {

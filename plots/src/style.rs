@@ -229,6 +229,12 @@ where
     Ok(())
 }
 
+/// A canvas width, px, that holds `title` at [`TITLE_PX`] with a margin: DejaVu Sans
+/// averages under 0.6 of the font size a character.
+pub fn title_width_px(title: &str) -> u32 {
+    (title.chars().count() as u32 * TITLE_PX * 3).div_ceil(5) + 2 * TITLE_PX
+}
+
 /// `base`, or `base — suffix` when `--title` was given.
 pub fn title(base: &str, suffix: Option<&str>) -> String {
     match suffix {

@@ -9,8 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 use specmla_gpu::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_split_tokens,
-    FlashVariant,
-    invariant_plan, BenchShape, Ceilings, DecodeInputs, Measurement, CSV_HEADER,
+    invariant_plan, BenchShape, Ceilings, DecodeInputs, FlashVariant, Measurement, CSV_HEADER,
 };
 use specmla_gpu::ops::{Kernels, WideKernel};
 use specmla_gpu::{GpuDevice, GpuError};
