@@ -1,0 +1,70 @@
+#!/usr/bin/env python3
+"""Compiles the flash kernels as the GPU backend does (NVRTC, sm_90a, C++17), then runs
+ptxas -v on the PTX: compile errors, registers and spills per kernel, and ptxas's wgmma
+warning C7520 (wgmmas serialized: a performance bug), all without a GPU. Exits 1 on an
+error or a C7520.
+
+Setup, once (the CUDA 13.0 NVRTC and nvcc wheels from PyPI, into /tmp/cuda):
+    pip download --no-deps -d /tmp/cuda "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-nvcc==13.0.*"
+    for f in /tmp/cuda/*.whl; do unzip -qo "$f" -d /tmp/cuda/x; done
+Run, from the repository root (-DNAME defines a diagnostic switch):
+    LD_LIBRARY_PATH=/tmp/cuda/x/nvidia/cu13/lib python3 gpu/tools/nvrtc_check.py [-DFW_NO_LOAD]
+"""
+import ctypes
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.environ.get("CUDA_WHEELS", "/tmp/cuda/x/nvidia/cu13")
+# The order ops.rs concatenates them in (after common.cuh, which the device prepends).
+SOURCES = ["common.cuh", "flash_decode.cu", "flash_wgmma.cu", "flash_seesaw.cu"]
+
+
+def nvrtc_ptx(src: str) -> bytes:
+    lib = ctypes.CDLL(os.path.join(ROOT, "lib", "libnvrtc.so.13"))
+    prog = ctypes.c_void_p()
+    if lib.nvrtcCreateProgram(ctypes.byref(prog), src.encode(), b"flash.cu", 0, None, None):
+        sys.exit("nvrtcCreateProgram failed")
+    opts = [b"--gpu-architecture=sm_90a", b"--std=c++17"]
+    status = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    # NVRTC runs ptxas itself for an sm_ arch: its log holds the same notes.
+    for line in log.value.decode().splitlines():
+        if line.strip() and "C7519" not in line:
+            print(line)
+    if status:
+        sys.exit("NVRTC failed")
+    lib.nvrtcGetPTXSize(prog, ctypes.byref(size))
+    ptx = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetPTX(prog, ptx)
+    return ptx.value
+
+
+def main() -> int:
+    defines = [a[2:] for a in sys.argv[1:] if a.startswith("-D")]
+    kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
+    src = "".join(f"#define {d} 1\n" for d in defines)
+    src += "\n".join(open(os.path.join(kernels, f)).read() for f in SOURCES)
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "flash.ptx")
+        open(ptx, "wb").write(nvrtc_ptx(src))
+        out = subprocess.run(
+            [os.path.join(ROOT, "bin", "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "f.cubin")],
+            capture_output=True, text=True)
+    bad = 0
+    for line in (out.stdout + out.stderr).splitlines():
+        # C7519 (a fence ptxas adds before a wgmma) is routine; C7520 serializes them.
+        if "C7519" in line or not re.search(r"Compiling entry|registers|spill|error|C7520", line):
+            continue
+        print(line)
+        bad += bool(re.search(r"error|C7520", line))
+    return 1 if out.returncode or bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
