@@ -301,25 +301,32 @@ impl DecodeInputs {
     }
 }
 
+/// The plan of `splits` equal splits of a `context`-key request: (split size in keys, a
+/// whole number of `tile_keys` tiles, since a tile may span pages or part of one; the
+/// splits that takes).
+pub fn split_plan(context: usize, splits: usize, tile_keys: usize) -> (usize, usize) {
+    let split = context.div_ceil(splits).div_ceil(tile_keys) * tile_keys;
+    (split, context.div_ceil(split))
+}
+
 /// Split size of the fast mode, which may look at the batch: the most splits per request
 /// whose CTAs still run in one wave, at least one, at most one per 256 keys.
 /// `resident(n)` is how many requests' groups of n split CTAs the device runs at once
 /// ([`Kernels::resident_split_groups`]: SMs / n, or fewer where clusters of n must fit in
 /// a GPC). Past one wave a split only adds a cold start and a merge: `gpu-bench
 /// --sweep-splits` found the best count at every shape was the largest that fit one wave.
-pub fn fast_split_tokens(
+pub fn fast_plan(
     s: &BenchShape,
     resident: &dyn Fn(usize) -> usize,
     tile_keys: usize,
-) -> usize {
+) -> (usize, usize) {
     let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
     let most = s.context.div_ceil(256).max(1);
     let splits = (1..=most)
         .filter(|&n| groups <= resident(n))
         .max()
         .unwrap_or(1);
-    // Splits need whole tiles, not whole pages (a tile may span pages or part of one).
-    s.context.div_ceil(splits).div_ceil(tile_keys) * tile_keys
+    split_plan(s.context, splits, tile_keys)
 }
 
 /// One way to run the tensor-core decode at a shape: the kernel family for the wide rows,
@@ -341,14 +348,15 @@ struct FlashOutputs {
 }
 
 /// Times the tensor-core decode at `inp.shape` in each of `variants`, interleaved round by
-/// round, each launch after an L2 scrub ([`time_interleaved_us`]). A row is `decode` on the device's default kernel, else
-/// the family's peer label (`decode_wgmma`, `decode_mma`).
+/// round, each launch after `scrub` ([`time_interleaved_us`]). A row is `decode` on the
+/// device's default kernel, else the family's peer label (`decode_wgmma`, `decode_mma`).
 pub fn bench_flash(
     dev: &GpuDevice,
     k: &Kernels,
     inp: &DecodeInputs,
     variants: &[FlashVariant],
     reps: usize,
+    scrub: &L2Scrub,
 ) -> Result<Vec<Measurement>, GpuError> {
     let s = inp.shape;
     let rows = s.q_len * s.heads;
@@ -403,8 +411,7 @@ pub fn bench_flash(
         .collect();
     let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =
         runs.iter_mut().map(|r| &mut **r as _).collect();
-    let scrub = L2Scrub::new(dev, k)?;
-    let times = time_interleaved_us(dev, 3, reps, Some(&scrub), &mut refs)?;
+    let times = time_interleaved_us(dev, 3, reps, Some(scrub), &mut refs)?;
     Ok(variants
         .iter()
         .zip(times)
@@ -566,7 +573,7 @@ pub fn bench_prefill_path(
 
 #[cfg(test)]
 mod tests {
-    use super::{fast_split_tokens, BenchShape};
+    use super::{fast_plan, BenchShape};
 
     fn shape(heads: usize, q_len: usize, batch: usize, context: usize) -> BenchShape {
         BenchShape {
@@ -592,29 +599,21 @@ mod tests {
     fn the_fast_plan_fills_one_wave() {
         let plain = |n: usize| 132 / n;
         // 64 CTAs a split on 132 SMs: two splits of 2048 fill one wave.
-        assert_eq!(
-            fast_split_tokens(&shape(128, 1, 32, 4096), &plain, 64),
-            2048
-        );
+        assert_eq!(fast_plan(&shape(128, 1, 32, 4096), &plain, 64), (2048, 2));
         // 128 CTAs already fill it: one split.
-        assert_eq!(
-            fast_split_tokens(&shape(128, 1, 64, 16384), &plain, 64),
-            16384
-        );
+        assert_eq!(fast_plan(&shape(128, 1, 64, 16384), &plain, 64), (16384, 1));
         // 1024 CTAs make 7.8 waves: splitting only adds cold starts.
-        assert_eq!(
-            fast_split_tokens(&shape(128, 4, 128, 4096), &plain, 64),
-            4096
-        );
+        assert_eq!(fast_plan(&shape(128, 4, 128, 4096), &plain, 64), (4096, 1));
         // H 16, B 32: 32 CTAs, four splits; but where only 30 clusters of four fit at once
         // (they must sit in one GPC), three.
-        assert_eq!(fast_split_tokens(&shape(16, 1, 32, 4096), &plain, 64), 1024);
+        assert_eq!(fast_plan(&shape(16, 1, 32, 4096), &plain, 64), (1024, 4));
         let gpcs = |n: usize| if n == 4 { 30 } else { 132 / n };
-        assert_eq!(fast_split_tokens(&shape(16, 1, 32, 4096), &gpcs, 64), 1408);
+        assert_eq!(fast_plan(&shape(16, 1, 32, 4096), &gpcs, 64), (1408, 3));
         // Splits stay whole tiles, at most one per 256 keys, whatever the page (96 is
         // not a divisor of the tile).
         for (h, q, b, l) in [(16, 1, 1, 300), (16, 1, 2, 100_000), (128, 2, 7, 5000)] {
-            let split = fast_split_tokens(&shape(h, q, b, l), &|n| 132 / n, 64);
+            let (split, n) = fast_plan(&shape(h, q, b, l), &|n| 132 / n, 64);
+            assert_eq!(n, l.div_ceil(split));
             assert!(split.is_multiple_of(64), "{split}");
             assert!(
                 l.div_ceil(split) <= l.div_ceil(256),

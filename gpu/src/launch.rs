@@ -302,6 +302,29 @@ fn cluster_attr(cluster_y: u32) -> sys::CUlaunchAttribute {
     attr
 }
 
+/// A `cuLaunchKernelEx`-style configuration of `grid` x `block` on the device's stream with
+/// the one attribute `attr` (which must outlive its use).
+fn launch_config_ex(
+    dev: &GpuDevice,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    smem_bytes: u32,
+    attr: &mut sys::CUlaunchAttribute,
+) -> sys::CUlaunchConfig {
+    sys::CUlaunchConfig {
+        gridDimX: grid.0,
+        gridDimY: grid.1,
+        gridDimZ: grid.2,
+        blockDimX: block.0,
+        blockDimY: block.1,
+        blockDimZ: block.2,
+        sharedMemBytes: smem_bytes,
+        hStream: dev.stream.cu_stream(),
+        attrs: attr,
+        numAttrs: 1,
+    }
+}
+
 /// [`launch_cfg`] with the grid's CTAs in clusters of `cluster_y` along y (resident
 /// together, sharing distributed shared memory). cudarc has no safe cluster launch, so this
 /// calls `cuLaunchKernelEx` with the cluster-dimension attribute.
@@ -341,18 +364,13 @@ pub unsafe fn launch_cluster(
         })
         .collect();
     let mut attr = cluster_attr(cluster_y);
-    let config = sys::CUlaunchConfig {
-        gridDimX: x,
-        gridDimY: y,
-        gridDimZ: z,
-        blockDimX: cfg.block_dim.0,
-        blockDimY: cfg.block_dim.1,
-        blockDimZ: cfg.block_dim.2,
-        sharedMemBytes: cfg.shared_mem_bytes,
-        hStream: dev.stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
+    let config = launch_config_ex(
+        dev,
+        cfg.grid_dim,
+        cfg.block_dim,
+        cfg.shared_mem_bytes,
+        &mut attr,
+    );
     // SAFETY: `params` points at live values matching the kernel's parameters (the
     // caller's contract); `config` and `attr` outlive the call.
     unsafe {
@@ -381,18 +399,7 @@ pub fn max_active_clusters(
         .bind_to_thread()
         .map_err(GpuError::driver("binding the context"))?;
     let mut attr = cluster_attr(cluster_y);
-    let config = sys::CUlaunchConfig {
-        gridDimX: 1,
-        gridDimY: cluster_y,
-        gridDimZ: 1,
-        blockDimX: block,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: smem_bytes,
-        hStream: dev.stream.cu_stream(),
-        attrs: &mut attr,
-        numAttrs: 1,
-    };
+    let config = launch_config_ex(dev, (1, cluster_y, 1), (block, 1, 1), smem_bytes, &mut attr);
     let mut n: std::ffi::c_int = 0;
     // SAFETY: `n`, `config` and `attr` outlive the call; it only reads the function.
     unsafe { sys::cuOccupancyMaxActiveClusters(&mut n, f.cu_function(), &config) }

@@ -433,6 +433,14 @@ pub enum SplitMerge {
 /// The most splits a request's cluster takes (the portable cluster size).
 pub const MAX_CLUSTER_SPLITS: usize = 8;
 
+impl SplitMerge {
+    /// Whether a Hopper launch whose requests take up to `splits` splits runs them as
+    /// clusters: the cluster merge, with 2 to [`MAX_CLUSTER_SPLITS`] splits.
+    pub fn in_clusters(self, splits: usize) -> bool {
+        self == Self::Cluster && (2..=MAX_CLUSTER_SPLITS).contains(&splits)
+    }
+}
+
 fn blocks(n: usize) -> usize {
     n.div_ceil(THREADS as usize)
 }
@@ -549,9 +557,7 @@ impl Kernels {
         sms: usize,
         splits: usize,
     ) -> Result<usize, GpuError> {
-        let clustered = self.wide.hopper()
-            && self.merge == SplitMerge::Cluster
-            && (2..=MAX_CLUSTER_SPLITS).contains(&splits);
+        let clustered = self.wide.hopper() && self.merge.in_clusters(splits);
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
                 let f = &self.fns[self.wide.function()];
@@ -647,9 +653,8 @@ impl Kernels {
             args.push(x.into());
         }
         args.push((scale * std::f32::consts::LOG2_E).into());
-        // The wgmma kernel merges its own splits: no flash_combine after it.
-        let merged_in_kernel = hopper;
-        if merged_in_kernel {
+        // The Hopper kernels merge their own splits: no flash_combine after them.
+        if hopper {
             // Outside a cluster, its merge weights live in the freed tiles: [splits][64].
             assert!(
                 s.max_splits <= 256,
@@ -682,14 +687,13 @@ impl Kernels {
         // seq_lens with blocks inside `cache` (the kernels do not check them); the narrow
         // kernel runs only for at most 16 rows; a cluster holds one request's splits of one
         // 64-row block, which is what the Hopper kernels' on-chip merge expects.
-        let clustered = merge == SplitMerge::Cluster;
-        if hopper && clustered && (2..=MAX_CLUSTER_SPLITS).contains(&s.max_splits) {
+        if hopper && merge.in_clusters(s.max_splits) {
             let f = &self.fns[name];
             unsafe { launch_cluster(dev, f, name, cfg, s.max_splits as u32, &args) }?;
         } else {
             unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
         }
-        if merged_in_kernel {
+        if hopper {
             return Ok(());
         }
         let args = [

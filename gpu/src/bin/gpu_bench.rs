@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use clap::Parser;
 use specmla_gpu::bench::{
-    bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_split_tokens,
-    invariant_plan, BenchShape, Ceilings, DecodeInputs, FlashVariant, Measurement, CSV_HEADER,
+    bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_plan, invariant_plan,
+    split_plan, BenchShape, Ceilings, DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
 };
 use specmla_gpu::ops::{Kernels, WideKernel};
 use specmla_gpu::{GpuDevice, GpuError};
@@ -154,6 +154,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let scrub = L2Scrub::new(&dev, &k)?;
     let mut rows: Vec<Measurement> = Vec::new();
     println!(
         "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10} {:>8} {:>8} {:>6} {:>6}",
@@ -171,14 +172,13 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         let mut variants = Vec::new();
         if cli.sweep_splits {
             for (n, mode) in SWEEP_SPLITS {
-                let split = s.context.div_ceil(n).div_ceil(64) * 64;
-                if n == 1 || split >= 256 {
-                    variants.push(v(k.wide, (split, s.context.div_ceil(split)), mode));
+                let plan = split_plan(s.context, n, 64);
+                if n == 1 || plan.0 >= 256 {
+                    variants.push(v(k.wide, plan, mode));
                 }
             }
         } else {
-            let split = fast_split_tokens(&s, &|n| resident[n.min(resident.len() - 1)], 64);
-            let fast = (split, s.context.div_ceil(split));
+            let fast = fast_plan(&s, &|n| resident[n.min(resident.len() - 1)], 64);
             variants.push(v(k.wide, invariant(&s), "invariant"));
             variants.push(v(k.wide, fast, "fast"));
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
@@ -189,7 +189,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
                 variants.push(v(WideKernel::Mma, invariant(&s), "invariant"));
             }
         }
-        for m in bench_flash(&dev, &k, &inp, &variants, reps)? {
+        for m in bench_flash(&dev, &k, &inp, &variants, reps, &scrub)? {
             print_row(&m, &c);
             rows.push(m);
         }
@@ -209,7 +209,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
                 plan: invariant(&s),
                 mode: "invariant",
             };
-            let d = bench_flash(&dev, &k, &inp, &[inv], reps)?.remove(0);
+            let d = bench_flash(&dev, &k, &inp, &[inv], reps, &scrub)?.remove(0);
             drop(inp);
             let p = bench_prefill_path(&dev, &k, s, 3)?;
             println!(
