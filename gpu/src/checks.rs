@@ -382,7 +382,8 @@ pub fn check_flash_decode(
 
 /// Batch invariance of the tensor-core decode: request 1 of a batch of three gives the
 /// same bits alone (its own block-table row and seq_len, a batch of one) as in the batch,
-/// with the same fixed split size. Both the wide and the narrow kernel.
+/// with the same fixed split size. Both the wide and the narrow kernel. On a Hopper kernel
+/// with the cluster merge, the global merge must also give the same bits for the batch.
 pub fn check_flash_invariance(
     dev: &GpuDevice,
     k: &Kernels,
@@ -404,11 +405,12 @@ pub fn check_flash_invariance(
     let (cache_bits, _) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
     let (q_bits, _) = bf16_vec(&mut rng, ctx.len() * rows * FLASH_DIM, 1.0);
     let cache = upload(dev, &cache_bits)?;
-    let run = |batch: usize,
-               q: &[u16],
-               table: &[i32],
-               seq: &[i32],
-               split: usize|
+    let run_merged = |merge: SplitMerge,
+                      batch: usize,
+                      q: &[u16],
+                      table: &[i32],
+                      seq: &[i32],
+                      split: usize|
      -> Result<Vec<f32>, GpuError> {
         let s = FlashShape {
             batch,
@@ -443,6 +445,9 @@ pub fn check_flash_invariance(
         v.extend(download(dev, &lse)?);
         Ok(v)
     };
+    let run = |batch, q: &[u16], table: &[i32], seq: &[i32], split| {
+        run_merged(merge, batch, q, table, seq, split)
+    };
     let seq: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
     let batch = run(3, &q_bits, &blocks, &seq, split)?;
     let one_q = &q_bits[rows * FLASH_DIM..2 * rows * FLASH_DIM];
@@ -468,17 +473,37 @@ pub fn check_flash_invariance(
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
     let finite = alone.iter().all(|v| !v.is_nan());
+    // The two merges do the same arithmetic in the same order: same bits for the batch.
+    let across = if wide.hopper() && merge == SplitMerge::Cluster {
+        let global = run_merged(SplitMerge::Global, 3, &q_bits, &blocks, &seq, split)?;
+        let n = global
+            .iter()
+            .zip(&batch)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
+        Some(n)
+    } else {
+        None
+    };
     Ok(CaseResult {
         kernel: "flash_invariance",
         case: format!(
-            "{}{}: request alone vs in a batch of 3, q {q_len} heads {heads}: {differ} of {} values differ ({moved} with splits of {})",
+            "{}{}: request alone vs in a batch of 3, q {q_len} heads {heads}: {differ} of {} values differ ({moved} with splits of {}){}",
             k.decode_function(rows, page, wide),
             merge_label(wide, merge),
             by_itself.len(),
-            2 * split
+            2 * split,
+            across.map_or(String::new(), |n| format!(
+                "; global merge: {n} of {} batch values differ",
+                batch.len()
+            ))
         ),
         max_rel_err: differ as f64,
-        passed: differ == 0 && moved > 0 && finite && in_batch.len() == by_itself.len(),
+        passed: differ == 0
+            && moved > 0
+            && finite
+            && in_batch.len() == by_itself.len()
+            && across.unwrap_or(0) == 0,
     })
 }
 
