@@ -33,7 +33,7 @@ pub const CSV_HEADER: &str =
 /// - H 128, q 2 and 4: 1 split is best at every batch from 32;
 /// - H 128, q 1: 2 splits are best at B 32 and within 6-12% of 1 split at B 64 and 128;
 /// - H 16: 3 splits are best at B 32 (2 within 19%), 1 at B 128 (2 within 2-8%; 3 and 4
-///   cost 10-23% there, as clusters of 3 or 4 leave SMs of a GPC idle).
+///   cost 10-23% there).
 ///
 /// So: one 64-row block (H 16) takes up to 2 splits of 1024+ keys; two blocks (H 128,
 /// q 1) up to 2 of 2048+; four or more (H 128, q 2 and up) one split, no merge at all.
@@ -138,8 +138,8 @@ pub fn time_us(
 }
 
 /// A 128 MiB buffer (over twice the H100's 50 MiB of L2) and the kernel that reads it:
-/// run before every timed launch of a comparison, so none inherits another's dirty lines
-/// (whose write-back would compete with its own reads) or its cached inputs.
+/// run before every timed launch of a comparison, so each starts from the same cold, clean
+/// cache, with no other launch's inputs or dirty lines in it.
 pub struct L2Scrub<'a> {
     k: &'a Kernels,
     buf: Buf<f32>,
