@@ -25,6 +25,7 @@ fn config() -> EngineConfig {
             prefill_chunk_tokens: 64,
             mixed_batches: true,
             row_layout: RowLayout::DecodeFirst,
+            planner: Planner::Vllm,
             workspace_tokens: 65_536,
         },
         backends: vec![BackendProfile::FlashMla],
@@ -32,6 +33,7 @@ fn config() -> EngineConfig {
         max_capture_size_tokens: 1024,
         decode_split_tokens: 512,
         faults: Default::default(),
+        split_override: Default::default(),
     }
 }
 

@@ -8,6 +8,9 @@ use serde::{Deserialize, Serialize};
 pub struct ScheduledRow {
     pub req_id: u64,
     pub num_computed_tokens: usize,
+    /// The request's prompt length (vLLM's `num_prompt_tokens`): the four-region reorder
+    /// and graph dispatch tell a finished prompt from a chunked prefill by it.
+    pub num_prompt_tokens: usize,
     /// This step's q_len (committed tokens plus drafts).
     pub num_scheduled_tokens: usize,
     /// The q_len tokens: committed tokens from `num_computed_tokens`, then drafts.
@@ -27,6 +30,15 @@ impl ScheduledRow {
     /// `seq_len = num_computed_tokens + q_len`.
     pub fn seq_len(&self) -> usize {
         self.num_computed_tokens + self.num_scheduled_tokens
+    }
+
+    /// What the reorder reads of this row.
+    pub fn shape(&self) -> crate::reorder::RowShape {
+        crate::reorder::RowShape {
+            num_computed_tokens: self.num_computed_tokens,
+            num_scheduled_tokens: self.num_scheduled_tokens,
+            num_prompt_tokens: self.num_prompt_tokens,
+        }
     }
 }
 

@@ -217,6 +217,35 @@ pub enum RowLayout {
     ExtendFirst,
 }
 
+/// Which engine's reorder-and-split rule plans the batch (see [`crate::reorder`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Planner {
+    /// vLLM after PR #37303: four regions (decode, short_extend, long_extend, prefill),
+    /// which needs each request's prompt length.
+    #[default]
+    Vllm,
+    /// vLLM before PR #37303: three regions (decode, extend, prefill); a short chunk
+    /// with context is a decode whether or not its prompt is done.
+    Vllm3Region,
+}
+
+impl Planner {
+    pub const ALL: [Planner; 2] = [Planner::Vllm, Planner::Vllm3Region];
+
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Planner::Vllm => "vllm",
+            Planner::Vllm3Region => "vllm-3region",
+        }
+    }
+
+    /// Parses a command-line name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
 /// Scheduler limits and policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SchedulerConfig {
@@ -233,6 +262,10 @@ pub struct SchedulerConfig {
     /// Whether one step may hold prefills and decodes together.
     pub mixed_batches: bool,
     pub row_layout: RowLayout,
+    /// The reorder-and-split rule (older configs, written before it existed, get vLLM's
+    /// current one).
+    #[serde(default)]
+    pub planner: Planner,
     /// Workspace for gathering cached context of prefill rows (SPEC section 5).
     pub workspace_tokens: usize,
 }
@@ -342,6 +375,17 @@ pub struct EngineConfig {
     /// Known-bug switches (SPEC section 9); all off unless asked for.
     #[serde(default)]
     pub faults: crate::fault::Faults,
+    /// Raw threshold and uniformity that replace the capability matrix's (for an engine
+    /// whose attention backend is not one of the five profiles).
+    #[serde(default)]
+    pub split_override: SplitOverride,
+}
+
+/// Replaces what the capability matrix derives for the reorder and split.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitOverride {
+    pub reorder_batch_threshold: Option<usize>,
+    pub require_uniform: Option<bool>,
 }
 
 impl EngineConfig {
@@ -361,6 +405,7 @@ impl EngineConfig {
                 prefill_chunk_tokens: 48,
                 mixed_batches: true,
                 row_layout: RowLayout::DecodeFirst,
+                planner: Planner::Vllm,
                 workspace_tokens: 512,
             },
             backends: vec![profile],
@@ -368,7 +413,22 @@ impl EngineConfig {
             max_capture_size_tokens: 64,
             decode_split_tokens: 64,
             faults: Default::default(),
+            split_override: Default::default(),
         }
+    }
+
+    /// `reorder_batch_threshold`: the override, or the minimum over attention groups.
+    pub fn reorder_batch_threshold(&self) -> usize {
+        self.split_override
+            .reorder_batch_threshold
+            .unwrap_or_else(|| crate::reorder::reorder_batch_threshold(&self.backends, &self.spec))
+    }
+
+    /// `require_uniform`: the override, or whether any group needs uniform decodes.
+    pub fn require_uniform(&self) -> bool {
+        self.split_override
+            .require_uniform
+            .unwrap_or_else(|| crate::reorder::require_uniform(&self.backends))
     }
 
     /// Checks every cross-field rule; the message is one line fit for a CLI.
@@ -381,6 +441,9 @@ impl EngineConfig {
         }
         if s.page_size == 0 {
             return bad("page size must be > 0".into());
+        }
+        if self.split_override.reorder_batch_threshold == Some(0) {
+            return bad("reorder_batch_threshold must be >= 1".into());
         }
         if s.max_num_seqs == 0 || s.max_num_batched_tokens == 0 {
             return bad("max_num_seqs and max_num_batched_tokens must be > 0".into());

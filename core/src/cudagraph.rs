@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{CudaGraphSupport, EngineConfig};
 use crate::fault::Fault;
+use crate::reorder::RowShape;
 
 /// The shape frozen when a graph is captured; a replay must run exactly this shape.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -89,23 +90,20 @@ pub fn graph_shapes(cfg: &EngineConfig) -> Vec<GraphShape> {
         .collect()
 }
 
-/// Picks a graph for a batch whose rows (in execution order) are
-/// `(num_computed_tokens, q_len)`. A batch qualifies only if every row is a verify/decode
-/// row of exactly `1 + K` tokens with computed context (a fresh prompt of `1 + K` tokens
-/// must not alias onto the graph) and the smallest captured size holds it.
-pub fn dispatch(
-    cfg: &EngineConfig,
-    rows: &[(usize, usize)],
-    sizes: &[usize],
-) -> Option<GraphDispatch> {
+/// Picks a graph for a batch whose rows are given in execution order. A batch qualifies
+/// only if every row has exactly `1 + K` tokens and is past its prompt, and the smallest
+/// captured size holds it. The second test is the fix of vLLM #49918: the runner once
+/// classified a batch as uniform decode from its shape alone, so a prompt chunk of
+/// `1 + K` tokens replayed the verify graph over prompt tokens; the fixed
+/// `_is_uniform_decode` (vLLM #51865 for Model Runner V2, #53059 for the V1 runner) also
+/// requires `num_computed_tokens >= num_prompt_tokens` for every request. F7 drops it.
+pub fn dispatch(cfg: &EngineConfig, rows: &[RowShape], sizes: &[usize]) -> Option<GraphDispatch> {
     let q = cfg.spec.uniform_decode_query_len();
-    // F7 drops the computed-context test, so a fresh 1 + K token prompt aliases onto
-    // the verify graph.
-    let needs_context = !cfg.faults.has(Fault::F7);
+    let shape_only = cfg.faults.has(Fault::F7);
     if rows.is_empty()
         || !rows
             .iter()
-            .all(|&(c, len)| len == q && (c > 0 || !needs_context))
+            .all(|r| r.num_scheduled_tokens == q && (shape_only || !r.is_prefilling()))
     {
         return None;
     }

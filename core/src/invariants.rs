@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::batch::ScheduledBatch;
 use crate::block_pool::{slot_for, PAD_SLOT};
-use crate::config::{DrafterBatch, EngineConfig, QueryLenSupport};
+use crate::config::{DrafterBatch, EngineConfig, Planner, QueryLenSupport};
 use crate::drafter::{DFlashPass, DrafterPass, RowOutcome};
 use crate::plan::StepPlan;
 use crate::reorder::Region;
@@ -96,7 +96,7 @@ pub fn check_plan(
         out: Vec::new(),
     };
     check_threshold(cfg, plan, &mut s);
-    check_reorder(batch, plan, &mut s);
+    check_reorder(cfg, batch, plan, &mut s);
     check_split(plan, &mut s);
     check_common(cfg, batch, plan, &mut s);
     check_decode_rows(plan, &mut s);
@@ -126,6 +126,7 @@ fn check_threshold(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
         })
         .min()
         .unwrap_or(1);
+    let expect = cfg.split_override.reorder_batch_threshold.unwrap_or(expect);
     s.check(plan.threshold == expect, Rule::Threshold, None, || {
         format!("threshold {} != {expect}", plan.threshold)
     });
@@ -133,6 +134,7 @@ fn check_threshold(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
         .backends
         .iter()
         .any(|p| p.capabilities().query_len_support != QueryLenSupport::Varlen);
+    let uniform = cfg.split_override.require_uniform.unwrap_or(uniform);
     s.check(
         plan.require_uniform == uniform,
         Rule::Threshold,
@@ -141,7 +143,33 @@ fn check_threshold(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
     );
 }
 
-fn check_reorder(batch: &ScheduledBatch, plan: &StepPlan, s: &mut Sink) {
+/// The region of a row, restated from vLLM's four booleans (has context, below the
+/// threshold, done prefilling), independent of `reorder::region`.
+fn ref_region(planner: Planner, computed: usize, q: usize, prompt: usize, thr: usize) -> Region {
+    let has_context = computed > 0;
+    let below = q <= thr;
+    let short_extend = planner == Planner::Vllm && computed < prompt;
+    match (has_context, below, short_extend) {
+        (false, _, _) => Region::Prefill,
+        (true, false, _) => Region::LongExtend,
+        (true, true, true) => Region::ShortExtend,
+        (true, true, false) => Region::Decode,
+    }
+}
+
+/// The plan's order with the layout undone: vLLM's decode-first order, whatever the
+/// layout (extend-first keeps the decode rows at the end).
+fn decode_first_order(plan: &StepPlan) -> Vec<usize> {
+    let mut order = plan.order.clone();
+    if plan.layout == crate::config::RowLayout::ExtendFirst {
+        let nd = plan.rows.iter().filter(|r| r.is_decode).count();
+        let len = order.len();
+        order.rotate_right(nd.min(len));
+    }
+    order
+}
+
+fn check_reorder(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, s: &mut Sink) {
     let n = batch.rows.len();
     let mut seen = vec![false; n];
     for &i in &plan.order {
@@ -155,31 +183,96 @@ fn check_reorder(batch: &ScheduledBatch, plan: &StepPlan, s: &mut Sink) {
     s.check(plan.order.len() == n, Rule::Reorder, None, || {
         "order length differs from the batch".into()
     });
+    s.check(
+        plan.planner == cfg.scheduler.planner,
+        Rule::Reorder,
+        None,
+        || {
+            format!(
+                "planned by {:?}, configured {:?}",
+                plan.planner, cfg.scheduler.planner
+            )
+        },
+    );
+    if plan.order.len() != n || seen.iter().any(|&x| !x) {
+        return;
+    }
+    let regions: Vec<Region> = batch
+        .rows
+        .iter()
+        .map(|b| {
+            let (c, q, p) = (
+                b.num_computed_tokens,
+                b.num_scheduled_tokens,
+                b.num_prompt_tokens,
+            );
+            ref_region(plan.planner, c, q, p, plan.threshold)
+        })
+        .collect();
     for (r, row) in plan.rows.iter().enumerate() {
-        let b = &batch.rows[plan.order[r]];
-        let expect = if b.num_computed_tokens == 0 {
-            Region::Prefill
-        } else if b.num_scheduled_tokens <= plan.threshold {
-            Region::Decode
-        } else {
-            Region::Extend
-        };
+        let expect = regions[plan.order[r]];
         s.check(row.region == expect, Rule::Reorder, Some(r), || {
             format!("region {:?}, expected {expect:?}", row.region)
         });
     }
-    // Outside the decode rows, regions are non-decreasing and stable.
-    let rest: Vec<usize> = (0..plan.rows.len())
-        .filter(|&r| !plan.rows[r].is_decode)
-        .collect();
-    for w in rest.windows(2) {
-        let (a, b) = (&plan.rows[w[0]], &plan.rows[w[1]]);
-        let ok =
-            a.region < b.region || (a.region == b.region && plan.order[w[0]] < plan.order[w[1]]);
-        s.check(ok, Rule::Reorder, Some(w[1]), || {
-            "non-decode rows are not in stable region order".into()
+    // vLLM's swaps: a row whose slot already wants its region stays; the others fill the
+    // misplaced slots in index order, taken by (region, index).
+    let mut target = regions.clone();
+    target.sort();
+    let misplaced: Vec<usize> = (0..n).filter(|&i| regions[i] != target[i]).collect();
+    let mut movers = misplaced.clone();
+    movers.sort_by_key(|&i| (regions[i], i));
+    let mut expect: Vec<usize> = (0..n).collect();
+    for (&slot, &row) in misplaced.iter().zip(&movers) {
+        expect[slot] = row;
+    }
+    let got = decode_first_order(plan);
+    if let Some(p) = (0..n).find(|&p| got[p] != expect[p]) {
+        s.check(false, Rule::Reorder, Some(p), || {
+            format!(
+                "vLLM's reorder puts input row {} at position {p}, the plan has {} (order {got:?})",
+                expect[p], got[p]
+            )
         });
     }
+    s.check(
+        plan.reordered == !misplaced.is_empty(),
+        Rule::Reorder,
+        None,
+        || {
+            format!(
+                "reordered = {}, but {} rows were misplaced",
+                plan.reordered,
+                misplaced.len()
+            )
+        },
+    );
+}
+
+/// vLLM's split read literally over the decode-first query lengths: the number of
+/// leading rows the decode kernel takes.
+fn ref_num_decodes(qs: &[usize], thr: usize, uniform: bool) -> usize {
+    let n = qs.len();
+    if n == 0 || (qs.iter().all(|&q| q <= thr) && (!uniform || thr <= 1)) {
+        return n;
+    }
+    if qs[0] > thr {
+        return 0;
+    }
+    if uniform && qs.iter().all(|&q| q == qs[0] || q == 0) {
+        return n;
+    }
+    let mut i = 0;
+    while i < n
+        && if uniform {
+            qs[i] == qs[0]
+        } else {
+            qs[i] <= thr
+        }
+    {
+        i += 1;
+    }
+    i
 }
 
 fn check_split(plan: &StepPlan, s: &mut Sink) {
@@ -200,38 +293,20 @@ fn check_split(plan: &StepPlan, s: &mut Sink) {
         s.check(at_edge, Rule::Split, Some(first), || {
             format!("decode rows not at the {:?} edge", plan.layout)
         });
-        let dq = plan.rows[first].query_len;
-        for &r in &dec {
-            let row = &plan.rows[r];
-            s.check(row.region == Region::Decode, Rule::Split, Some(r), || {
-                "a decode row outside the decode region".into()
-            });
-            s.check(
-                !plan.require_uniform || row.query_len == dq,
-                Rule::Split,
-                Some(r),
-                || {
-                    format!(
-                        "non-uniform decode row q={} (first decode q={dq})",
-                        row.query_len
-                    )
-                },
-            );
-        }
     }
-    // Maximality: the split stops at the first mismatch, so the first decode-region row
-    // left out (in scheduled order) must differ in q; later ones may match.
-    let first_q = dec.first().map(|&r| plan.rows[r].query_len);
-    let spilled = (0..plan.rows.len())
-        .filter(|&r| plan.rows[r].region == Region::Decode && !plan.rows[r].is_decode)
-        .min_by_key(|&r| plan.order[r]);
-    if let Some(r) = spilled {
-        let q = plan.rows[r].query_len;
-        let ok = plan.require_uniform && first_q.is_some_and(|f| f != q);
-        s.check(ok, Rule::Split, Some(r), || {
-            format!("decode-region row q={q} left out of the decode rows")
-        });
+    let mut qs: Vec<usize> = plan.rows.iter().map(|r| r.query_len).collect();
+    if plan.layout == crate::config::RowLayout::ExtendFirst {
+        qs.rotate_right(dec.len());
     }
+    let want = ref_num_decodes(&qs, plan.threshold, plan.require_uniform);
+    s.check(dec.len() == want, Rule::Split, None, || {
+        format!(
+            "{} decode rows; vLLM's split of q {qs:?} (threshold {}, uniform {}) gives {want}",
+            dec.len(),
+            plan.threshold,
+            plan.require_uniform
+        )
+    });
     let m = &plan.mla;
     s.check(m.num_decodes == dec.len(), Rule::Split, None, || {
         format!("num_decodes {} != {}", m.num_decodes, dec.len())
@@ -476,13 +551,14 @@ fn check_graph(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize], s: &mut Sin
     );
     for (r, row) in plan.rows.iter().enumerate() {
         s.check(
-            row.query_len == q && row.num_computed_tokens > 0,
+            row.query_len == q && row.num_computed_tokens >= row.num_prompt_tokens,
             Rule::CudaGraph,
             Some(r),
             || {
                 format!(
-                    "row q={} computed={} replayed on the uniform decode graph",
-                    row.query_len, row.num_computed_tokens
+                    "row q={} computed={} of a {}-token prompt replayed on the uniform decode \
+                     graph (a graph row must be past its prompt)",
+                    row.query_len, row.num_computed_tokens, row.num_prompt_tokens
                 )
             },
         );
@@ -689,6 +765,7 @@ mod tests {
                 prefill_chunk_tokens: 48,
                 mixed_batches: true,
                 row_layout: RowLayout::DecodeFirst,
+                planner: Planner::Vllm,
                 workspace_tokens: 512,
             },
             backends: vec![BackendProfile::FlashMla],
@@ -696,6 +773,7 @@ mod tests {
             max_capture_size_tokens: 64,
             decode_split_tokens: 64,
             faults: Default::default(),
+            split_override: Default::default(),
         }
     }
 
@@ -703,6 +781,8 @@ mod tests {
         ScheduledRow {
             req_id: id,
             num_computed_tokens: computed,
+            // A verify row is past its prompt; a chunk is partway through it.
+            num_prompt_tokens: if q == 4 { computed } else { computed + q + 1 },
             num_scheduled_tokens: q,
             token_ids: vec![1; q],
             num_draft_tokens: if q == 4 { 3 } else { 0 },
@@ -712,13 +792,14 @@ mod tests {
         }
     }
 
-    /// Found by `sim` on mixed_mtp seed 0, step 6. Postmortem: `check_split` flagged every
-    /// spilled decode-region row whose q matched the first decode row, but vLLM's uniform
-    /// split stops at the *first* mismatch, so a later matching row legitimately spills.
+    /// Found by `sim` on mixed_mtp seed 0, step 6 (under the old stable reorder, where
+    /// only the leading q=4 row took the decode kernel). Postmortem: vLLM's reorder swaps
+    /// the trailing verify row into the first short-extend slot, so both q=4 rows lead and
+    /// both are decodes; the 48-token chunks follow as short extends on the prefill path.
     #[test]
-    fn a_matching_row_after_the_first_mismatch_may_spill() {
+    fn vllm_swaps_the_second_verify_row_next_to_the_first() {
         let cfg = cfg();
-        // FlashMLA's threshold is 128, so 48-token chunks with context are decode-region.
+        // FlashMLA's threshold is 128, so 48-token chunks with context are short extends.
         let rows = vec![
             row(3, 113, 4, 0),
             row(5, 96, 48, 16),
@@ -732,16 +813,15 @@ mod tests {
         };
         for layout in [RowLayout::DecodeFirst, RowLayout::ExtendFirst] {
             let plan = build_step_plan(&cfg, &batch, &[], layout, &|_| None).unwrap();
-            assert_eq!(
-                plan.mla.num_decodes, 1,
-                "only the leading q=4 row is uniform"
-            );
+            assert_eq!(plan.mla.num_decodes, 2, "both q=4 rows are decodes");
             let v = check_plan(&cfg, &batch, &plan, &[]);
             assert!(v.is_empty(), "{layout:?}: {v:?}");
         }
+        let plan = build_step_plan(&cfg, &batch, &[], RowLayout::DecodeFirst, &|_| None).unwrap();
+        assert_eq!(plan.order, vec![0, 3, 2, 1]);
     }
 
-    /// The maximality rule still fires when the split stops early without a mismatch.
+    /// The split rule fires when the decodes stop early without a mismatch.
     #[test]
     fn a_split_that_stops_before_a_mismatch_is_flagged() {
         let cfg = cfg();
@@ -755,9 +835,6 @@ mod tests {
             build_step_plan(&cfg, &batch, &[], RowLayout::DecodeFirst, &|_| None).unwrap();
         plan.rows[1].is_decode = false;
         let v = check_plan(&cfg, &batch, &plan, &[]);
-        assert!(
-            v.iter().any(|v| v.rule == Rule::Split && v.row == Some(1)),
-            "{v:?}"
-        );
+        assert!(v.iter().any(|v| v.rule == Rule::Split), "{v:?}");
     }
 }

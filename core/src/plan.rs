@@ -7,20 +7,21 @@ use serde::{Deserialize, Serialize};
 use crate::batch::ScheduledBatch;
 use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
 use crate::chunked_context::{plan_context_chunks, ChunkError};
-use crate::config::{EngineConfig, RowLayout};
+use crate::config::{EngineConfig, Planner, RowLayout};
 use crate::cudagraph::{dispatch, GraphDispatch};
 use crate::fault::Fault;
 use crate::grammar::{GrammarState, TokenAutomaton, TokenMask};
 use crate::metadata::{
     decode_split_plan, CommonAttentionMetadata, MlaDecodeMetadata, MlaMetadata, MlaPrefillMetadata,
 };
-use crate::reorder::{region, reorder_and_split, reorder_batch_threshold, require_uniform, Region};
+use crate::reorder::{reorder_and_split, PlanRules, Region, ReorderSplit, RowShape};
 
 /// One real row of the plan, in execution order.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlannedRow {
     pub req_id: u64,
     pub num_computed_tokens: usize,
+    pub num_prompt_tokens: usize,
     pub query_len: usize,
     pub num_draft_tokens: usize,
     pub samples: bool,
@@ -36,7 +37,10 @@ pub struct StepPlan {
     pub step: u64,
     pub threshold: usize,
     pub require_uniform: bool,
+    pub planner: Planner,
     pub layout: RowLayout,
+    /// Whether vLLM's reorder moved any row.
+    pub reordered: bool,
     /// Scheduled-row index of each planned row.
     pub order: Vec<usize>,
     pub rows: Vec<PlannedRow>,
@@ -84,17 +88,18 @@ pub fn build_step_plan(
     layout: RowLayout,
     grammar: GrammarLookup<'_>,
 ) -> Result<StepPlan, PlanError> {
-    let threshold = reorder_batch_threshold(&cfg.backends, &cfg.spec);
-    let uniform = require_uniform(&cfg.backends);
-    let cq: Vec<(usize, usize)> = batch
-        .rows
-        .iter()
-        .map(|r| (r.num_computed_tokens, r.num_scheduled_tokens))
-        .collect();
+    let threshold = cfg.reorder_batch_threshold();
+    let uniform = cfg.require_uniform();
+    let shapes: Vec<RowShape> = batch.rows.iter().map(|r| r.shape()).collect();
     // F10: the split ignores uniformity while the kernel stays uniform.
-    let split_uniform = uniform && !cfg.faults.has(Fault::F10);
-    let split = reorder_and_split(&cq, threshold, split_uniform, layout);
-    let ordered: Vec<(usize, usize)> = split.order.iter().map(|&i| cq[i]).collect();
+    let rules = PlanRules {
+        planner: cfg.scheduler.planner,
+        threshold,
+        require_uniform: uniform && !cfg.faults.has(Fault::F10),
+        layout,
+    };
+    let split = reorder_and_split(&shapes, rules);
+    let ordered: Vec<RowShape> = split.order.iter().map(|&i| shapes[i]).collect();
     let cudagraph = dispatch(cfg, &ordered, capture_sizes);
     let rows: Vec<PlannedRow> = split
         .order
@@ -105,11 +110,12 @@ pub fn build_step_plan(
             PlannedRow {
                 req_id: r.req_id,
                 num_computed_tokens: r.num_computed_tokens,
+                num_prompt_tokens: r.num_prompt_tokens,
                 query_len: r.num_scheduled_tokens,
                 num_draft_tokens: r.num_draft_tokens,
                 samples: r.samples,
                 next_prompt_token: r.next_prompt_token,
-                region: region(r.num_computed_tokens, r.num_scheduled_tokens, threshold),
+                region: split.regions[out],
                 is_decode: split.decode_rows.contains(&out),
             }
         })
@@ -126,7 +132,9 @@ pub fn build_step_plan(
         step: batch.step,
         threshold,
         require_uniform: uniform,
+        planner: cfg.scheduler.planner,
         layout,
+        reordered: split.modified,
         order: split.order,
         rows,
         token_ids,
@@ -199,7 +207,7 @@ fn build_common(
 fn build_mla(
     cfg: &EngineConfig,
     common: &CommonAttentionMetadata,
-    split: &crate::reorder::ReorderSplit,
+    split: &ReorderSplit,
     graph: Option<&GraphDispatch>,
     uniform: bool,
 ) -> Result<MlaMetadata, PlanError> {

@@ -360,6 +360,7 @@ fn make_row(req: &Request, q: usize, nd: usize) -> ScheduledRow {
     ScheduledRow {
         req_id: req.id,
         num_computed_tokens: start,
+        num_prompt_tokens: req.prompt.len(),
         num_scheduled_tokens: q,
         token_ids,
         num_draft_tokens: nd,

@@ -314,6 +314,13 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
     for (i, r) in rec.rows.iter().enumerate() {
         let q = r.num_scheduled_tokens as usize;
         let c = r.num_computed_tokens as usize;
+        let prompt = r.num_prompt_tokens as usize;
+        if prompt == 0 || prompt >= s.max_model_len {
+            return Err(bad(format!(
+                "row {i}: a prompt of {prompt} tokens (must be 1..{})",
+                s.max_model_len
+            )));
+        }
         if q == 0 || r.token_ids.len() != q || r.num_draft_tokens as usize >= q {
             return Err(bad(format!(
                 "row {i}: q_len {q} does not match its {} tokens",
@@ -352,6 +359,7 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
         rows.push(ScheduledRow {
             req_id: r.req_id,
             num_computed_tokens: c,
+            num_prompt_tokens: prompt,
             num_scheduled_tokens: q,
             token_ids: r.token_ids.clone(),
             num_draft_tokens: r.num_draft_tokens as usize,

@@ -68,7 +68,7 @@ fn show_prints_steps_and_json() {
     assert_eq!(o.status.code(), Some(0));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("step     0:"), "{out}");
-    assert!(out.contains("format 2, written by specmla"), "{out}");
+    assert!(out.contains("format 3, written by specmla"), "{out}");
     assert!(out.contains("on the cpu backend,"), "{out}");
     let o = bin(
         "replay",
@@ -124,12 +124,12 @@ fn damaged_files_are_one_line_errors() {
         "not a specmla trace",
     );
     // A version-1 trace (before the header named its backend) and a future one.
-    for (v, name) in [(1u8, "v1.bin"), (3, "v3.bin")] {
+    for (v, name) in [(1u8, "v1.bin"), (4, "v4.bin")] {
         let mut old = bytes.clone();
         old[8] = v;
         assert_exit2(
             &[&write(name, &old)],
-            &format!("written by format {v}, this reads 2"),
+            &format!("written by format {v}, this reads 3"),
         );
     }
     let mut flip = bytes.clone();

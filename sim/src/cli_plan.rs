@@ -9,15 +9,19 @@ use clap::Args;
 use serde_json::{json, Value};
 use specmla_core::batch::{ScheduledBatch, ScheduledRow};
 use specmla_core::config::{
-    BackendProfile, DrafterBatch, EngineConfig, ModelDims, RowLayout, SchedulerConfig, SpecConfig,
+    BackendProfile, DrafterBatch, EngineConfig, ModelDims, SchedulerConfig, SpecConfig,
+    SplitOverride,
 };
+
+use crate::cli_run::{LayoutArg, PlannerArg};
 use specmla_core::cudagraph::capture_sizes;
 use specmla_core::plan::{build_step_plan, StepPlan};
 
 /// Flags of `sim plan`.
 #[derive(Args, Clone, Debug)]
 pub struct PlanArgs {
-    /// JSON batch: {"page_size": 64, "rows": [{"num_computed_tokens": 100, "num_scheduled_tokens": 4}, ...]}
+    /// JSON batch (`-` reads stdin): {"page_size": 64, "rows": [{"num_computed_tokens":
+    /// 100, "num_scheduled_tokens": 4, "num_prompt_tokens": 90}, ...]}
     #[arg(long)]
     pub batch: PathBuf,
     /// Attention backend profile (see `sim list`).
@@ -26,23 +30,48 @@ pub struct PlanArgs {
     /// K, the number of speculative tokens (0: speculation off).
     #[arg(long, value_parser = clap::value_parser!(u64).range(0..=16))]
     pub num_spec_tokens: u64,
+    /// Reorder-and-split rule.
+    #[arg(long, value_enum, default_value = "vllm")]
+    pub planner: PlannerArg,
+    /// Use this decode threshold instead of the profile's (vLLM's
+    /// `reorder_batch_threshold`).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub reorder_batch_threshold: Option<u64>,
+    /// Use this instead of the profile's `require_uniform`.
+    #[arg(long, value_parser = clap::builder::BoolishValueParser::new(), value_name = "true|false")]
+    pub require_uniform: Option<bool>,
     /// Context workspace in tokens (vLLM caps its workspace at 64k tokens).
     #[arg(long, default_value_t = 65_536)]
     pub workspace_tokens: usize,
     /// Largest captured graph, in tokens.
     #[arg(long, default_value_t = 512)]
     pub max_capture_size: usize,
-    /// Lay decode rows last (TokenSpeed) instead of first (vLLM).
-    #[arg(long)]
-    pub extend_first: bool,
+    /// Row layout: decode rows first (vLLM) or last (TokenSpeed).
+    #[arg(long, value_enum, default_value = "decode-first")]
+    pub layout: LayoutArg,
 }
 
 /// Bounds the block table `sim plan` allocates, so no input can exhaust memory.
 const MAX_TABLE_ENTRIES: usize = 1 << 26;
 
+/// One row as an engine has it at hand.
+#[derive(Clone, Copy, Debug)]
+struct BatchRow {
+    num_computed_tokens: usize,
+    /// 0 for a padding row.
+    num_scheduled_tokens: usize,
+    num_prompt_tokens: usize,
+}
+
+impl BatchRow {
+    fn seq_len(&self) -> usize {
+        self.num_computed_tokens + self.num_scheduled_tokens
+    }
+}
+
 struct BatchFile {
     page_size: usize,
-    rows: Vec<(usize, usize)>,
+    rows: Vec<BatchRow>,
 }
 
 fn field_usize(v: &Value, path: &str, min: u64) -> Result<usize> {
@@ -54,6 +83,12 @@ fn field_usize(v: &Value, path: &str, min: u64) -> Result<usize> {
     }
     Ok(n as usize)
 }
+
+const ROW_FIELDS: [&str; 3] = [
+    "num_computed_tokens",
+    "num_scheduled_tokens",
+    "num_prompt_tokens",
+];
 
 fn parse_batch(text: &str) -> Result<BatchFile> {
     let v: Value = serde_json::from_str(text).map_err(|e| anyhow!("not valid JSON: {e}"))?;
@@ -78,29 +113,41 @@ fn parse_batch(text: &str) -> Result<BatchFile> {
     if rows_a.is_empty() {
         bail!("rows: expected at least one row");
     }
-    let mut rows = Vec::with_capacity(rows_a.len());
-    for (i, r) in rows_a.iter().enumerate() {
-        let o = r
-            .as_object()
-            .ok_or_else(|| anyhow!("rows[{i}]: expected an object"))?;
-        for key in o.keys() {
-            if key != "num_computed_tokens" && key != "num_scheduled_tokens" {
-                bail!("rows[{i}].{key}: unknown field");
-            }
-        }
-        let get = |k: &str, min| -> Result<usize> {
-            field_usize(
-                o.get(k).ok_or_else(|| anyhow!("rows[{i}].{k}: missing"))?,
-                &format!("rows[{i}].{k}"),
-                min,
-            )
-        };
-        rows.push((
-            get("num_computed_tokens", 0)?,
-            get("num_scheduled_tokens", 1)?,
-        ));
-    }
+    let rows = rows_a
+        .iter()
+        .enumerate()
+        .map(|(i, r)| parse_row(i, r))
+        .collect::<Result<Vec<_>>>()?;
     Ok(BatchFile { page_size, rows })
+}
+
+/// One row. Without `num_prompt_tokens`, a row with context is taken as past its prompt
+/// (a decode or verify row) and a row without context as a whole prompt.
+fn parse_row(i: usize, r: &Value) -> Result<BatchRow> {
+    let o = r
+        .as_object()
+        .ok_or_else(|| anyhow!("rows[{i}]: expected an object"))?;
+    if let Some(key) = o.keys().find(|k| !ROW_FIELDS.contains(&k.as_str())) {
+        bail!(
+            "rows[{i}].{key}: unknown field (expected {})",
+            ROW_FIELDS.join(", ")
+        );
+    }
+    let get = |k: &str, min| -> Result<Option<usize>> {
+        o.get(k)
+            .map(|v| field_usize(v, &format!("rows[{i}].{k}"), min))
+            .transpose()
+    };
+    let missing = |k: &str| anyhow!("rows[{i}].{k}: missing");
+    let computed = get("num_computed_tokens", 0)?.ok_or_else(|| missing("num_computed_tokens"))?;
+    let q = get("num_scheduled_tokens", 0)?.ok_or_else(|| missing("num_scheduled_tokens"))?;
+    let prompt =
+        get("num_prompt_tokens", 1)?.unwrap_or(if computed > 0 { computed } else { q.max(1) });
+    Ok(BatchRow {
+        num_computed_tokens: computed,
+        num_scheduled_tokens: q,
+        num_prompt_tokens: prompt,
+    })
 }
 
 fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
@@ -110,7 +157,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
     } else {
         SpecConfig::multi_step(k, DrafterBatch::Padded)
     };
-    let max_seq = f.rows.iter().map(|&(c, q)| c + q).max().unwrap_or(1);
+    let max_seq = f.rows.iter().map(BatchRow::seq_len).max().unwrap_or(1);
     let max_model_len = (max_seq + k + 1).max(2);
     let page = f.page_size;
     if a.workspace_tokens < page {
@@ -119,7 +166,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
     let blocks: usize = f
         .rows
         .iter()
-        .map(|&(c, q)| (c + q + k + 1).div_ceil(page))
+        .map(|r| (r.seq_len() + k + 1).div_ceil(page))
         .sum();
     let table_entries = f.rows.len().max(256) * max_model_len.div_ceil(page);
     if table_entries > MAX_TABLE_ENTRIES {
@@ -134,18 +181,20 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         scheduler: SchedulerConfig {
             // vLLM's default, so capture sizes are those an engine would capture.
             max_num_seqs: f.rows.len().max(256),
-            max_num_batched_tokens: f.rows.iter().map(|r| r.1).sum(),
+            max_num_batched_tokens: f
+                .rows
+                .iter()
+                .map(|r| r.num_scheduled_tokens)
+                .sum::<usize>()
+                .max(1),
             max_model_len,
             page_size: page,
             num_gpu_blocks: blocks.max(max_model_len.div_ceil(page)),
             chunked_prefill: true,
             prefill_chunk_tokens: max_seq,
             mixed_batches: true,
-            row_layout: if a.extend_first {
-                RowLayout::ExtendFirst
-            } else {
-                RowLayout::DecodeFirst
-            },
+            row_layout: a.layout.layout(),
+            planner: a.planner.planner(),
             workspace_tokens: a.workspace_tokens,
         },
         backends: vec![BackendProfile::from_name(&a.profile).expect("clap checked the name")],
@@ -153,9 +202,15 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         max_capture_size_tokens: a.max_capture_size,
         decode_split_tokens: page,
         faults: Default::default(),
+        split_override: SplitOverride {
+            reorder_batch_threshold: a.reorder_batch_threshold.map(|t| t as usize),
+            require_uniform: a.require_uniform,
+        },
     })
 }
 
+/// The batch an engine would have scheduled: distinct blocks per row, drafts on rows
+/// past their prompt (up to K), sampling on rows that reach their prompt's end.
 fn synth_batch(cfg: &EngineConfig, f: &BatchFile) -> ScheduledBatch {
     let mut next_block = 0u32;
     let k = cfg.spec.k();
@@ -163,21 +218,29 @@ fn synth_batch(cfg: &EngineConfig, f: &BatchFile) -> ScheduledBatch {
         .rows
         .iter()
         .enumerate()
-        .map(|(i, &(c, q))| {
+        .map(|(i, r)| {
+            let (c, q) = (r.num_computed_tokens, r.num_scheduled_tokens);
             let n_blocks = (c + q + k + 1)
                 .min(cfg.scheduler.max_model_len)
                 .div_ceil(cfg.scheduler.page_size) as u32;
             let block_ids = (next_block..next_block + n_blocks).collect();
             next_block += n_blocks;
-            let nd = if c > 0 { (q - 1).min(k) } else { 0 };
+            let past_prompt = c >= r.num_prompt_tokens;
+            let nd = if past_prompt && q > 0 {
+                (q - 1).min(k)
+            } else {
+                0
+            };
+            let samples = q > 0 && c + q >= r.num_prompt_tokens;
             ScheduledRow {
                 req_id: i as u64,
                 num_computed_tokens: c,
+                num_prompt_tokens: r.num_prompt_tokens,
                 num_scheduled_tokens: q,
                 token_ids: vec![0; q],
                 num_draft_tokens: nd,
-                samples: true,
-                next_prompt_token: None,
+                samples,
+                next_prompt_token: (!samples).then_some(0),
                 block_ids,
             }
         })
@@ -189,11 +252,15 @@ fn synth_batch(cfg: &EngineConfig, f: &BatchFile) -> ScheduledBatch {
     }
 }
 
-/// Reads the batch, plans it, prints the explanation.
+/// Reads the batch (a file, or stdin for `-`), plans it, prints the explanation.
 pub fn run_plan(a: &PlanArgs) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(&a.batch)
-        .with_context(|| format!("--batch {}", a.batch.display()))?;
-    let f = parse_batch(&text).with_context(|| format!("--batch {}", a.batch.display()))?;
+    let name = a.batch.display().to_string();
+    let text = if name == "-" {
+        std::io::read_to_string(std::io::stdin()).context("--batch -: reading stdin")?
+    } else {
+        std::fs::read_to_string(&a.batch).with_context(|| format!("--batch {name}"))?
+    };
+    let f = parse_batch(&text).with_context(|| format!("--batch {name}"))?;
     let cfg = plan_config(a, &f)?;
     let batch = synth_batch(&cfg, &f);
     let sizes = capture_sizes(&cfg);
@@ -213,9 +280,10 @@ fn explain(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize]) -> Value {
         .iter()
         .zip(&plan.order)
         .map(|(r, &i)| {
-            json!({"input_row": i, "region": format!("{:?}", r.region).to_lowercase(),
+            json!({"input_row": i, "region": r.region.name(),
                    "path": if r.is_decode { "decode" } else { "prefill" },
-                   "q_len": r.query_len, "context_len": r.num_computed_tokens})
+                   "q_len": r.query_len, "context_len": r.num_computed_tokens,
+                   "num_prompt_tokens": r.num_prompt_tokens})
         })
         .collect();
     let chunks = m.prefill.as_ref().and_then(|p| p.chunked_context.as_ref()).map(|cc| {
@@ -233,9 +301,11 @@ fn explain(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize]) -> Value {
     json!({
         "backend": cfg.backends[0].name(),
         "num_spec_tokens": cfg.spec.k(),
+        "planner": plan.planner.name(),
         "threshold": plan.threshold,
         "require_uniform": plan.require_uniform,
         "order": plan.order,
+        "reordered": plan.reordered,
         "num_decodes": m.num_decodes,
         "num_decode_tokens": m.num_decode_tokens,
         "num_prefills": m.num_prefills,
@@ -254,14 +324,23 @@ fn graph_json(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize]) -> Value {
         return json!({"graph": {"num_tokens": g.shape.num_tokens, "num_rows": g.shape.num_rows, "query_len": g.shape.query_len},
                       "padding_rows": g.num_padding_rows, "padding_tokens": g.num_padding_tokens, "capture_sizes": sizes});
     }
+    let input_row = |pred: &dyn Fn(&specmla_core::plan::PlannedRow) -> bool| {
+        plan.rows.iter().position(pred).map(|r| plan.order[r])
+    };
     let reason = if sizes.is_empty() {
         format!("{} captures no graph for q_len {q}", cfg.backends[0].name())
-    } else if !plan
-        .rows
-        .iter()
-        .all(|r| r.query_len == q && r.num_computed_tokens > 0)
-    {
-        format!("eager: not every row is a q_len {q} decode row with context")
+    } else if let Some(i) = input_row(&|r| r.query_len == 0) {
+        format!(
+            "eager: input row {i} has q_len 0; q = 0 padding rows are added by the dispatch, \
+             not given to it"
+        )
+    } else if let Some(i) = input_row(&|r| r.query_len != q) {
+        format!("eager: input row {i} is not a q_len {q} row")
+    } else if let Some(i) = input_row(&|r| r.num_computed_tokens < r.num_prompt_tokens) {
+        format!(
+            "eager: input row {i} is still prefilling; a graph replays only rows past their \
+             prompt (the fix of vLLM #49918)"
+        )
     } else {
         format!(
             "eager: {} tokens exceed the largest capture size {}",

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
-use specmla_core::config::{BackendProfile, DrafterBatch, RowLayout, SpecMethod};
+use specmla_core::config::{BackendProfile, DrafterBatch, Planner, RowLayout, SpecMethod};
 use specmla_core::fault::Fault;
 
 use std::sync::Arc;
@@ -51,6 +51,34 @@ pub enum LayoutArg {
     ExtendFirst,
 }
 
+/// Reorder-and-split rule on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum PlannerArg {
+    /// vLLM after PR #37303: decode, short_extend, long_extend, prefill.
+    Vllm,
+    /// vLLM before PR #37303: decode, extend, prefill.
+    #[value(name = "vllm-3region")]
+    Vllm3Region,
+}
+
+impl PlannerArg {
+    pub fn planner(self) -> Planner {
+        match self {
+            PlannerArg::Vllm => Planner::Vllm,
+            PlannerArg::Vllm3Region => Planner::Vllm3Region,
+        }
+    }
+}
+
+impl LayoutArg {
+    pub fn layout(self) -> RowLayout {
+        match self {
+            LayoutArg::DecodeFirst => RowLayout::DecodeFirst,
+            LayoutArg::ExtendFirst => RowLayout::ExtendFirst,
+        }
+    }
+}
+
 /// Flags of `sim run`; every one overrides the scenario's own setting.
 #[derive(Args, Clone, Debug, Default)]
 pub struct RunArgs {
@@ -84,6 +112,9 @@ pub struct RunArgs {
     /// Row layout of the target batch.
     #[arg(long, value_enum)]
     pub layout: Option<LayoutArg>,
+    /// Reorder-and-split rule (vLLM's current four-region one by default).
+    #[arg(long, value_enum)]
+    pub planner: Option<PlannerArg>,
     /// Sampling temperature (0 = greedy verification).
     #[arg(long)]
     pub temperature: Option<f32>,
@@ -166,10 +197,10 @@ pub fn resolve_scenario(a: &RunArgs) -> Result<Scenario> {
         };
     }
     if let Some(l) = a.layout {
-        s.cfg.scheduler.row_layout = match l {
-            LayoutArg::DecodeFirst => RowLayout::DecodeFirst,
-            LayoutArg::ExtendFirst => RowLayout::ExtendFirst,
-        };
+        s.cfg.scheduler.row_layout = l.layout();
+    }
+    if let Some(p) = a.planner {
+        s.cfg.scheduler.planner = p.planner();
     }
     if let Some(t) = a.temperature {
         s.cfg.spec.temperature = t;

@@ -66,6 +66,7 @@ pub fn step_record(o: &StepOutcome, forced: &[(u64, usize, u32)], tensors: bool)
             TraceRow {
                 req_id: r.req_id,
                 num_computed_tokens: r.num_computed_tokens as u64,
+                num_prompt_tokens: r.num_prompt_tokens as u64,
                 num_scheduled_tokens: r.num_scheduled_tokens as u64,
                 token_ids: r.token_ids.clone(),
                 num_draft_tokens: r.num_draft_tokens as u64,

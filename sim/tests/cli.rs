@@ -173,15 +173,24 @@ fn plan_explains_a_batch() {
         assert!(v.get(key).is_some(), "{key} missing");
     }
     assert_eq!(v["threshold"], 4);
-    assert_eq!(v["order"], serde_json::json!([1, 2, 3, 0]));
+    assert_eq!(v["planner"], "vllm");
+    // vLLM's swaps: the prompt (slot 0) trades places with the q=2 row (slot 3); rows 1
+    // and 2 are already in the decode region and stay.
+    assert_eq!(v["order"], serde_json::json!([3, 1, 2, 0]));
+    assert_eq!(v["reordered"], true);
     assert_eq!(
-        v["num_decodes"], 2,
-        "the q=2 row breaks the uniform run of q=4 rows"
+        v["num_decodes"], 1,
+        "the leading q=2 row sets the uniform q; the q=4 rows end the decodes"
     );
-    assert_eq!(v["num_decode_tokens"], 8);
-    assert_eq!(v["query_start_loc"], serde_json::json!([0, 4, 8, 10, 310]));
-    // One prefill row with context (50 tokens): a 256-token chunk covers it in one go.
-    assert_eq!(v["prefill_chunks"]["chunks"][0]["rows"][0]["len"], 50);
+    assert_eq!(v["num_decode_tokens"], 2);
+    assert_eq!(v["query_start_loc"], serde_json::json!([0, 2, 6, 10, 310]));
+    assert_eq!(v["rows"][3]["region"], "prefill");
+    assert_eq!(v["rows"][1]["region"], "decode");
+    assert_eq!(v["rows"][1]["path"], "prefill");
+    // Two prefill-path rows with context: 256 / 2 = 128 tokens each per chunk.
+    assert_eq!(v["prefill_chunks"]["chunk_size_tokens"], 128);
+    assert_eq!(v["prefill_chunks"]["chunks"][0]["rows"][0]["input_row"], 1);
+    assert_eq!(v["prefill_chunks"]["chunks"][0]["rows"][0]["len"], 100);
     assert!(v["cudagraph"]["graph"].is_null());
 }
 
@@ -230,6 +239,114 @@ fn plan_dispatches_uniform_verify_batches_onto_graphs() {
     assert_eq!(v["cudagraph"]["padding_rows"], 1);
 }
 
+fn plan_json(args: &[&str], stdin: &str) -> serde_json::Value {
+    use std::io::Write as _;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("sim runs");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// The README's example where the planners disagree: FlashMLA, K = 3, a 32-token chunk
+/// of a prompt that is not done sits between two verify rows. The four-region planner
+/// makes it a short extend and swaps the second verify row ahead of it (two decodes);
+/// the three-region planner calls it a decode, keeps the order, and its q = 32 ends the
+/// uniform q = 4 decodes after one row.
+#[test]
+fn plan_planners_disagree_on_a_short_extend() {
+    let batch = r#"{"page_size": 64, "rows": [
+        {"num_computed_tokens": 100, "num_scheduled_tokens": 4, "num_prompt_tokens": 90},
+        {"num_computed_tokens": 64, "num_scheduled_tokens": 32, "num_prompt_tokens": 200},
+        {"num_computed_tokens": 300, "num_scheduled_tokens": 4, "num_prompt_tokens": 250}]}"#;
+    let args = |planner| {
+        [
+            "plan",
+            "--batch",
+            "-",
+            "--profile",
+            "flashmla",
+            "--num-spec-tokens",
+            "3",
+            "--planner",
+            planner,
+        ]
+    };
+    let v = plan_json(&args("vllm"), batch);
+    assert_eq!(v["order"], serde_json::json!([0, 2, 1]));
+    assert_eq!(v["num_decodes"], 2);
+    assert_eq!(v["rows"][2]["region"], "short_extend");
+    let v = plan_json(&args("vllm-3region"), batch);
+    assert_eq!(v["planner"], "vllm-3region");
+    assert_eq!(v["order"], serde_json::json!([0, 1, 2]));
+    assert_eq!(v["num_decodes"], 1);
+    assert_eq!(v["rows"][1]["region"], "decode");
+}
+
+/// Raw split flags override the profile; a q = 0 padding row is a decode only in an
+/// all-uniform batch, and a graph is never dispatched for a batch that carries one.
+#[test]
+fn plan_takes_raw_split_flags_and_padding_rows() {
+    let batch = r#"{"page_size": 16, "rows": [
+        {"num_computed_tokens": 10, "num_scheduled_tokens": 2},
+        {"num_computed_tokens": 20, "num_scheduled_tokens": 2},
+        {"num_computed_tokens": 0, "num_scheduled_tokens": 0, "num_prompt_tokens": 5}]}"#;
+    let base = [
+        "plan",
+        "--batch",
+        "-",
+        "--profile",
+        "flashattn-mla",
+        "--num-spec-tokens",
+        "1",
+    ];
+    let v = plan_json(&base, batch);
+    assert_eq!(
+        (v["threshold"].clone(), v["require_uniform"].clone()),
+        (512.into(), false.into())
+    );
+    assert_eq!(
+        v["num_decodes"], 3,
+        "every q fits the threshold: the fast path"
+    );
+    let mut args = base.to_vec();
+    args.extend([
+        "--reorder-batch-threshold",
+        "3",
+        "--require-uniform",
+        "true",
+    ]);
+    let v = plan_json(&args, batch);
+    assert_eq!(v["threshold"], 3);
+    assert_eq!(v["num_decodes"], 3, "q = 2, 2, 0: a padded uniform batch");
+    assert!(v["cudagraph"]["reason"]
+        .as_str()
+        .unwrap()
+        .contains("q_len 0"));
+    let v = plan_json(
+        &args,
+        &batch.replace(
+            r#""num_scheduled_tokens": 0"#,
+            r#""num_scheduled_tokens": 1"#,
+        ),
+    );
+    assert_eq!(
+        v["num_decodes"], 2,
+        "q = 1 differs from the first decode's q = 2"
+    );
+}
+
 #[test]
 fn malformed_batches_name_the_field() {
     let cases = [
@@ -249,9 +366,18 @@ fn malformed_batches_name_the_field() {
             "rows[0].num_computed_tokens",
         ),
         (
-            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": 0}]}"#,
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": 1, "num_prompt_tokens": 0}]}"#,
+            "rows[0].num_prompt_tokens",
+        ),
+        (
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": "4"}]}"#,
             "rows[0].num_scheduled_tokens",
         ),
+        (
+            r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": -2}]}"#,
+            "rows[0].num_scheduled_tokens",
+        ),
+        (r#"{"page_size": 16, "rows": [4]}"#, "rows[0]"),
         (
             r#"{"page_size": 16, "rows": [{"num_computed_tokens": 1, "num_scheduled_tokens": 1, "x": 1}]}"#,
             "rows[0].x",

@@ -10,8 +10,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use specmla_core::batch::{ScheduledBatch, ScheduledRow};
 use specmla_core::config::{
-    BackendProfile, DrafterBatch, EngineConfig, ModelDims, RowLayout, SchedulerConfig, SpecConfig,
-    SpecMethod,
+    BackendProfile, DrafterBatch, EngineConfig, ModelDims, Planner, RowLayout, SchedulerConfig,
+    SpecConfig, SpecMethod,
 };
 use specmla_core::cudagraph::capture_sizes;
 use specmla_core::drafter::RowOutcome;
@@ -65,6 +65,7 @@ pub fn engine_config(profile: BackendProfile, k: usize, page_size: usize) -> Eng
             prefill_chunk_tokens: 512,
             mixed_batches: true,
             row_layout: RowLayout::DecodeFirst,
+            planner: Planner::Vllm,
             workspace_tokens: 4 * max_num_seqs * page_size,
         },
         backends: vec![profile],
@@ -73,6 +74,7 @@ pub fn engine_config(profile: BackendProfile, k: usize, page_size: usize) -> Eng
         // A positive multiple of the page size near 64 tokens.
         decode_split_tokens: page_size * (64 / page_size).max(1),
         faults: Default::default(),
+        split_override: Default::default(),
     })
 }
 
@@ -116,6 +118,9 @@ pub struct RowSpec {
     pub drafts: Vec<u32>,
     /// Whether the row ends at the request's last token (false: a partial prefill chunk).
     pub samples: bool,
+    /// The request's prompt length: at most `num_computed` for a row past its prompt,
+    /// beyond the chunk's end for a partial prefill.
+    pub num_prompt_tokens: usize,
 }
 
 impl RowSpec {
@@ -126,6 +131,7 @@ impl RowSpec {
             q: 1 + drafts.len(),
             drafts,
             samples: true,
+            num_prompt_tokens: num_computed.max(1),
         }
     }
 
@@ -136,6 +142,7 @@ impl RowSpec {
             q,
             drafts: Vec::new(),
             samples,
+            num_prompt_tokens: num_computed + q + usize::from(!samples),
         }
     }
 }
@@ -194,6 +201,7 @@ pub fn build_batch(
             ScheduledRow {
                 req_id: id,
                 num_computed_tokens: r.num_computed,
+                num_prompt_tokens: r.num_prompt_tokens,
                 num_scheduled_tokens: r.q,
                 token_ids,
                 num_draft_tokens: r.drafts.len(),

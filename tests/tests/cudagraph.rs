@@ -11,6 +11,7 @@ use proptest::prelude::*;
 use specmla_core::config::{BackendProfile, CudaGraphSupport, EngineConfig, RowLayout};
 use specmla_core::cudagraph::{capture_sizes, dispatch, graph_shapes};
 use specmla_core::invariants::check_plan;
+use specmla_core::reorder::RowShape;
 use specmla_tests::{build_batch, engine_config, plan_of, ref_slot, validated, RowSpec, PAD};
 
 /// vLLM's default capture ladder (1, 2, 4, 8..=248 by 8, then by 16 up to the maximum).
@@ -98,23 +99,37 @@ proptest! {
         k in 0usize..=6,
         max_num_seqs in 1usize..=40,
         max_capture in 1usize..=300,
-        // Mostly verify rows; sometimes a fresh prompt or a wrong q.
+        // Mostly verify rows; sometimes a fresh prompt, a wrong q, or a chunk of a prompt
+        // that is not done (kind 0 verify, 1 fresh, 2 wrong q, 3 prefilling).
         rows in prop::collection::vec(prop_oneof![
-            8 => (1usize..100, Just(None)),
-            1 => (Just(0usize), Just(None)),
-            1 => (1usize..100, Just(Some(()))),
+            8 => (1usize..100, Just(0u8)),
+            1 => (Just(0usize), Just(1u8)),
+            1 => (1usize..100, Just(2u8)),
+            1 => (1usize..100, Just(3u8)),
         ], 0..48),
         wrong_q in 0usize..10,
     ) {
         let cfg = graph_config(profile, k, max_num_seqs, max_capture, true);
         let q = 1 + k;
         let sizes = capture_sizes(&cfg);
-        let rows: Vec<(usize, usize)> = rows
+        let rows: Vec<RowShape> = rows
             .iter()
-            .map(|&(c, wrong)| (c, if wrong.is_some() && wrong_q != q { wrong_q } else { q }))
+            .map(|&(c, kind)| RowShape {
+                num_computed_tokens: c,
+                num_scheduled_tokens: if kind == 2 && wrong_q != q { wrong_q } else { q },
+                num_prompt_tokens: match kind {
+                    1 => q,
+                    3 => c + q + 5,
+                    _ => c,
+                },
+            })
             .collect();
         let got = dispatch(&cfg, &rows, &sizes);
-        let eligible = !rows.is_empty() && rows.iter().all(|&(c, len)| c > 0 && len == q);
+        // vLLM's fixed `_is_uniform_decode`: every row 1 + K tokens and past its prompt.
+        let eligible = !rows.is_empty()
+            && rows
+                .iter()
+                .all(|r| r.num_scheduled_tokens == q && r.num_computed_tokens >= r.num_prompt_tokens);
         let tokens = rows.len() * q;
         let smallest = sizes.iter().copied().filter(|&s| s >= tokens).min();
         match (eligible, smallest) {
@@ -212,16 +227,27 @@ fn f3_k2_never_captures_8_tokens() {
     assert!(capture_sizes(&cfg).iter().all(|s| s % 3 == 0));
 }
 
-/// F7: K = 3, a fresh prompt of 4 tokens alone, or next to verify rows, is never
-/// replayed on the verify graph.
+/// F7: K = 3. A fresh prompt of 4 tokens, alone or next to verify rows, and the last
+/// 4-token chunk of a longer prompt are never replayed on the verify graph (vLLM #49918
+/// and its fix: every graph row must be past its prompt); with F7 the shape alone
+/// decides.
 #[test]
-fn f7_fresh_prompt_of_1_plus_k_tokens_is_not_dispatched() {
+fn f7_prompt_chunks_of_1_plus_k_tokens_are_not_dispatched() {
     let cfg = graph_config(BackendProfile::FlashMla, 3, 64, 512, true);
     let sizes = capture_sizes(&cfg);
     assert!(sizes.contains(&4));
-    assert_eq!(dispatch(&cfg, &[(0, 4)], &sizes), None);
-    assert_eq!(dispatch(&cfg, &[(10, 4), (0, 4)], &sizes), None);
-    assert!(dispatch(&cfg, &[(10, 4), (1, 4)], &sizes).is_some());
+    let row = |c: usize, prompt: usize| RowShape {
+        num_computed_tokens: c,
+        num_scheduled_tokens: 4,
+        num_prompt_tokens: prompt,
+    };
+    assert_eq!(dispatch(&cfg, &[row(0, 4)], &sizes), None);
+    assert_eq!(dispatch(&cfg, &[row(10, 10), row(0, 4)], &sizes), None);
+    assert_eq!(dispatch(&cfg, &[row(10, 10), row(20, 24)], &sizes), None);
+    assert!(dispatch(&cfg, &[row(10, 10), row(1, 1)], &sizes).is_some());
+    let mut faulty = cfg.clone();
+    faulty.faults = faulty.faults.with(specmla_core::fault::Fault::F7);
+    assert!(dispatch(&faulty, &[row(10, 10), row(0, 4)], &sizes).is_some());
     let batch = build_batch(&cfg, &[RowSpec::chunk(0, 4, true)], 4, 1);
     for layout in [RowLayout::DecodeFirst, RowLayout::ExtendFirst] {
         let plan = plan_of(&cfg, &batch, layout);

@@ -247,6 +247,7 @@ prop_compose! {
         extend_first in any::<bool>(), page in prop::sample::select(vec![1usize, 4, 16]),
         mixed in any::<bool>(), graphs in any::<bool>(), chunk in prop::sample::select(vec![8usize, 32]),
         rate in 0.0f64..=1.0, requests in 2usize..6, max_len in 48usize..128,
+        planner in prop::sample::select(Planner::ALL.to_vec()),
     ) -> Scenario {
         let non_causal = profile.capabilities().non_causal;
         let spec = if dflash && non_causal { SpecConfig::dflash(k) } else {
@@ -266,6 +267,7 @@ prop_compose! {
                 prefill_chunk_tokens: chunk,
                 mixed_batches: mixed,
                 row_layout: if extend_first { RowLayout::ExtendFirst } else { RowLayout::DecodeFirst },
+                planner,
                 workspace_tokens: max_num_seqs * page * 2,
             },
             backends: vec![profile],
@@ -273,6 +275,7 @@ prop_compose! {
             max_capture_size_tokens: 24,
             decode_split_tokens: 16usize.div_ceil(page) * page,
             faults: Default::default(),
+            split_override: Default::default(),
         };
         Scenario {
             name: "random",

@@ -65,6 +65,8 @@ pub struct TraceRow {
     pub req_id: u64,
     /// Tokens already in the KV cache before this step.
     pub num_computed_tokens: u64,
+    /// The request's prompt length (the four-region reorder and graph dispatch read it).
+    pub num_prompt_tokens: u64,
     /// Tokens scheduled this step (`q_len`).
     pub num_scheduled_tokens: u64,
     /// The scheduled token ids.

@@ -39,6 +39,7 @@ pub fn sample_record(step: u64) -> StepRecord {
         rows: vec![TraceRow {
             req_id: step % 3,
             num_computed_tokens: step * 4,
+            num_prompt_tokens: 3 + step % 7,
             num_scheduled_tokens: 4,
             token_ids: vec![s, s + 1, s + 2, s + 3],
             num_draft_tokens: 3,
@@ -241,6 +242,7 @@ fn row() -> impl Strategy<Value = TraceRow> {
                 TraceRow {
                     req_id,
                     num_computed_tokens: computed,
+                    num_prompt_tokens: computed ^ scheduled,
                     num_scheduled_tokens: scheduled,
                     token_ids,
                     num_draft_tokens: drafts,
