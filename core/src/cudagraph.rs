@@ -76,9 +76,17 @@ pub fn capture_sizes(cfg: &EngineConfig) -> Vec<usize> {
     sizes
 }
 
-/// The graph shapes a backend captures at start-up.
+/// The shapes a backend captures at start-up, as the capture freezes them: uniform
+/// `1 + K` rows. F2 (vLLM #21505) is a faulty capture: the MLA builder built decode-only
+/// metadata with `max_query_len` 1, so the frozen graph runs one token per row (as many
+/// rows as tokens) whatever q a replayed step has. Backends capture exactly these
+/// shapes and, on replay, run the one frozen for the dispatched size.
 pub fn graph_shapes(cfg: &EngineConfig) -> Vec<GraphShape> {
-    let q = cfg.spec.uniform_decode_query_len();
+    let q = if cfg.faults.has(Fault::F2) {
+        1
+    } else {
+        cfg.spec.uniform_decode_query_len()
+    };
     capture_sizes(cfg)
         .into_iter()
         .map(|t| GraphShape {

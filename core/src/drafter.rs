@@ -50,11 +50,35 @@ pub struct DrafterPass {
     pub token_indices_to_sample: Vec<u32>,
     /// Rejected tokens still in each row (padded mode, pass 0 only).
     pub num_rejected: Vec<u32>,
+    /// Keys each row's sampled token attends to, derived as the engine's attention
+    /// metadata does from `seq_lens`: the row's seq_len less the row's tokens after the
+    /// sampled one, capped at `max_model_len` (nothing past it was ever written).
+    pub kv_lens: Vec<u32>,
+    /// The drafter's split-KV plan: the split size and each row's split count.
+    pub split_size_tokens: usize,
+    pub num_splits: Vec<u32>,
 }
 
 impl DrafterPass {
     pub fn num_rows(&self) -> usize {
         self.req_ids.len()
+    }
+
+    /// Fills `kv_lens` and the split plan from `seq_lens`, `query_start_loc` and the
+    /// sampled indices, as the drafter's attention metadata builder does.
+    fn plan_keys(&mut self, cfg: &EngineConfig) {
+        let max_len = cfg.scheduler.max_model_len;
+        self.split_size_tokens = drafter_split_size(cfg);
+        self.kv_lens = (0..self.num_rows())
+            .map(|r| {
+                let end = self.query_start_loc[r + 1] as usize;
+                let after = end - 1 - self.token_indices_to_sample[r] as usize;
+                (self.seq_lens[r] as usize)
+                    .saturating_sub(after)
+                    .min(max_len) as u32
+            })
+            .collect();
+        self.num_splits = split_counts(&self.kv_lens, self.split_size_tokens);
     }
     pub fn block_row(&self, r: usize) -> &[u32] {
         &self.block_table[r * self.block_table_width..(r + 1) * self.block_table_width]
@@ -88,6 +112,9 @@ pub fn first_pass(
         block_table_width: width,
         token_indices_to_sample: Vec::with_capacity(n),
         num_rejected: Vec::with_capacity(n),
+        kv_lens: Vec::new(),
+        split_size_tokens: 0,
+        num_splits: Vec::new(),
     };
     p.query_start_loc.push(0);
     for (r, o) in outcomes.iter().enumerate() {
@@ -130,6 +157,7 @@ pub fn first_pass(
             .push(start + q as u32 - 1 - n_rej as u32);
         p.num_rejected.push(n_rej as u32);
     }
+    p.plan_keys(cfg);
     p
 }
 
@@ -152,6 +180,9 @@ pub fn next_pass(cfg: &EngineConfig, prev: &DrafterPass, proposals: &[u32]) -> D
         block_table_width: prev.block_table_width,
         token_indices_to_sample: (0..n as u32).collect(),
         num_rejected: vec![0; n],
+        kv_lens: Vec::new(),
+        split_size_tokens: 0,
+        num_splits: Vec::new(),
     };
     for r in 0..n {
         let pos = prev.positions[prev.token_indices_to_sample[r] as usize] + 1;
@@ -170,7 +201,23 @@ pub fn next_pass(cfg: &EngineConfig, prev: &DrafterPass, proposals: &[u32]) -> D
             cfg.scheduler.max_model_len,
         ));
     }
+    p.plan_keys(cfg);
     p
+}
+
+/// The drafter's split size: one split covers every key a drafter row can see (at most
+/// `max_model_len` cached keys plus a DFlash block), so a row's result never depends on
+/// the rest of the batch and the split reduction is trivially in order.
+pub fn drafter_split_size(cfg: &EngineConfig) -> usize {
+    cfg.scheduler.max_model_len + 1 + cfg.spec.k()
+}
+
+/// Split counts covering `kv_lens` in splits of `split_size` (at least one each).
+pub fn split_counts(kv_lens: &[u32], split_size: usize) -> Vec<u32> {
+    kv_lens
+        .iter()
+        .map(|&l| (l as usize).div_ceil(split_size).max(1) as u32)
+        .collect()
 }
 
 /// The DFlash block pass: this step's committed tokens become drafter context (their
@@ -197,6 +244,14 @@ pub struct DFlashPass {
     pub block_indices: Vec<u32>,
     pub block_table: Vec<u32>,
     pub block_table_width: usize,
+    /// Flat block positions (`row * block_len + offset`) whose logits the pass returns,
+    /// in order: offsets 1..=K of every row (offset 0 holds the known next token).
+    pub sample_indices: Vec<u32>,
+    /// Keys each row's block attends to: its cached context plus the whole block.
+    pub kv_lens: Vec<u32>,
+    /// The split-KV plan of the block attention: the split size and each row's count.
+    pub split_size_tokens: usize,
+    pub num_splits: Vec<u32>,
 }
 
 /// The DFlash slot rule: PAD at or past `max_model_len`; otherwise the block index is
@@ -262,6 +317,10 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
         block_indices: Vec::with_capacity(n * (1 + k)),
         block_table: c.block_table[..n * width].to_vec(),
         block_table_width: width,
+        sample_indices: Vec::with_capacity(n * k),
+        kv_lens: Vec::with_capacity(n),
+        split_size_tokens: drafter_split_size(cfg),
+        num_splits: Vec::new(),
     };
     for (r, o) in outcomes.iter().enumerate() {
         let toks = c.row_tokens(r);
@@ -274,6 +333,9 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
             .push(p.context_token_indices.len() as u32);
         let last_valid = c.num_computed_tokens[r] as usize + o.valid - 1;
         p.context_lens.push(last_valid as u32 + 1);
+        p.kv_lens.push((last_valid + 1 + 1 + k) as u32);
+        p.sample_indices
+            .extend((1..=k).map(|i| (r * (1 + k) + i) as u32));
         for i in 0..=k {
             let pos = last_valid + 1 + i;
             p.block_tokens.push((i == 0).then_some(o.next_token));
@@ -291,5 +353,6 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
             p.block_slots.push(slot);
         }
     }
+    p.num_splits = split_counts(&p.kv_lens, p.split_size_tokens);
     p
 }

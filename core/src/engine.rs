@@ -688,6 +688,9 @@ impl UnwrapPass for Option<DrafterPass> {
             block_table_width: 0,
             token_indices_to_sample: Vec::new(),
             num_rejected: Vec::new(),
+            kv_lens: Vec::new(),
+            split_size_tokens: 0,
+            num_splits: Vec::new(),
         })
     }
 }

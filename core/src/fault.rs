@@ -9,7 +9,8 @@ use serde::{Deserialize, Serialize};
 pub enum Fault {
     /// LSE [tokens, heads] read as [heads, tokens] in the context merge (CPU backend).
     F1,
-    /// Graph captured with max_query_len 1, replayed with q = 1 + K (CPU backend).
+    /// Graph captured with max_query_len 1, replayed with q = 1 + K (core: the shapes
+    /// `cudagraph::graph_shapes` hands the backends to capture).
     F2,
     /// Capture sizes not rounded to multiples of 1 + K (core: cudagraph).
     F3,
@@ -19,7 +20,8 @@ pub enum Fault {
     F5,
     /// DFlash position >= max_model_len gets a live slot instead of PAD (core: drafter).
     F6,
-    /// A fresh 1 + K token prompt dispatched onto the verify graph (core: cudagraph).
+    /// A prompt chunk of 1 + K tokens dispatched onto the verify graph by shape alone
+    /// (core: cudagraph).
     F7,
     /// Decode split planner built over all rows of a mixed batch (core: plan).
     F8,
@@ -80,7 +82,10 @@ impl Fault {
             Fault::F4 => "vLLM #26191 (fixed in #29845): padded drafter keeps rejected seq_lens",
             Fault::F5 => "vLLM DFlash PR review: block number not clamped to the table width",
             Fault::F6 => "vLLM DFlash PR review: position >= max_model_len not mapped to PAD",
-            Fault::F7 => "vLLM #49918: fresh 1 + K token prompt replayed on the verify graph",
+            Fault::F7 => {
+                "vLLM #49918: a 1 + K token prompt chunk replayed on the verify graph (shape-only \
+                 uniform-decode test; fixed by requiring every row past its prompt)"
+            }
             Fault::F8 => "TokenSpeed mixed batching part 3: FlashMLA planner over all rows",
             Fault::F9 => "TokenSpeed mixed batching part 3: grammar masks from a decode layout",
             Fault::F10 => "FlashInfer-MLA fallback: non-uniform decode rows on a uniform kernel",

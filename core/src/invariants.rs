@@ -662,7 +662,9 @@ pub fn check_drafter_pass(
                 Some(r),
                 || "pass 0 samples past the last valid token".into(),
             );
-        } else {
+        }
+        check_drafter_keys(cfg, r, pos + 1, p.kv_lens.get(r).copied(), p, &mut s);
+        if p.pass > 0 {
             s.check(
                 p.seq_lens[r] as usize == pos + 1,
                 Rule::DrafterInputs,
@@ -700,6 +702,56 @@ pub fn check_drafter_pass(
     s.out
 }
 
+/// The drafter's split size, restated: one split holds every key a drafter row can see
+/// (`max_model_len` cached keys plus a DFlash block of 1 + K).
+fn ref_drafter_split(cfg: &EngineConfig) -> usize {
+    cfg.scheduler.max_model_len + cfg.spec.k() + 1
+}
+
+/// A drafter row reads `kv_len` keys (`want`, capped at max_model_len for the
+/// multi-step drafter) in splits that cover them.
+fn check_drafter_keys(
+    cfg: &EngineConfig,
+    r: usize,
+    want: usize,
+    kv_len: Option<u32>,
+    p: &DrafterPass,
+    s: &mut Sink,
+) {
+    let want = want.min(cfg.scheduler.max_model_len);
+    s.check(
+        kv_len == Some(want as u32),
+        Rule::DrafterInputs,
+        Some(r),
+        || {
+            format!(
+                "pass {} kv_len {kv_len:?}, the sampled token sees {want} keys",
+                p.pass
+            )
+        },
+    );
+    check_splits(r, want, p.split_size_tokens, p.num_splits.get(r), cfg, s);
+}
+
+/// One split size for every drafter row, and enough splits to cover its keys.
+fn check_splits(
+    r: usize,
+    kv_len: usize,
+    split_size: usize,
+    num_splits: Option<&u32>,
+    cfg: &EngineConfig,
+    s: &mut Sink,
+) {
+    let split = ref_drafter_split(cfg);
+    let want = kv_len.div_ceil(split).max(1) as u32;
+    s.check(
+        split_size == split && num_splits == Some(&want),
+        Rule::DrafterInputs,
+        Some(r),
+        || format!("drafter split plan {num_splits:?} x {split_size} for {kv_len} keys"),
+    );
+}
+
 /// Checks the DFlash pass: block positions and the clamp/PAD slot rule.
 pub fn check_dflash(
     cfg: &EngineConfig,
@@ -722,6 +774,26 @@ pub fn check_dflash(
             Some(r),
             || "context length is not last_valid + 1".into(),
         );
+        let keys = last_valid + 1 + p.block_len;
+        s.check(
+            p.kv_lens.get(r) == Some(&(keys as u32)),
+            Rule::DFlashSlots,
+            Some(r),
+            || {
+                format!(
+                    "block attends to {:?} keys, expected context + block = {keys}",
+                    p.kv_lens.get(r)
+                )
+            },
+        );
+        check_splits(
+            r,
+            keys,
+            p.split_size_tokens,
+            p.num_splits.get(r),
+            cfg,
+            &mut s,
+        );
         for i in 0..p.block_len {
             let j = r * p.block_len + i;
             let pos = p.block_positions[j] as usize;
@@ -741,6 +813,16 @@ pub fn check_dflash(
             });
         }
     }
+    let want: Vec<u32> = (0..outcomes.len())
+        .flat_map(|r| (1..p.block_len).map(move |i| (r * p.block_len + i) as u32))
+        .collect();
+    s.check(p.sample_indices == want, Rule::DFlashSlots, None, || {
+        format!(
+            "DFlash samples block positions {:?}, expected offsets 1..={} of each row",
+            p.sample_indices,
+            p.block_len - 1
+        )
+    });
     s.out
 }
 

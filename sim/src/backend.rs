@@ -73,24 +73,8 @@ impl Backend for CpuBackend {
     type Error = CpuBackendError;
 
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
-        // F2: capture builds decode-only metadata with max_query_len 1, so the frozen
-        // graph runs one token per row whatever q the step has.
-        let q1 = self.cfg.faults.has(Fault::F2);
-        self.graphs = shapes
-            .iter()
-            .map(|&s| {
-                if q1 {
-                    GraphShape {
-                        num_rows: s.num_tokens,
-                        query_len: 1,
-                        max_query_len: 1,
-                        ..s
-                    }
-                } else {
-                    s
-                }
-            })
-            .collect();
+        // The core hands over the shapes as the capture froze them (F2 included).
+        self.graphs = shapes.to_vec();
         Ok(())
     }
 
@@ -180,13 +164,8 @@ impl Backend for CpuBackend {
             let t = pass.token_indices_to_sample[r] as usize;
             let pos = pass.positions[t] as usize;
             let (q, _) = layer.qkv(dims, &x[t], pos);
-            // Causal inside the row: the sampled token sees keys below its own position + 1,
-            // capped by seq_len; nothing at or past max_model_len was ever written.
-            let q_start = pass.query_start_loc[r] as usize;
-            let q_len = pass.query_start_loc[r + 1] as usize - q_start;
-            let visible = (pass.seq_lens[r] as usize + t + 1 - q_start)
-                .saturating_sub(q_len)
-                .min(self.cfg.scheduler.max_model_len);
+            // The plan says how many keys the sampled token sees (one split covers them).
+            let visible = pass.kv_lens[r] as usize;
             let keys = self
                 .drafter_cache
                 .gather(0, pass.block_row(r), self.page(), 0, visible);
@@ -223,16 +202,20 @@ impl Backend for CpuBackend {
             hidden_size: dims.hidden_size,
             ..Default::default()
         };
+        let mut samples = pass.sample_indices.iter().map(|&j| j as usize).peekable();
         for r in 0..pass.req_ids.len() {
             let ctx = pass.context_lens[r] as usize;
+            let n_keys = pass.kv_lens[r] as usize;
             let mut keys = self
                 .drafter_cache
                 .gather(0, block_row(pass, r), self.page(), 0, ctx);
             for (_, _, latent) in &block[r * b..(r + 1) * b] {
                 keys.extend_from_slice(latent);
             }
-            for (xb, q, _) in &block[r * b + 1..(r + 1) * b] {
-                let a = absorbed_attention(&self.dims, layer, q, 1, &keys, ctx + b, Mask::Full);
+            // The plan names the block positions that produce logits.
+            while let Some(j) = samples.next_if(|&j| j < (r + 1) * b) {
+                let (xb, q, _) = &block[j];
+                let a = absorbed_attention(&self.dims, layer, q, 1, &keys, n_keys, Mask::Full);
                 let h = layer.finish(dims, xb, &a.out);
                 out.logits.extend(dr.logits(&h));
                 out.hidden.extend(h);

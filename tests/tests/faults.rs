@@ -133,6 +133,35 @@ fn f7_frozen_fresh_4_token_prompt_replays_on_the_verify_graph() {
     assert!(has_rule(&v, Rule::CudaGraph), "{v:?}");
 }
 
+/// F7 with vLLM's split: next to two q = 4 verify rows on FlashMLA, a fresh 4-token
+/// prompt is a decode row (the split reads query lengths only), yet the fixed engine
+/// keeps the batch off the verify graph because that row is still prefilling. With F7
+/// the shape alone dispatches it and the graph invariant names the row.
+#[test]
+fn f7_a_fresh_prompt_is_a_decode_row_but_never_a_graph_row() {
+    let rows = [
+        RowSpec::verify(40, vec![1, 2, 3]),
+        RowSpec::chunk(0, 4, true),
+        RowSpec::verify(70, vec![4, 5, 6]),
+    ];
+    let clean = graph_config(BackendProfile::FlashMla, 3);
+    let batch = build_batch(&clean, &rows, 4, 3);
+    let sizes = capture_sizes(&clean);
+    let plan = build_step_plan(&clean, &batch, &sizes, RowLayout::DecodeFirst, &|_| None).unwrap();
+    assert_eq!(
+        plan.mla.num_decodes, 3,
+        "all three rows take the decode kernel"
+    );
+    assert_eq!(plan.cudagraph, None);
+    assert!(plan_violations(&clean, RowLayout::DecodeFirst, &rows).is_empty());
+    let v = plan_violations(&with_fault(clean, Fault::F7), RowLayout::DecodeFirst, &rows);
+    assert!(
+        v.iter()
+            .any(|x| x.rule == Rule::CudaGraph && x.detail.contains("past its prompt")),
+        "{v:?}"
+    );
+}
+
 #[test]
 fn f8_shrinks_to_two_rows() {
     let (_, _, rows) = shrink_plan_fault(BackendProfile::FlashMla, Fault::F8);

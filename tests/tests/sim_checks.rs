@@ -131,19 +131,26 @@ fn small(name: &str, n: usize) -> Scenario {
     s
 }
 
+/// The scenario sweep: every scenario, under both planners (vLLM's current four-region
+/// rule and the three-region rule before PR #37303), two seeds each.
 #[test]
-fn every_scenario_passes_every_check_on_two_seeds() {
+fn every_scenario_passes_every_check_under_both_planners() {
     for s in scenarios::all() {
-        for seed in [1, 2] {
+        for (planner, seed) in [
+            (Planner::Vllm, 1),
+            (Planner::Vllm, 2),
+            (Planner::Vllm3Region, 1),
+        ] {
             let mut s = s.clone();
             s.workload.num_requests = s.workload.num_requests.min(8);
+            s.cfg.scheduler.planner = planner;
             let sum = run(&s, seed, |_| {}).unwrap();
-            assert!(sum.passed(), "{} seed {seed}: {:?}", s.name, sum.failures);
-            assert!(!sum.hit_step_limit, "{} seed {seed} did not finish", s.name);
+            let what = format!("{} {planner:?} seed {seed}", s.name);
+            assert!(sum.passed(), "{what}: {:?}", sum.failures);
+            assert!(!sum.hit_step_limit, "{what} did not finish");
             assert!(
                 sum.checks.iter().all(|(_, t)| t.run > 0),
-                "{}: a check never ran: {:?}",
-                s.name,
+                "{what}: a check never ran: {:?}",
                 sum.checks
             );
         }

@@ -6,11 +6,19 @@ use std::sync::Arc;
 use specmla_core::backend::{DrafterOutput, TargetOutput};
 use specmla_core::drafter::{DFlashPass, DrafterPass};
 
-use super::{positions_i32, DecodeLaunch, GpuBackend, Result};
+use super::{as_i32, DecodeLaunch, GpuBackend, Result};
 use crate::launch::{copy, Buf, DPtr};
 use crate::ops::{DecodeBufs, DecodeShape};
 use crate::weights::LayerWeights;
 use crate::workspace::Workspace;
+
+/// The keys and split plan of the sampled drafter rows, as the core planned them.
+#[derive(Clone, Copy)]
+pub(super) struct KeyPlan<'a> {
+    pub kv_lens: &'a [u32],
+    pub num_splits: &'a [u32],
+    pub split_size_tokens: usize,
+}
 
 impl GpuBackend {
     pub(super) fn drafter_body(
@@ -24,7 +32,7 @@ impl GpuBackend {
         let (n, hid) = (pass.token_ids.len(), d.hidden_size);
         let w = &self.drafter.layer;
         ws.ids.write(&dev, &self.check_tokens(&pass.token_ids)?)?;
-        ws.positions.write(&dev, &positions_i32(&pass.positions))?;
+        ws.positions.write(&dev, &as_i32(&pass.positions))?;
         self.check_slots(&pass.slot_mapping)?;
         ws.slots.write(&dev, &pass.slot_mapping)?;
         // x = concat(embed(token), hidden_in) @ fc, built in xs/h/x.
@@ -57,26 +65,22 @@ impl GpuBackend {
             n,
             d.latent_dim(),
         )?;
-        // Sampled tokens only: each sees keys below its own position + 1, capped by
-        // seq_len and max_model_len, with one split covering them all.
-        let rows = pass.num_rows();
-        let mut sample = Vec::with_capacity(rows);
-        let mut visible = Vec::with_capacity(rows);
-        for r in 0..rows {
-            let t = pass.token_indices_to_sample[r] as usize;
-            let q_start = pass.query_start_loc[r] as usize;
-            let q_len = pass.query_start_loc[r + 1] as usize - q_start;
-            let v = (pass.seq_lens[r] as usize + t + 1 - q_start)
-                .saturating_sub(q_len)
-                .min(self.cfg.scheduler.max_model_len);
-            sample.push(t as i32);
-            visible.push(v as i32);
-        }
+        // Sampled tokens only, over the keys and splits the core planned for each.
+        let sample: Vec<i32> = pass
+            .token_indices_to_sample
+            .iter()
+            .map(|&t| t as i32)
+            .collect();
+        let plan = KeyPlan {
+            kv_lens: &pass.kv_lens,
+            num_splits: &pass.num_splits,
+            split_size_tokens: pass.split_size_tokens,
+        };
         self.sampled_attention(
             ws,
             w,
             &sample,
-            &visible,
+            plan,
             &pass.block_table,
             pass.block_table_width,
         )
@@ -89,7 +93,7 @@ impl GpuBackend {
         ws: &mut Workspace,
         w: &LayerWeights,
         sample: &[i32],
-        visible: &[i32],
+        keys: KeyPlan<'_>,
         table: &[u32],
         width: usize,
     ) -> Result<DrafterOutput> {
@@ -113,13 +117,13 @@ impl GpuBackend {
         )?;
         copy(&dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
         ws.block_table.write(&dev, &self.block_ids(table)?)?;
-        ws.seq_lens.write(&dev, visible)?;
-        ws.num_splits.write(&dev, &vec![1; rows])?;
+        ws.seq_lens.write(&dev, &as_i32(keys.kv_lens))?;
+        ws.num_splits.write(&dev, &as_i32(keys.num_splits))?;
         let dl = DecodeLaunch {
             token_start: 0,
             rows,
             q_len: 1,
-            split_size: self.cfg.scheduler.max_model_len.max(1),
+            split_size: keys.split_size_tokens,
             block_table: ws.block_table.ptr(),
             width,
             seq_lens: ws.seq_lens.ptr(),
@@ -165,8 +169,7 @@ impl GpuBackend {
             ws.x.ptr(),
             (e, hid, hid),
         )?;
-        ws.positions
-            .write(&dev, &positions_i32(&pass.context_positions))?;
+        ws.positions.write(&dev, &as_i32(&pass.context_positions))?;
         self.check_slots(&pass.context_slots)?;
         ws.slots.write(&dev, &pass.context_slots)?;
         self.qkv(w, ws, e, false)?;
@@ -186,8 +189,7 @@ impl GpuBackend {
             .flat_map(|t| self.drafter_host.block_x(*t))
             .collect();
         ws.x.write(&dev, &block_x)?;
-        ws.positions
-            .write(&dev, &positions_i32(&pass.block_positions))?;
+        ws.positions.write(&dev, &as_i32(&pass.block_positions))?;
         self.check_slots(&pass.block_slots)?;
         ws.slots.write(&dev, &pass.block_slots)?;
         self.qkv(w, ws, nb, true)?;
@@ -205,10 +207,7 @@ impl GpuBackend {
         self.dflash_attention(ws, pass, attn)?;
         // Finish every block position, then keep offsets 1..=K of each row.
         self.finish(w, ws, ws.x.ptr(), attn, nb)?;
-        let b = pass.block_len;
-        let keep: Vec<i32> = (0..pass.req_ids.len())
-            .flat_map(|r| (1..b).map(move |j| (r * b + j) as i32))
-            .collect();
+        let keep = as_i32(&pass.sample_indices);
         ws.logits_idx.write(&dev, &keep)?;
         k.gather_rows(
             &dev,
@@ -272,9 +271,13 @@ impl GpuBackend {
             // The keys are contiguous, so an identity block table over them with a page
             // of one position lets the decode kernel read them in place, one query per
             // "row", all K rows seeing all ctx + K keys.
-            let n_keys = ctx + b;
+            let n_keys = pass.kv_lens[r] as usize;
             let seq = Buf::from_host(dev, &vec![n_keys as i32; b - 1], "dflash seq_lens")?;
-            let splits = Buf::from_host(dev, &vec![1i32; b - 1], "dflash splits")?;
+            let splits = Buf::from_host(
+                dev,
+                &vec![pass.num_splits[r] as i32; b - 1],
+                "dflash splits",
+            )?;
             let table_rows: Vec<i32> = (0..b - 1).flat_map(|_| 0..n_keys as i32).collect();
             let ident = Buf::from_host(dev, &table_rows, "dflash identity table")?;
             let shape = DecodeShape {
@@ -285,7 +288,7 @@ impl GpuBackend {
                 dv: md.kv_lora,
                 page: 1,
                 width: n_keys,
-                split_size: n_keys.max(1),
+                split_size: pass.split_size_tokens,
             };
             let first = r * b + 1;
             let q_lat = ws.q_lat.ptr().offset(first * md.heads * lat);

@@ -14,7 +14,6 @@ use specmla_core::block_pool::{NO_BLOCK, PAD_SLOT};
 use specmla_core::config::{EngineConfig, ModelDims};
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
-use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 use specmla_model::{DrafterModel, TargetModel};
 
@@ -208,8 +207,9 @@ impl GpuBackend {
     }
 }
 
-/// Positions as i32 (bounded by max_model_len, which config validation caps).
-fn positions_i32(p: &[u32]) -> Vec<i32> {
+/// Positions, lengths and counts as the kernels take them (bounded by max_model_len and
+/// the other limits config validation caps).
+fn as_i32(p: &[u32]) -> Vec<i32> {
     p.iter().map(|&x| x as i32).collect()
 }
 
@@ -217,21 +217,9 @@ impl Backend for GpuBackend {
     type Error = GpuBackendError;
 
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<()> {
-        // F2: capture builds decode-only metadata with max_query_len 1, so the frozen
-        // graph runs one token per row whatever q the step has.
-        let q1 = self.cfg.faults.has(Fault::F2);
+        // The core hands over the shapes as the capture froze them (F2 included).
         self.graphs.clear();
         for &s in shapes {
-            let s = if q1 {
-                GraphShape {
-                    num_rows: s.num_tokens,
-                    query_len: 1,
-                    max_query_len: 1,
-                    ..s
-                }
-            } else {
-                s
-            };
             let g = self.capture(s)?;
             self.graphs.push(g);
         }

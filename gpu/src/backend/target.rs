@@ -8,7 +8,7 @@ use specmla_core::block_pool::PAD_SLOT;
 use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 
-use super::{positions_i32, AttendFn, DecodeLaunch, GpuBackend, GpuBackendError, Result};
+use super::{as_i32, AttendFn, DecodeLaunch, GpuBackend, GpuBackendError, Result};
 use crate::launch::DPtr;
 use crate::ops::{KeyBufs, State};
 use crate::weights::LayerWeights;
@@ -62,7 +62,7 @@ impl GpuBackend {
         let c = &plan.common;
         let mut ids = self.check_tokens(&plan.token_ids[..n])?;
         ids.resize(n_pad, 0);
-        let mut pos = positions_i32(&c.positions[..c.positions.len().min(n_pad)]);
+        let mut pos = as_i32(&c.positions[..c.positions.len().min(n_pad)]);
         pos.resize(n_pad, 0);
         let mut slots = c.slot_mapping[..c.slot_mapping.len().min(n_pad)].to_vec();
         self.check_slots(&slots)?;
