@@ -236,7 +236,7 @@ fn check_reorder(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, s:
         });
     }
     s.check(
-        plan.reordered == !misplaced.is_empty(),
+        plan.reordered != misplaced.is_empty(),
         Rule::Reorder,
         None,
         || {

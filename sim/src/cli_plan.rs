@@ -265,11 +265,50 @@ pub fn run_plan(a: &PlanArgs) -> Result<ExitCode> {
     let batch = synth_batch(&cfg, &f);
     let sizes = capture_sizes(&cfg);
     let plan = build_step_plan(&cfg, &batch, &sizes, cfg.scheduler.row_layout, &|_| None)?;
-    say!(
-        "{}",
-        serde_json::to_string_pretty(&explain(&cfg, &plan, &sizes))?
-    );
+    let mut out = String::new();
+    write_json(&explain(&cfg, &plan, &sizes), 0, &mut out);
+    say!("{out}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Pretty JSON with every array or object of scalars on one line (a plan's `order`,
+/// `query_start_loc` and each row read at a glance), keys sorted.
+fn write_json(v: &Value, indent: usize, out: &mut String) {
+    let pad = |n: usize| "  ".repeat(n);
+    let scalar = |x: &Value| !x.is_array() && !x.is_object();
+    match v {
+        Value::Array(a) if a.iter().all(scalar) => {
+            out.push_str(&serde_json::to_string(v).expect("a JSON value prints"));
+        }
+        Value::Object(o) if o.values().all(scalar) => {
+            let fields: Vec<String> = o
+                .iter()
+                .map(|(k, x)| format!("{}: {x}", Value::from(k.as_str())))
+                .collect();
+            out.push_str(&format!("{{{}}}", fields.join(", ")));
+        }
+        Value::Array(a) => {
+            out.push_str("[\n");
+            for (i, x) in a.iter().enumerate() {
+                out.push_str(&pad(indent + 1));
+                write_json(x, indent + 1, out);
+                out.push_str(if i + 1 < a.len() { ",\n" } else { "\n" });
+            }
+            out.push_str(&pad(indent));
+            out.push(']');
+        }
+        Value::Object(o) => {
+            out.push_str("{\n");
+            for (i, (k, x)) in o.iter().enumerate() {
+                out.push_str(&format!("{}{}: ", pad(indent + 1), Value::from(k.as_str())));
+                write_json(x, indent + 1, out);
+                out.push_str(if i + 1 < o.len() { ",\n" } else { "\n" });
+            }
+            out.push_str(&pad(indent));
+            out.push('}');
+        }
+        _ => out.push_str(&serde_json::to_string(v).expect("a JSON value prints")),
+    }
 }
 
 fn explain(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize]) -> Value {

@@ -359,10 +359,21 @@ fn counts(d: usize, p: usize, dt: usize, pt: usize) -> SplitCounts {
     }
 }
 
+/// One case of test_attention_splitting.py: name, query lengths, threshold,
+/// require_uniform, padded token count, expected counts.
+type SplitCase = (
+    &'static str,
+    &'static [usize],
+    usize,
+    bool,
+    Option<usize>,
+    SplitCounts,
+);
+
 #[test]
 fn vllm_split_cases() {
     #[rustfmt::skip]
-    let cases: [(&str, &[usize], usize, bool, Option<usize>, SplitCounts); 9] = [
+    let cases: [SplitCase; 9] = [
         ("nonuniform_all_ones", &[1, 1, 1], 1, false, None, counts(3, 0, 3, 0)),
         ("nonuniform_all_short_decodes", &[1, 2, 1, 3, 2, 1, 2], 3, false, None, counts(7, 0, 12, 0)),
         ("nonuniform_all_prefills", &[4, 5, 6, 7], 3, false, None, counts(0, 4, 0, 22)),
