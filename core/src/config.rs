@@ -19,6 +19,7 @@ fn check_limits(what: &str, limits: &[(&str, usize, usize)]) -> Result<(), Confi
 
 /// Attention/model dimensions of an MLA model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct ModelDims {
     /// Residual stream width.
     pub hidden_size: usize,
@@ -128,8 +129,10 @@ impl ModelDims {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DrafterBatch {
     /// Rejected tokens stay in the batch; shapes stay uniform.
+    #[serde(rename = "padded")]
     Padded,
     /// Rejected tokens are dropped; q and seq_len shrink.
+    #[serde(rename = "compacted")]
     Compacted,
 }
 
@@ -137,15 +140,19 @@ pub enum DrafterBatch {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum SpecMethod {
     /// Plain decoding, one token per step.
+    #[serde(rename = "off")]
     Off,
     /// Multi-step drafter (MTP / EAGLE): K sequential drafter passes.
+    #[serde(rename = "multi-step")]
     MultiStep,
     /// DFlash block drafter: one non-causal pass proposes K tokens.
+    #[serde(rename = "dflash")]
     DFlash,
 }
 
 /// Speculative decoding settings.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SpecConfig {
     pub method: SpecMethod,
     /// K = `num_speculative_tokens`.
@@ -212,8 +219,10 @@ impl SpecConfig {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RowLayout {
     /// vLLM: decode rows first, then extends, then fresh prefills.
+    #[serde(rename = "decode-first")]
     DecodeFirst,
     /// TokenSpeed: extend/prefill rows `[0, num_extends)`, decode rows after.
+    #[serde(rename = "extend-first")]
     ExtendFirst,
 }
 
@@ -223,9 +232,11 @@ pub enum Planner {
     /// vLLM after PR #37303: four regions (decode, short_extend, long_extend, prefill),
     /// which needs each request's prompt length.
     #[default]
+    #[serde(rename = "vllm")]
     Vllm,
     /// vLLM before PR #37303: three regions (decode, extend, prefill); a short chunk
     /// with context is a decode whether or not its prompt is done.
+    #[serde(rename = "vllm-3region")]
     Vllm3Region,
 }
 
@@ -248,6 +259,7 @@ impl Planner {
 
 /// Scheduler limits and policies.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SchedulerConfig {
     pub max_num_seqs: usize,
     pub max_num_batched_tokens: usize,
@@ -297,10 +309,15 @@ pub enum CudaGraphSupport {
 /// The five MLA backend profiles as the real ones ship (SPEC section 4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum BackendProfile {
+    #[serde(rename = "flashmla")]
     FlashMla,
+    #[serde(rename = "flashinfer-mla")]
     FlashInferMla,
+    #[serde(rename = "cutlass-mla")]
     CutlassMla,
+    #[serde(rename = "flashattn-mla")]
     FlashAttnMla,
+    #[serde(rename = "triton-mla")]
     TritonMla,
 }
 
@@ -360,6 +377,7 @@ impl BackendProfile {
 
 /// The whole engine configuration.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct EngineConfig {
     pub model: ModelDims,
     pub spec: SpecConfig,
@@ -383,6 +401,7 @@ pub struct EngineConfig {
 
 /// Replaces what the capability matrix derives for the reorder and split.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SplitOverride {
     pub reorder_batch_threshold: Option<usize>,
     pub require_uniform: Option<bool>,

@@ -94,9 +94,15 @@ pub enum EngineError<E: std::error::Error + 'static> {
     #[error("backend: {0}")]
     Backend(#[source] E),
     #[error("plan: {0}")]
-    Plan(#[from] PlanError),
+    Plan(PlanError),
     #[error("scheduler stalled at step {0}: requests remain but nothing could be scheduled")]
     Stalled(u64),
+}
+
+impl<E: std::error::Error + 'static> From<PlanError> for EngineError<E> {
+    fn from(e: PlanError) -> Self {
+        EngineError::Plan(e)
+    }
 }
 
 /// What a batch needs from the requests behind it: grammar state and the drafter's

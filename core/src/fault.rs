@@ -93,9 +93,29 @@ impl Fault {
     }
 }
 
-/// A set of fault switches (all off by default).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// A set of fault switches (all off by default). In a config it reads and writes as a
+/// list of catalog ids, `["F1", "F7"]`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Faults(u16);
+
+impl Serialize for Faults {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_seq(self.iter().map(Fault::id))
+    }
+}
+
+impl<'de> Deserialize<'de> for Faults {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let ids = Vec::<String>::deserialize(d)?;
+        ids.iter()
+            .map(|id| {
+                Fault::from_id(id).ok_or_else(|| {
+                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10)"))
+                })
+            })
+            .collect()
+    }
+}
 
 impl Faults {
     /// No fault.

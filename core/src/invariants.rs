@@ -16,9 +16,11 @@ use crate::reorder::Region;
 pub enum Rule {
     /// Threshold and require_uniform follow the capability matrix (section 4).
     Threshold,
-    /// Reorder is a stable permutation into decode, extend, prefill regions (section 4).
+    /// Regions and order are vLLM's: rows already in their region stay, misplaced rows
+    /// fill the misplaced slots in (region, index) order.
     Reorder,
-    /// Decode rows are contiguous, uniform when required, and maximal (section 4).
+    /// Decode rows are contiguous at the layout's edge and as many as vLLM's
+    /// query-length split gives.
     Split,
     /// query_start_loc, seq_lens, positions and counts agree with the batch (section 1).
     CommonMetadata,

@@ -4,6 +4,7 @@
 //! drafter).
 
 use serde::Serialize;
+use specmla_sim::text::count;
 use specmla_traces::{RowPath, StepRecord};
 
 /// One row whose outputs differ.
@@ -79,16 +80,16 @@ impl Divergence {
                 .into_iter()
                 .collect();
             parts.push(format!(
-                "layer {l} ({} rows: {})",
-                self.layer_rows.len(),
+                "layer {l} ({}: {})",
+                count(self.layer_rows.len(), "row"),
                 paths.join(", ")
             ));
         }
         if !self.logit_rows.is_empty() {
-            parts.push(format!("logits of {} rows", self.logit_rows.len()));
+            parts.push(format!("logits of {}", count(self.logit_rows.len(), "row")));
         }
         if !self.token_rows.is_empty() {
-            parts.push(format!("tokens of {} rows", self.token_rows.len()));
+            parts.push(format!("tokens of {}", count(self.token_rows.len(), "row")));
         }
         if self.drafter_differs {
             parts.push("drafter".to_string());

@@ -23,6 +23,7 @@ use specmla_replay::bisect::{bisect, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
 use specmla_sim::runner::cpu_backend;
+use specmla_sim::text::{count, fault_list};
 use specmla_traces::{read_all, Completeness, RowPath, StepRecord, TraceWriter};
 
 /// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
@@ -164,16 +165,8 @@ fn run(a: &RunArgs) -> Result<ExitCode> {
 
 fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) {
     let h = &t.header;
-    let faults = if fault_ids.is_empty() {
-        "none".to_string()
-    } else {
-        fault_ids.join(", ")
-    };
-    let recorded = if h.faults.is_empty() {
-        "none".to_string()
-    } else {
-        h.faults.join(", ")
-    };
+    let faults = fault_list(fault_ids);
+    let recorded = fault_list(&h.faults);
     say!(
         "replay {}: scenario {}, seed {}, {} steps, faults recorded: {recorded}, on replay: {faults}",
         path.display(),
@@ -226,7 +219,10 @@ fn print_divergence(d: &Divergence, replayed: usize) {
     );
     match d.first_layer {
         Some(l) => {
-            say!("  first layer  {l}: {} rows differ", d.layer_rows.len());
+            say!(
+                "  first layer  {l}: {} differ",
+                count(d.layer_rows.len(), "row")
+            );
             for r in d.layer_rows.iter().take(8) {
                 let via = if r.path == "prefill+context" {
                     "  <- context-chunk LSE merge"
@@ -263,7 +259,9 @@ fn print_divergence(d: &Divergence, replayed: usize) {
     for (row, want, got) in d.token_rows.iter().take(4) {
         say!("  tokens       row {row}: recorded {want:?}, replayed {got:?}");
     }
-    if d.drafter_differs {
+    if d.drafter_differs && d.drafter_requests.is_empty() {
+        say!("  drafter      inputs differ (no request's proposals changed)");
+    } else if d.drafter_differs {
         say!(
             "  drafter      inputs or proposals differ (requests {:?})",
             d.drafter_requests
@@ -286,17 +284,17 @@ fn run_bisect(t: &Trace, f: Faults, out: &Path) -> Result<ExitCode> {
     let bytes = encode(&min)?;
     std::fs::write(out, &bytes).with_context(|| format!("-o {}", out.display()))?;
     say!(
-        "before: {} steps, {} requests, {} rows, {} bytes",
-        t.records.len(),
-        t.requests().len(),
-        t.num_rows(),
+        "before: {}, {}, {}, {} bytes",
+        count(t.records.len(), "step"),
+        count(t.requests().len(), "request"),
+        count(t.num_rows(), "row"),
         bytes_before
     );
     say!(
-        "after:  {} steps, {} requests, {} rows, {} bytes -> {}",
-        min.records.len(),
-        min.requests().len(),
-        min.num_rows(),
+        "after:  {}, {}, {}, {} bytes -> {}",
+        count(min.records.len(), "step"),
+        count(min.requests().len(), "request"),
+        count(min.num_rows(), "row"),
         bytes.len(),
         out.display()
     );
@@ -341,7 +339,18 @@ fn show(a: &ShowArgs) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let h = &t.header;
-    say!("trace: scenario {}, seed {}, format {}, written by specmla {} on the {} backend{}, {} requests, {} steps, faults recorded: {:?}", h.scenario, h.seed, h.format_version, h.tool_version, h.backend, if h.trace_tensors { " with tensors" } else { "" }, h.workload.len(), t.records.len(), h.faults);
+    say!(
+        "trace: scenario {}, seed {}, format {}, written by specmla {} on the {} backend{}, {}, {}, faults recorded: {}",
+        h.scenario,
+        h.seed,
+        h.format_version,
+        h.tool_version,
+        h.backend,
+        if h.trace_tensors { " with tensors" } else { "" },
+        count(h.workload.len(), "request"),
+        count(t.records.len(), "step"),
+        fault_list(&h.faults)
+    );
     for r in records {
         if a.step.is_some() {
             print_step_detail(r);
@@ -356,7 +365,13 @@ fn print_step_line(r: &StepRecord) {
     let decode = r.rows.iter().filter(|x| x.path == RowPath::Decode).count();
     let tokens: u64 = r.rows.iter().map(|x| x.num_scheduled_tokens).sum();
     let accepted: u32 = r.num_accepted.iter().sum();
-    say!("step {:>5}: {:>3} rows ({decode} decode, {} prefill), {tokens:>5} tokens, {accepted} drafts accepted", r.step, r.rows.len(), r.rows.len() - decode);
+    let rows = count(r.rows.len(), "row");
+    say!(
+        "step {:>5}: {rows:>8} ({decode} decode, {} prefill), {tokens:>5} tokens, {} accepted",
+        r.step,
+        r.rows.len() - decode,
+        count(accepted as usize, "draft")
+    );
 }
 
 fn print_step_detail(r: &StepRecord) {

@@ -25,8 +25,10 @@ use specmla_traces::{StepRecord, TraceHeader};
 pub enum ReplayError {
     #[error("the trace's config does not parse: {0}")]
     Config(String),
-    #[error("the trace's config is invalid: {0}")]
-    Invalid(#[from] specmla_core::error::ConfigError),
+    /// The config parses but cannot run (the cause is in the message, not a `source`,
+    /// so it prints once).
+    #[error("the trace's {0}")]
+    Invalid(specmla_core::error::ConfigError),
     #[error("step {step}: {message}")]
     Engine { step: u64, message: String },
     /// The backend cannot be used here (no GPU, no driver, out of memory):
@@ -35,6 +37,12 @@ pub enum ReplayError {
     Environment(String),
     #[error("step {step}: {reason}")]
     BadRecord { step: u64, reason: String },
+}
+
+impl From<specmla_core::error::ConfigError> for ReplayError {
+    fn from(e: specmla_core::error::ConfigError) -> Self {
+        ReplayError::Invalid(e)
+    }
 }
 
 /// What a replayed step's own checks found, and what a cross-backend comparison needs

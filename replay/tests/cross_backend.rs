@@ -151,7 +151,7 @@ fn attention_outputs_within_tolerance_pass_and_beyond_it_diverge_at_that_layer_a
     assert_eq!(rows, vec![(2, path)]);
     assert!(d.max_abs_diff.unwrap() > 40.0 * CROSS_ATOL as f32, "{d:?}");
     assert!(!d.metadata_differs && d.token_rows.is_empty() && d.logit_rows.is_empty());
-    assert!(d.headline().contains("layer 1 (1 rows"), "{}", d.headline());
+    assert!(d.headline().contains("layer 1 (1 row:"), "{}", d.headline());
 
     // An earlier layer beyond tolerance in another row is the first divergent layer.
     let (tokens0, path0) = row_tokens(&t.records[step], 0);
@@ -205,7 +205,7 @@ fn logits_beyond_tolerance_diverge_at_their_row() {
     );
     assert!(d.first_layer.is_none() && d.token_rows.is_empty() && !d.metadata_differs);
     assert!(
-        d.headline().contains("logits of 1 rows"),
+        d.headline().contains("logits of 1 row"),
         "{}",
         d.headline()
     );

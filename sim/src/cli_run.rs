@@ -14,9 +14,12 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use specmla_core::config::EngineConfig;
+use specmla_sim::config_file::RunConfig;
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::TraceSink;
-use specmla_sim::runner::{cpu_backend, run_with, RunBackend, RunStats, RunSummary, StepSink};
+use specmla_sim::runner::{
+    cpu_backend, run_with, RunBackend, RunStats, RunSummary, SpecDecodingMetrics, StepSink,
+};
 use specmla_sim::scenarios::{self, Scenario};
 
 /// Drafter batch mode on the command line.
@@ -79,21 +82,40 @@ impl LayoutArg {
     }
 }
 
-/// Flags of `sim run`; every one overrides the scenario's own setting.
+/// Flags of `sim run`; every one overrides the scenario's (or the config file's) own
+/// setting.
 #[derive(Args, Clone, Debug, Default)]
 pub struct RunArgs {
-    /// Scenario to run (see `sim list`).
-    #[arg(long, default_value = "mixed_mtp", value_parser = scenario_names())]
-    pub scenario: String,
-    /// Seed of weights, workload and every random decision.
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
+    /// Scenario to run (see `sim list`; default mixed_mtp).
+    #[arg(long, value_parser = scenario_names(), conflicts_with = "config")]
+    pub scenario: Option<String>,
+    /// Run the configuration in this TOML file (`sim config` prints one to start from).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<std::path::PathBuf>,
+    /// Seed of weights, workload and every random decision (default 0, or the file's).
+    #[arg(long, value_parser = parse_u64)]
+    pub seed: Option<u64>,
     /// Number of requests in the workload.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub requests: Option<u64>,
     /// Stop after this many steps.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     pub steps: Option<u64>,
+    /// Prompt lengths in tokens: N, or MIN..MAX drawn uniformly.
+    #[arg(long, value_name = "MIN..MAX", value_parser = parse_range)]
+    pub prompt_len: Option<(usize, usize)>,
+    /// Generation budget per request in tokens: N, or MIN..MAX drawn uniformly.
+    #[arg(long, value_name = "MIN..MAX", value_parser = parse_range)]
+    pub max_new_tokens: Option<(usize, usize)>,
+    /// Most requests in one step (vLLM's max_num_seqs).
+    #[arg(long)]
+    pub max_num_seqs: Option<usize>,
+    /// Token budget of one step (vLLM's max_num_batched_tokens).
+    #[arg(long)]
+    pub max_num_batched_tokens: Option<usize>,
+    /// KV blocks in the pool, shared by the target and drafter caches.
+    #[arg(long)]
+    pub num_gpu_blocks: Option<usize>,
     /// K, the number of speculative tokens.
     #[arg(long)]
     pub num_spec_tokens: Option<usize>,
@@ -155,8 +177,33 @@ fn fault_ids() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(Fault::ALL.map(|f| f.id()))
 }
 
+/// A non-negative integer, with a message that says so.
+fn parse_u64(v: &str) -> Result<u64, String> {
+    v.parse()
+        .map_err(|_| format!("expected a non-negative integer below 2^64, got {v:?}"))
+}
+
+/// `N` or `MIN..MAX` (inclusive), MIN <= MAX, both positive.
+fn parse_range(v: &str) -> Result<(usize, usize), String> {
+    let num = |x: &str| {
+        x.trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| format!("expected N or MIN..MAX of positive integers, got {v:?}"))
+    };
+    let (lo, hi) = match v.split_once("..") {
+        Some((a, b)) => (num(a)?, num(b)?),
+        None => (num(v)?, num(v)?),
+    };
+    if lo > hi {
+        return Err(format!("{v:?}: MIN is above MAX"));
+    }
+    Ok((lo, hi))
+}
+
 fn scenario_names() -> clap::builder::PossibleValuesParser {
-    let names: Vec<&'static str> = scenarios::all().iter().map(|s| s.name).collect();
+    let names: Vec<String> = scenarios::all().into_iter().map(|s| s.name).collect();
     clap::builder::PossibleValuesParser::new(names)
 }
 
@@ -164,11 +211,68 @@ fn backend_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(BackendProfile::ALL.map(|p| p.name()))
 }
 
-/// Applies the flags to the scenario they name.
-pub fn resolve_scenario(a: &RunArgs) -> Result<Scenario> {
-    let Some(mut s) = scenarios::by_name(&a.scenario) else {
-        bail!("unknown scenario {:?}", a.scenario);
+/// The scenario and seed the flags name: a built-in scenario (or the `--config` file),
+/// with every flag applied over it.
+pub fn resolve_scenario(a: &RunArgs) -> Result<(Scenario, u64)> {
+    let (mut s, file_seed) = match &a.config {
+        Some(path) => load_config(path)?,
+        None => {
+            let name = a.scenario.as_deref().unwrap_or("mixed_mtp");
+            let Some(s) = scenarios::by_name(name) else {
+                bail!("unknown scenario {name:?}");
+            };
+            (s, 0)
+        }
     };
+    let seed = a.seed.unwrap_or(file_seed);
+    apply_flags(a, &mut s)?;
+    Ok((s, seed))
+}
+
+/// `sim config`: prints the resolved configuration as commented TOML, noting where a
+/// value differs from the built-in scenario of the same name.
+pub fn print_config(a: &RunArgs) -> Result<ExitCode> {
+    let (s, seed) = resolve_scenario(a)?;
+    let defaults = scenarios::by_name(&s.name).map(|d| RunConfig::of(&d, 0));
+    let text = RunConfig::of(&s, seed).to_commented_toml(defaults.as_ref());
+    say!("{}", text.trim_end());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Reads a config file: one line naming the file and the key or line on any error.
+fn load_config(path: &std::path::Path) -> Result<(Scenario, u64)> {
+    let text = read_input(path).with_context(|| format!("--config {}", path.display()))?;
+    let cfg =
+        RunConfig::parse(&text).map_err(|e| anyhow::anyhow!("--config {}: {e}", path.display()))?;
+    Ok(cfg.into_scenario())
+}
+
+/// A file's text, or stdin's for `-`.
+pub fn read_input(path: &std::path::Path) -> std::io::Result<String> {
+    if path.as_os_str() == "-" {
+        std::io::read_to_string(std::io::stdin())
+    } else {
+        std::fs::read_to_string(path)
+    }
+}
+
+fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
+    let sc = &mut s.cfg.scheduler;
+    if let Some(n) = a.max_num_seqs {
+        sc.max_num_seqs = n;
+    }
+    if let Some(n) = a.max_num_batched_tokens {
+        sc.max_num_batched_tokens = n;
+    }
+    if let Some(n) = a.num_gpu_blocks {
+        sc.num_gpu_blocks = n;
+    }
+    if let Some(r) = a.prompt_len {
+        s.workload.prompt_len = r;
+    }
+    if let Some(r) = a.max_new_tokens {
+        s.workload.max_new_tokens = r;
+    }
     if let Some(n) = a.requests {
         s.workload.num_requests = n as usize;
     }
@@ -217,26 +321,29 @@ pub fn resolve_scenario(a: &RunArgs) -> Result<Scenario> {
     if let Some(m) = a.max_model_len {
         s.cfg.scheduler.max_model_len = m;
         let page = s.cfg.scheduler.page_size.max(1);
-        s.cfg.scheduler.num_gpu_blocks = s.cfg.scheduler.num_gpu_blocks.max(m.div_ceil(page));
+        if a.num_gpu_blocks.is_none() {
+            s.cfg.scheduler.num_gpu_blocks = s.cfg.scheduler.num_gpu_blocks.max(m.div_ceil(page));
+        }
     }
-    s.cfg.faults = a
-        .faults
-        .iter()
-        .map(|id| Fault::from_id(id).expect("clap checked the id"))
-        .collect();
+    for id in &a.faults {
+        s.cfg.faults = s
+            .cfg
+            .faults
+            .with(Fault::from_id(id).expect("clap checked the id"));
+    }
     s.cfg.scheduler.mixed_batches &= !a.no_mixed;
     s.cfg.cuda_graphs &= !a.no_graphs;
-    Ok(s)
+    Ok(())
 }
 
 /// Runs the scenario on the `--backend` device; exit 0 when every check passed, 1
 /// otherwise.
 pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
-    let s = resolve_scenario(a)?;
+    let (s, seed) = resolve_scenario(a)?;
     match a.backend {
-        DeviceArg::Cpu => run_on(a, &s, cpu_backend),
+        DeviceArg::Cpu => run_on(a, &s, seed, cpu_backend),
         #[cfg(feature = "gpu")]
-        DeviceArg::Gpu => run_on(a, &s, specmla_gpu::GpuBackend::new),
+        DeviceArg::Gpu => run_on(a, &s, seed, specmla_gpu::GpuBackend::new),
         #[cfg(not(feature = "gpu"))]
         DeviceArg::Gpu => {
             bail!("--backend gpu: this sim was built without the `gpu` feature")
@@ -244,7 +351,12 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
     }
 }
 
-fn run_on<B: RunBackend>(a: &RunArgs, s: &Scenario, make: Factory<B>) -> Result<ExitCode> {
+fn run_on<B: RunBackend>(
+    a: &RunArgs,
+    s: &Scenario,
+    seed: u64,
+    make: Factory<B>,
+) -> Result<ExitCode> {
     let bar = ProgressBar::new(s.max_steps);
     if !std::io::stderr().is_terminal() || a.json {
         bar.set_draw_target(ProgressDrawTarget::hidden());
@@ -260,7 +372,7 @@ fn run_on<B: RunBackend>(a: &RunArgs, s: &Scenario, make: Factory<B>) -> Result<
         ));
     };
     if a.check_determinism {
-        return check_determinism(s, a.seed, make);
+        return check_determinism(s, seed, make);
     }
     let mut sink = match &a.trace {
         Some(path) => {
@@ -275,7 +387,7 @@ fn run_on<B: RunBackend>(a: &RunArgs, s: &Scenario, make: Factory<B>) -> Result<
     };
     let result = run_with(
         s,
-        a.seed,
+        seed,
         make,
         sink.as_mut().map(|x| x as &mut dyn StepSink),
         progress,
@@ -314,45 +426,53 @@ fn run_on<B: RunBackend>(a: &RunArgs, s: &Scenario, make: Factory<B>) -> Result<
 
 fn print_summary(s: &RunSummary) {
     let st = &s.stats;
+    let line = |label: &str, value: String| say!("  {label:<29}{value}");
     say!(
         "scenario {}  seed {}  backend {}",
         s.scenario,
         s.seed,
         s.backend
     );
-    say!("  device              {}", s.device);
-    say!(
-        "  requests            {} ({} finished)",
-        st.requests,
-        st.finished
+    line("device", s.device.clone());
+    line(
+        "requests",
+        format!("{} ({} finished)", st.requests, st.finished),
     );
-    say!("  steps               {} ({} mixed, {} on graphs with {} padding rows, {} with chunked context)", st.steps, st.mixed_steps, st.graph_steps, st.padding_rows, st.chunked_context_steps);
-    say!(
-        "  tokens              {} scheduled, {} generated",
-        st.scheduled_tokens,
-        st.generated_tokens
+    line(
+        "steps",
+        format!(
+            "{} ({} mixed, {} on graphs with {} padding rows, {} with chunked context)",
+            st.steps, st.mixed_steps, st.graph_steps, st.padding_rows, st.chunked_context_steps
+        ),
     );
-    say!(
-        "  drafts              {} proposed, {} accepted",
-        st.proposed_drafts,
-        st.accepted_drafts
+    line(
+        "tokens",
+        format!(
+            "{} scheduled, {} generated",
+            st.scheduled_tokens, st.generated_tokens
+        ),
     );
-    say!("  mean acceptance len {:.3}", s.mean_acceptance_length);
-    say!("  preemptions         {}", st.preemptions);
-    say!(
-        "  drafter PAD slots   {} (positions at or past max_model_len)",
-        st.drafter_pad_slots
+    print_spec_decoding(&s.spec_decoding, &line);
+    line("preemptions", st.preemptions.to_string());
+    line(
+        "drafter PAD slots",
+        format!(
+            "{} (positions at or past max_model_len)",
+            st.drafter_pad_slots
+        ),
     );
-    say!(
-        "  max |logit - f64|   {:.2e} (tolerance {:.0e})",
-        s.max_logit_error,
-        s.tolerances.logit_abs
+    line(
+        "max |logit - f64|",
+        format!(
+            "{:.2e} (tolerance {:.0e})",
+            s.max_logit_error, s.tolerances.logit_abs
+        ),
     );
     say!("  checks:");
-    for (kind, t) in &s.checks {
+    for t in &s.checks {
         say!(
             "    {:<30} {:>7} run {:>7} passed",
-            kind.name(),
+            t.check.name(),
             t.run,
             t.passed
         );
@@ -391,6 +511,40 @@ fn print_summary(s: &RunSummary) {
             f.detail
         );
     }
+}
+
+/// vLLM's spec-decoding metrics, or why there are none.
+fn print_spec_decoding(sd: &SpecDecodingMetrics, line: &dyn Fn(&str, String)) {
+    if sd.num_drafts == 0 {
+        line(
+            "spec decoding",
+            "none: no verify row carried a draft (speculation off, or every request ended \
+             before one could be verified)"
+                .into(),
+        );
+        return;
+    }
+    line(
+        "spec decoding",
+        format!(
+            "{} drafts, {} draft tokens, {} accepted",
+            sd.num_drafts, sd.num_draft_tokens, sd.num_accepted_tokens
+        ),
+    );
+    line(
+        "mean acceptance length",
+        format!("{:.3}", sd.mean_acceptance_length),
+    );
+    line(
+        "draft acceptance rate",
+        format!("{:.1}%", 100.0 * sd.draft_acceptance_rate),
+    );
+    let per_pos: Vec<String> = sd
+        .per_position_acceptance_rate
+        .iter()
+        .map(|r| format!("{r:.3}"))
+        .collect();
+    line("per-position acceptance rate", per_pos.join(", "));
 }
 
 /// Runs the scenario twice into memory and compares the traces record by record.

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod backend;
 pub mod checks;
+pub mod config_file;
 pub mod kv_cache;
 /// The model both backends run lives in its own crate; re-exported under its old path.
 pub use specmla_model as model;
@@ -12,3 +13,4 @@ pub mod oracle;
 pub mod record;
 pub mod runner;
 pub mod scenarios;
+pub mod text;

@@ -53,6 +53,9 @@ enum Command {
     List(ListArgs),
     /// Explain how one batch is reordered, split, chunked and dispatched.
     Plan(PlanArgs),
+    /// Print the full configuration of a run as TOML (every field, its unit, and the
+    /// scenario's default where a flag changed it); `sim --config FILE` runs it.
+    Config(RunArgs),
 }
 
 #[derive(Args)]
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Some(Command::Run(args)) => run_scenario(&args),
         Some(Command::List(args)) => list(args.json),
         Some(Command::Plan(args)) => run_plan(&args),
+        Some(Command::Config(args)) => cli_run::print_config(&args),
     };
     match result {
         Ok(code) => code,

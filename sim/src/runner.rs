@@ -13,7 +13,8 @@ use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
 use specmla_core::scheduler::{validate_workload, WorkloadError};
 
 use crate::backend::{CpuBackend, CpuBackendError};
-use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tally, Tolerances};
+use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tolerances};
+use crate::config_file::RunConfig;
 use crate::model::{DrafterModel, TargetModel};
 use crate::oracle::Oracle;
 use crate::record::trace_header;
@@ -27,7 +28,7 @@ pub enum RunError {
     #[error(transparent)]
     Config(#[from] specmla_core::error::ConfigError),
     #[error("invalid workload: {0}")]
-    Workload(#[from] WorkloadError),
+    Workload(WorkloadError),
     #[error("the KV caches and weights would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or the block count")]
     CacheTooLarge(u64),
     /// The engine failed mid-run: a stall, or a backend error that is not the
@@ -40,7 +41,21 @@ pub enum RunError {
     #[error("{0}")]
     Environment(String),
     #[error("trace: {0}")]
-    Trace(#[from] specmla_traces::TraceError),
+    Trace(specmla_traces::TraceError),
+}
+
+// The causes above are part of each message, not a `source`, so a CLI printing the
+// error chain says them once.
+impl From<WorkloadError> for RunError {
+    fn from(e: WorkloadError) -> Self {
+        RunError::Workload(e)
+    }
+}
+
+impl From<specmla_traces::TraceError> for RunError {
+    fn from(e: specmla_traces::TraceError) -> Self {
+        RunError::Trace(e)
+    }
 }
 
 /// What the runner and `replay` need from a backend beyond core's [`Backend`]: the kind
@@ -159,6 +174,8 @@ pub struct RunStats {
     pub chunked_context_steps: u64,
     /// Drafter writes skipped because their position is at or past max_model_len.
     pub drafter_pad_slots: u64,
+    /// Accepted drafts by draft position (vLLM's `num_accepted_tokens_per_pos`).
+    pub accepted_per_pos: Vec<u64>,
 }
 
 impl RunStats {
@@ -205,9 +222,60 @@ impl RunStats {
                 self.verify_rows += 1;
                 self.accepted_drafts += v.num_accepted as u64;
                 self.proposed_drafts += row.num_draft_tokens as u64;
+                if self.accepted_per_pos.len() < row.num_draft_tokens {
+                    self.accepted_per_pos.resize(row.num_draft_tokens, 0);
+                }
+                for n in &mut self.accepted_per_pos[..v.num_accepted] {
+                    *n += 1;
+                }
             }
         }
     }
+}
+
+/// Speculative-decoding metrics under the names vLLM's `SpecDecodingLogging` and its
+/// Prometheus counters use (`vllm/v1/spec_decode/metrics.py`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct SpecDecodingMetrics {
+    /// Verify rows that carried drafts.
+    pub num_drafts: u64,
+    pub num_draft_tokens: u64,
+    pub num_accepted_tokens: u64,
+    /// Per draft position, drafts accepted there.
+    pub num_accepted_tokens_per_pos: Vec<u64>,
+    /// `1 + num_accepted_tokens / num_drafts` (tokens emitted per verify row).
+    pub mean_acceptance_length: f64,
+    /// `num_accepted_tokens / num_draft_tokens` ("Avg Draft acceptance rate").
+    pub draft_acceptance_rate: f64,
+    /// `num_accepted_tokens_per_pos[i] / num_drafts`.
+    pub per_position_acceptance_rate: Vec<f64>,
+}
+
+impl SpecDecodingMetrics {
+    fn of(st: &RunStats) -> Self {
+        let ratio = |a: u64, b: u64| if b == 0 { 0.0 } else { a as f64 / b as f64 };
+        SpecDecodingMetrics {
+            num_drafts: st.verify_rows,
+            num_draft_tokens: st.proposed_drafts,
+            num_accepted_tokens: st.accepted_drafts,
+            num_accepted_tokens_per_pos: st.accepted_per_pos.clone(),
+            mean_acceptance_length: st.mean_acceptance_length(),
+            draft_acceptance_rate: ratio(st.accepted_drafts, st.proposed_drafts),
+            per_position_acceptance_rate: st
+                .accepted_per_pos
+                .iter()
+                .map(|&n| ratio(n, st.verify_rows))
+                .collect(),
+        }
+    }
+}
+
+/// One check's tally, named as the text summary names it.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct CheckTally {
+    pub check: CheckKind,
+    pub run: u64,
+    pub passed: u64,
 }
 
 /// Everything `sim` reports at the end.
@@ -219,9 +287,11 @@ pub struct RunSummary {
     /// The device that ran it, e.g. "NVIDIA H100 80GB HBM3" (reported, never recorded).
     pub device: String,
     pub seed: u64,
+    /// The run's whole configuration, as `sim config` prints it.
+    pub config: RunConfig,
     pub stats: RunStats,
-    pub mean_acceptance_length: f64,
-    pub checks: Vec<(CheckKind, Tally)>,
+    pub spec_decoding: SpecDecodingMetrics,
+    pub checks: Vec<CheckTally>,
     pub num_failures: u64,
     pub failures: Vec<CheckFailure>,
     pub near_ties: Vec<NearTie>,
@@ -321,10 +391,19 @@ where
         backend: B::KIND.to_string(),
         device,
         seed,
-        mean_acceptance_length: stats.mean_acceptance_length(),
+        config: RunConfig::of(scenario, seed),
+        spec_decoding: SpecDecodingMetrics::of(&stats),
         hit_step_limit: !engine.scheduler().is_done(),
         stats,
-        checks: checker.tallies.iter().map(|(k, t)| (*k, *t)).collect(),
+        checks: checker
+            .tallies
+            .iter()
+            .map(|(&check, t)| CheckTally {
+                check,
+                run: t.run,
+                passed: t.passed,
+            })
+            .collect(),
         num_failures: checker.num_failures,
         failures: checker.failures.clone(),
         near_ties: checker.near_ties.clone(),

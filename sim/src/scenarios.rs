@@ -4,14 +4,15 @@
 use std::sync::Arc;
 
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use specmla_core::config::{BackendProfile, DrafterBatch, EngineConfig, RowLayout, SpecConfig};
 use specmla_core::grammar::{GrammarState, RequestGrammar, TokenAutomaton};
 use specmla_core::request::RequestSpec;
 use specmla_core::rng::{stream_rng, Stream};
 
 /// Shape of a scenario's generated workload.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct WorkloadShape {
     pub num_requests: usize,
     pub prompt_len: (usize, usize),
@@ -25,8 +26,8 @@ pub struct WorkloadShape {
 /// A named workload plus config.
 #[derive(Clone, Debug, Serialize)]
 pub struct Scenario {
-    pub name: &'static str,
-    pub description: &'static str,
+    pub name: String,
+    pub description: String,
     pub cfg: EngineConfig,
     pub workload: WorkloadShape,
     /// Probability that a draft position proposes the oracle's greedy token.
@@ -67,8 +68,8 @@ pub fn all() -> Vec<Scenario> {
     tight.scheduler.num_gpu_blocks = 40;
     vec![
         Scenario {
-            name: "mixed_mtp",
-            description: "chunked prefill, mixed batches, MTP K=3, FlashMLA profile",
+            name: "mixed_mtp".into(),
+            description: "chunked prefill, mixed batches, MTP K=3, FlashMLA profile".into(),
             cfg: base_config(BackendProfile::FlashMla, mtp.clone()),
             workload: workload(20, (16, 200), (24, 80), 40),
             acceptance_rate: 0.7,
@@ -77,9 +78,9 @@ pub fn all() -> Vec<Scenario> {
             check_drafter_batches: false,
         },
         Scenario {
-            name: "cutlass_mtp",
+            name: "cutlass_mtp".into(),
             description:
-                "SingleOnly profile: every verify row takes the chunked-context prefill path",
+                "SingleOnly profile: every verify row takes the chunked-context prefill path".into(),
             cfg: base_config(BackendProfile::CutlassMla, mtp.clone()),
             workload: workload(14, (16, 160), (24, 64), 30),
             acceptance_rate: 0.7,
@@ -88,8 +89,8 @@ pub fn all() -> Vec<Scenario> {
             check_drafter_batches: false,
         },
         Scenario {
-            name: "padded_eagle",
-            description: "K=5 multi-step drafter, padded and compacted batches side by side",
+            name: "padded_eagle".into(),
+            description: "K=5 multi-step drafter, padded and compacted batches side by side".into(),
             cfg: base_config(
                 BackendProfile::FlashInferMla,
                 SpecConfig::multi_step(5, DrafterBatch::Padded),
@@ -101,9 +102,9 @@ pub fn all() -> Vec<Scenario> {
             check_drafter_batches: true,
         },
         Scenario {
-            name: "dflash",
+            name: "dflash".into(),
             description:
-                "K=8 DFlash block drafter, non-causal, requests running up to max_model_len",
+                "K=8 DFlash block drafter, non-causal, requests running up to max_model_len".into(),
             cfg: dflash_cfg,
             workload: workload(10, (16, 100), (200, 200), 20),
             acceptance_rate: 0.7,
@@ -112,8 +113,8 @@ pub fn all() -> Vec<Scenario> {
             check_drafter_batches: false,
         },
         Scenario {
-            name: "graphs",
-            description: "uniform-decode graphs: capture sizes, q=0 padding rows, 1+K-token prompts arriving mid-decode",
+            name: "graphs".into(),
+            description: "uniform-decode graphs: capture sizes, q=0 padding rows, 1+K-token prompts arriving mid-decode".into(),
             cfg: graphs_cfg,
             workload: workload(13, (4, 8), (24, 64), 16),
             acceptance_rate: 0.7,
@@ -122,8 +123,8 @@ pub fn all() -> Vec<Scenario> {
             check_drafter_batches: false,
         },
         Scenario {
-            name: "grammar_mixed",
-            description: "constrained requests inside mixed batches, extend-first layout",
+            name: "grammar_mixed".into(),
+            description: "constrained requests inside mixed batches, extend-first layout".into(),
             cfg: grammar_cfg,
             workload: grammar_load,
             acceptance_rate: 0.7,
@@ -132,8 +133,8 @@ pub fn all() -> Vec<Scenario> {
             check_drafter_batches: false,
         },
         Scenario {
-            name: "preemption",
-            description: "a small block pool: preemption by recompute under MTP K=3",
+            name: "preemption".into(),
+            description: "a small block pool: preemption by recompute under MTP K=3".into(),
             cfg: tight,
             workload: workload(16, (40, 160), (40, 100), 10),
             acceptance_rate: 0.7,

@@ -365,8 +365,8 @@ fn tiny_scenario(
     let mut cfg = validated(cfg);
     cfg.faults = Faults::none().with(fault);
     Scenario {
-        name: "fault",
-        description: "shrinking",
+        name: "fault".into(),
+        description: "shrinking".into(),
         cfg,
         workload: WorkloadShape {
             num_requests: requests,

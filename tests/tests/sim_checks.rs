@@ -149,7 +149,7 @@ fn every_scenario_passes_every_check_under_both_planners() {
             assert!(sum.passed(), "{what}: {:?}", sum.failures);
             assert!(!sum.hit_step_limit, "{what} did not finish");
             assert!(
-                sum.checks.iter().all(|(_, t)| t.run > 0),
+                sum.checks.iter().all(|t| t.run > 0),
                 "{what}: a check never ran: {:?}",
                 sum.checks
             );
@@ -223,7 +223,7 @@ fn acceptance_rate_controls_acceptance_length() {
         s.acceptance_rate = rate;
         let sum = run(&s, 3, |_| {}).unwrap();
         assert!(sum.passed(), "{:?}", sum.failures);
-        lens.push(sum.mean_acceptance_length);
+        lens.push(sum.spec_decoding.mean_acceptance_length);
     }
     assert!(lens[0] < lens[1] && lens[1] < lens[2], "{lens:?}");
     // Rate 1 proposes the oracle's greedy chain: every draft is accepted (barring near-ties).
@@ -239,7 +239,7 @@ fn temperature_sampling_runs_with_rejection_sampling() {
     assert!(sum
         .checks
         .iter()
-        .all(|(k, _)| *k != CheckKind::SpecEqualsGreedy));
+        .all(|t| t.check != CheckKind::SpecEqualsGreedy));
     assert!(sum.stats.accepted_drafts > 0);
 }
 
@@ -285,8 +285,8 @@ prop_compose! {
             split_override: Default::default(),
         };
         Scenario {
-            name: "random",
-            description: "proptest",
+            name: "random".into(),
+            description: "proptest".into(),
             cfg,
             workload: WorkloadShape { num_requests: requests, prompt_len: (1, 60), max_new_tokens: (1, 40), arrival_steps: 6, grammar_fraction: 0.3 },
             acceptance_rate: rate,

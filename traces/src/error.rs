@@ -11,16 +11,18 @@ pub type Result<T, E = TraceError> = std::result::Result<T, E>;
 /// Why a trace could not be written or read.
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
-    /// An I/O error while reading or writing the stream.
+    /// An I/O error while reading or writing the stream. (The cause is part of the
+    /// message and deliberately not a `source`, so a CLI printing the error chain says
+    /// it once.)
     #[error("trace i/o failed: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The trace file could not be opened or created.
-    #[error("cannot open trace {}: {source}", path.display())]
+    #[error("cannot open trace {}: {error}", path.display())]
     Open {
         /// The path given.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The input does not start with the trace magic.
     #[error("not a specmla trace (bad magic bytes)")]
@@ -78,5 +80,11 @@ impl TraceError {
         Self::Corrupt {
             reason: reason.into(),
         }
+    }
+}
+
+impl From<std::io::Error> for TraceError {
+    fn from(e: std::io::Error) -> Self {
+        TraceError::Io(e)
     }
 }

@@ -32,9 +32,9 @@ impl TraceWriter<BufWriter<File>> {
     /// Creates (or truncates) the file at `path` and writes the header.
     pub fn create(path: impl AsRef<Path>, header: &TraceHeader) -> Result<Self> {
         let path = path.as_ref();
-        let file = File::create(path).map_err(|source| TraceError::Open {
+        let file = File::create(path).map_err(|error| TraceError::Open {
             path: path.to_path_buf(),
-            source,
+            error,
         })?;
         Self::new(BufWriter::new(file), header)
     }
@@ -133,9 +133,9 @@ impl TraceReader<BufReader<File>> {
     /// Opens the file at `path`, using its size to bound every allocation.
     pub fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let open_err = |source| TraceError::Open {
+        let open_err = |error| TraceError::Open {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let file = File::open(path).map_err(open_err)?;
         let len = file.metadata().map_err(open_err)?.len();
