@@ -88,6 +88,17 @@ fn diverges(t: &Trace, faults: Faults) -> Result<Option<(Trace, ReplayReport)>, 
 
 /// Shrinks `t` (which must diverge under `faults`). `None` if it does not diverge.
 pub fn bisect(t: &Trace, faults: Faults) -> Result<Option<Trace>, ReplayError> {
+    bisect_with(t, faults, |_| {})
+}
+
+/// [`bisect`], calling `on_try` with the requests still kept after every candidate.
+/// Ctrl-C ([`specmla_sim::progress::interrupted`]) stops it early with the smallest
+/// diverging trace found so far, which replays on its own like the final one.
+pub fn bisect_with(
+    t: &Trace,
+    faults: Faults,
+    mut on_try: impl FnMut(usize),
+) -> Result<Option<Trace>, ReplayError> {
     let report = replay_records(&t.header, &t.records, faults)?;
     let Some(d) = report.divergence else {
         return Ok(None);
@@ -112,6 +123,10 @@ pub fn bisect(t: &Trace, faults: Faults) -> Result<Option<Trace>, ReplayError> {
         let mut i = 0;
         let mut removed_any = false;
         while i < keep.len() && keep.len() > 1 {
+            if specmla_sim::progress::interrupted() {
+                return Ok(Some(best));
+            }
+            on_try(keep.len());
             let candidate: BTreeSet<u64> = keep
                 .iter()
                 .enumerate()

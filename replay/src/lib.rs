@@ -40,6 +40,8 @@ pub struct ReplayReport {
     pub tolerances: Option<CrossTolerances>,
     /// Cross-backend only: differing tokens excused as near-ties.
     pub near_ties: Vec<CrossNearTie>,
+    /// True when Ctrl-C stopped the replay after `steps_replayed` steps.
+    pub interrupted: bool,
 }
 
 impl ReplayReport {
@@ -112,11 +114,16 @@ pub fn replay_records_on<B: RunBackend>(
         mode: comparison_mode(&header.backend, B::KIND, header.trace_tensors),
         tolerances: (!same).then_some(CROSS_TOLERANCES),
         near_ties: Vec::new(),
+        interrupted: false,
     };
     // Under exactly the recorded faults, a step's own check failures were already there
     // when it was recorded: only differences from the record count then.
     let own_checks_count = faults != bisect::recorded_faults(header);
     for (i, rec) in records.iter().enumerate() {
+        if specmla_sim::progress::interrupted() {
+            report.interrupted = true;
+            return Ok(report);
+        }
         let (got, findings) = r.step_checked(rec)?;
         on_step(i + 1);
         let mut found = if same {

@@ -19,9 +19,10 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use specmla_core::fault::{Fault, Faults};
-use specmla_replay::bisect::{bisect, Trace};
+use specmla_replay::bisect::{bisect_with, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
+use specmla_sim::progress::{install_interrupt_handler, Progress};
 use specmla_sim::runner::cpu_backend;
 use specmla_sim::text::{count, fault_list};
 use specmla_traces::{read_all, Completeness, RowPath, StepRecord, TraceWriter};
@@ -39,6 +40,9 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     run: RunArgs,
+    /// Print machine-readable JSON (the report, `--bisect`'s result, or `show`).
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -75,9 +79,6 @@ struct RunArgs {
     /// Where --bisect writes the minimal trace.
     #[arg(short = 'o', long, value_name = "MIN.bin")]
     output: Option<PathBuf>,
-    /// Print the report as JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Args)]
@@ -87,16 +88,23 @@ struct ShowArgs {
     /// Print only this step, in detail.
     #[arg(long)]
     step: Option<u64>,
-    /// Print JSON.
-    #[arg(long)]
-    json: bool,
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    // `--json` before `show` is moved after it: top-level replay flags may not be mixed
+    // with the subcommand, but this one means the same to both.
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let sub = args.iter().position(|a| a == "show");
+    if let (Some(sub), Some(j)) = (sub, args.iter().position(|a| a == "--json")) {
+        if j < sub {
+            let flag = args.remove(j);
+            args.push(flag);
+        }
+    }
+    let cli = Cli::parse_from(args);
     let result = match cli.command {
-        Some(Command::Show(a)) => show(&a),
-        None => run(&cli.run),
+        Some(Command::Show(a)) => show(&a, cli.json),
+        None => run(&cli.run, cli.json),
     };
     result.unwrap_or_else(|e| {
         eprintln!("error: {e:#}");
@@ -122,7 +130,7 @@ fn faults(ids: &[String]) -> Faults {
         .collect()
 }
 
-fn run(a: &RunArgs) -> Result<ExitCode> {
+fn run(a: &RunArgs, json: bool) -> Result<ExitCode> {
     let Some(path) = &a.trace else {
         bail!("a trace to replay is required (see --help)")
     };
@@ -133,18 +141,26 @@ fn run(a: &RunArgs) -> Result<ExitCode> {
     let t = load(path)?;
     let f = faults(&a.faults);
     if a.bisect {
-        return run_bisect(&t, f, a.output.as_deref().expect("clap requires -o"));
+        return run_bisect(&t, f, a.output.as_deref().expect("clap requires -o"), json);
     }
     let (h, recs) = (&t.header, &t.records);
-    let report = if gpu {
-        replay_records_on(h, recs, f, specmla_gpu::GpuBackend::new, |_| {})?
-    } else {
-        replay_records_on(h, recs, f, cpu_backend, |_| {})?
+    install_interrupt_handler();
+    let mut bar = Progress::new("replay", recs.len() as u64, "steps");
+    let on_step = |n: usize| {
+        bar.update(n as u64, |secs| {
+            format!("{:.1} steps/s", n as f64 / secs.max(1e-9))
+        })
     };
+    let report = if gpu {
+        replay_records_on(h, recs, f, specmla_gpu::GpuBackend::new, on_step)?
+    } else {
+        replay_records_on(h, recs, f, cpu_backend, on_step)?
+    };
+    bar.finish();
     let truncated = read_all(path)
         .map(|(_, _, c)| matches!(c, Completeness::Truncated { .. }))
         .unwrap_or(false);
-    if a.json {
+    if json {
         let mut v = serde_json::to_value(&report)?;
         v["trace_truncated"] = truncated.into();
         say!("{}", serde_json::to_string_pretty(&v)?);
@@ -155,6 +171,9 @@ fn run(a: &RunArgs) -> Result<ExitCode> {
                 "NOTE: the trace is truncated (no footer): only its complete records were compared"
             );
         }
+    }
+    if report.interrupted {
+        return Ok(ExitCode::from(130));
     }
     Ok(if report.divergence.is_some() {
         ExitCode::from(1)
@@ -194,6 +213,11 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
         );
     }
     match &r.divergence {
+        None if r.interrupted => say!(
+            "INTERRUPTED (Ctrl-C) after {} of {}: no divergence so far",
+            count(r.steps_replayed, "step"),
+            r.steps_in_trace
+        ),
         None if r.bitwise() => say!("IDENTICAL: {} steps replayed bit for bit", r.steps_replayed),
         None => say!(
             "MATCHED: {} steps replayed within the cross-backend comparison ({} near-ties)",
@@ -275,30 +299,69 @@ fn print_divergence(d: &Divergence, replayed: usize) {
     }
 }
 
-fn run_bisect(t: &Trace, f: Faults, out: &Path) -> Result<ExitCode> {
-    let bytes_before = encode(t)?.len();
-    let Some(min) = bisect(t, f)? else {
-        say!("the trace does not diverge under these faults; nothing to shrink");
+/// The size of a trace, as `--bisect` reports it before and after.
+#[derive(serde::Serialize)]
+struct TraceSize {
+    steps: usize,
+    requests: usize,
+    rows: usize,
+    bytes: usize,
+}
+
+impl TraceSize {
+    fn of(t: &Trace, bytes: usize) -> Self {
+        TraceSize {
+            steps: t.records.len(),
+            requests: t.requests().len(),
+            rows: t.num_rows(),
+            bytes,
+        }
+    }
+
+    fn text(&self) -> String {
+        format!(
+            "{}, {}, {}, {} bytes",
+            count(self.steps, "step"),
+            count(self.requests, "request"),
+            count(self.rows, "row"),
+            self.bytes
+        )
+    }
+}
+
+fn run_bisect(t: &Trace, f: Faults, out: &Path, json: bool) -> Result<ExitCode> {
+    let before = TraceSize::of(t, encode(t)?.len());
+    install_interrupt_handler();
+    let mut bar = Progress::new("bisect", before.requests as u64, "requests dropped");
+    let min = bisect_with(t, f, |kept| {
+        bar.update((before.requests - kept) as u64, |_| format!("{kept} kept"))
+    })?;
+    bar.finish();
+    let Some(min) = min else {
+        if json {
+            say!("{}", serde_json::json!({"shrunk": false, "before": before}));
+        } else {
+            say!("the trace does not diverge under these faults; nothing to shrink");
+        }
         return Ok(ExitCode::SUCCESS);
     };
     let bytes = encode(&min)?;
     std::fs::write(out, &bytes).with_context(|| format!("-o {}", out.display()))?;
-    say!(
-        "before: {}, {}, {}, {} bytes",
-        count(t.records.len(), "step"),
-        count(t.requests().len(), "request"),
-        count(t.num_rows(), "row"),
-        bytes_before
-    );
-    say!(
-        "after:  {}, {}, {}, {} bytes -> {}",
-        count(min.records.len(), "step"),
-        count(min.requests().len(), "request"),
-        count(min.num_rows(), "row"),
-        bytes.len(),
-        out.display()
-    );
+    let after = TraceSize::of(&min, bytes.len());
     let report = replay_records(&min.header, &min.records, f)?;
+    if json {
+        let v = serde_json::json!({
+            "shrunk": true, "before": before, "after": after, "output": out,
+            "interrupted": specmla_sim::progress::interrupted(), "report": report,
+        });
+        say!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::from(1));
+    }
+    say!("before: {}", before.text());
+    say!("after:  {} -> {}", after.text(), out.display());
+    if specmla_sim::progress::interrupted() {
+        say!("note: interrupted (Ctrl-C): this is the smallest diverging trace found so far");
+    }
     if let Some(d) = &report.divergence {
         print_divergence(d, report.steps_replayed);
     }
@@ -313,7 +376,7 @@ fn encode(t: &Trace) -> Result<Vec<u8>> {
     Ok(w.finish()?)
 }
 
-fn show(a: &ShowArgs) -> Result<ExitCode> {
+fn show(a: &ShowArgs, json: bool) -> Result<ExitCode> {
     let t = load(&a.trace)?;
     let records: Vec<&StepRecord> = t
         .records
@@ -329,7 +392,7 @@ fn show(a: &ShowArgs) -> Result<ExitCode> {
             );
         }
     }
-    if a.json {
+    if json {
         let mut header = serde_json::to_value(&t.header)?;
         header["config"] = serde_json::from_str(&t.header.config_json)?;
         say!(

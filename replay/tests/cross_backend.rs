@@ -204,11 +204,7 @@ fn logits_beyond_tolerance_diverge_at_their_row() {
         "{d:?}"
     );
     assert!(d.first_layer.is_none() && d.token_rows.is_empty() && !d.metadata_differs);
-    assert!(
-        d.headline().contains("logits of 1 row"),
-        "{}",
-        d.headline()
-    );
+    assert!(d.headline().contains("logits of 1 row"), "{}", d.headline());
 }
 
 #[test]

@@ -1,12 +1,10 @@
 //! `sim run` (part of the binary, so anyhow stays out of the library): flags that override a scenario, the progress bar, and the summary table
 //! or JSON at the end.
 
-use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use specmla_core::config::{BackendProfile, DrafterBatch, Planner, RowLayout, SpecMethod};
 use specmla_core::fault::Fault;
 
@@ -16,11 +14,13 @@ use anyhow::Context;
 use specmla_core::config::EngineConfig;
 use specmla_sim::config_file::RunConfig;
 use specmla_sim::model::{DrafterModel, TargetModel};
+use specmla_sim::progress::{install_interrupt_handler, Progress};
 use specmla_sim::record::TraceSink;
 use specmla_sim::runner::{
     cpu_backend, run_with, RunBackend, RunStats, RunSummary, SpecDecodingMetrics, StepSink,
 };
 use specmla_sim::scenarios::{self, Scenario};
+use specmla_sim::text::count;
 
 /// Drafter batch mode on the command line.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -168,8 +168,8 @@ pub struct RunArgs {
     /// Run twice and name the first step whose trace record differs.
     #[arg(long, conflicts_with = "trace")]
     pub check_determinism: bool,
-    /// Print the summary as JSON.
-    #[arg(long)]
+    /// Set from the global `--json` flag.
+    #[arg(skip)]
     pub json: bool,
 }
 
@@ -234,7 +234,12 @@ pub fn resolve_scenario(a: &RunArgs) -> Result<(Scenario, u64)> {
 pub fn print_config(a: &RunArgs) -> Result<ExitCode> {
     let (s, seed) = resolve_scenario(a)?;
     let defaults = scenarios::by_name(&s.name).map(|d| RunConfig::of(&d, 0));
-    let text = RunConfig::of(&s, seed).to_commented_toml(defaults.as_ref());
+    let cfg = RunConfig::of(&s, seed);
+    if a.json {
+        say!("{}", serde_json::to_string_pretty(&cfg)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let text = cfg.to_commented_toml(defaults.as_ref());
     say!("{}", text.trim_end());
     Ok(ExitCode::SUCCESS)
 }
@@ -357,22 +362,18 @@ fn run_on<B: RunBackend>(
     seed: u64,
     make: Factory<B>,
 ) -> Result<ExitCode> {
-    let bar = ProgressBar::new(s.max_steps);
-    if !std::io::stderr().is_terminal() || a.json {
-        bar.set_draw_target(ProgressDrawTarget::hidden());
-    }
-    bar.set_style(
-        ProgressStyle::with_template("{spinner} step {pos} {msg}").expect("static template"),
-    );
+    let mut bar = Progress::new("sim", s.workload.num_requests as u64, "requests finished");
     let progress = |st: &RunStats| {
-        bar.set_position(st.steps);
-        bar.set_message(format!(
-            "{} / {} requests finished",
-            st.finished, st.requests
-        ));
+        bar.update(st.finished as u64, |secs| {
+            format!(
+                "step {}, {:.1} steps/s",
+                st.steps,
+                st.steps as f64 / secs.max(1e-9)
+            )
+        });
     };
     if a.check_determinism {
-        return check_determinism(s, seed, make);
+        return check_determinism(s, seed, make, a.json);
     }
     let mut sink = match &a.trace {
         Some(path) => {
@@ -385,6 +386,7 @@ fn run_on<B: RunBackend>(
         }
         None => None,
     };
+    install_interrupt_handler();
     let result = run_with(
         s,
         seed,
@@ -392,15 +394,14 @@ fn run_on<B: RunBackend>(
         sink.as_mut().map(|x| x as &mut dyn StepSink),
         progress,
     );
+    bar.finish();
     let summary = match result {
         Ok(summary) => summary,
         Err(e) if e.is_engine_failure() => {
-            bar.finish_and_clear();
             eprintln!("FAIL: {e}");
             return Ok(ExitCode::from(1));
         }
         Err(e) => {
-            bar.finish_and_clear();
             // A run that never started (no GPU, say) leaves no empty trace behind.
             if let Some(p) = &a.trace {
                 drop(sink);
@@ -411,11 +412,13 @@ fn run_on<B: RunBackend>(
             return Err(e.into());
         }
     };
-    bar.finish_and_clear();
     if a.json {
         say!("{}", serde_json::to_string_pretty(&summary)?);
     } else {
         print_summary(&summary);
+    }
+    if summary.interrupted {
+        return Ok(ExitCode::from(130));
     }
     Ok(if summary.passed() {
         ExitCode::SUCCESS
@@ -496,6 +499,12 @@ fn print_summary(s: &RunSummary) {
     if s.hit_step_limit {
         say!("  note: stopped at the step limit before every request finished");
     }
+    if s.interrupted {
+        say!(
+            "  note: interrupted (Ctrl-C) after {}; the checks cover those steps",
+            count(st.steps as usize, "step")
+        );
+    }
     if s.passed() {
         say!("PASS: all checks passed");
         return;
@@ -548,7 +557,12 @@ fn print_spec_decoding(sd: &SpecDecodingMetrics, line: &dyn Fn(&str, String)) {
 }
 
 /// Runs the scenario twice into memory and compares the traces record by record.
-fn check_determinism<B: RunBackend>(s: &Scenario, seed: u64, make: Factory<B>) -> Result<ExitCode> {
+fn check_determinism<B: RunBackend>(
+    s: &Scenario,
+    seed: u64,
+    make: Factory<B>,
+    json: bool,
+) -> Result<ExitCode> {
     let mut traces = Vec::new();
     for _ in 0..2 {
         let mut sink = TraceSink::new(Vec::new(), false);
@@ -563,27 +577,62 @@ fn check_determinism<B: RunBackend>(s: &Scenario, seed: u64, make: Factory<B>) -
         }
         traces.push(sink.into_inner().expect("the run ended"));
     }
-    if traces[0] == traces[1] {
-        say!(
-            "deterministic: two runs wrote identical traces ({} bytes)",
-            traces[0].len()
-        );
-        return Ok(ExitCode::SUCCESS);
+    let verdict = compare_traces(&traces[0], &traces[1])?;
+    if json {
+        say!("{}", serde_json::to_string_pretty(&verdict)?);
+    } else {
+        say!("{}", verdict.text());
     }
-    let read = |b: &Vec<u8>| specmla_traces::read_all_from(b.as_slice(), Some(b.len() as u64));
-    let (ha, ra, _) = read(&traces[0])?;
-    let (hb, rb, _) = read(&traces[1])?;
-    if ha != hb {
-        say!("FAIL: the trace headers differ");
-        return Ok(ExitCode::from(1));
+    Ok(if verdict.deterministic {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// What `--check-determinism` found.
+#[derive(serde::Serialize)]
+struct Determinism {
+    deterministic: bool,
+    /// Bytes of the first run's trace.
+    trace_bytes: usize,
+    /// Where the runs first differ: "header", a step number, or "length".
+    first_difference: Option<String>,
+}
+
+impl Determinism {
+    fn text(&self) -> String {
+        match self.first_difference.as_deref() {
+            None => format!(
+                "deterministic: two runs wrote identical traces ({} bytes)",
+                self.trace_bytes
+            ),
+            Some("header") => "FAIL: the trace headers differ".into(),
+            Some("length") => "FAIL: the runs differ in length".into(),
+            Some(step) => format!("FAIL: the runs differ first at step {step}"),
+        }
     }
-    match ra.iter().zip(&rb).position(|(x, y)| x != y) {
-        Some(i) => say!("FAIL: the runs differ first at step {}", ra[i].step),
-        None => say!(
-            "FAIL: the runs differ in length ({} vs {} records)",
-            ra.len(),
-            rb.len()
-        ),
+}
+
+fn compare_traces(a: &[u8], b: &[u8]) -> Result<Determinism> {
+    let mut d = Determinism {
+        deterministic: a == b,
+        trace_bytes: a.len(),
+        first_difference: None,
+    };
+    if d.deterministic {
+        return Ok(d);
     }
-    Ok(ExitCode::from(1))
+    let read = |b: &[u8]| specmla_traces::read_all_from(b, Some(b.len() as u64));
+    let (ha, ra, _) = read(a)?;
+    let (hb, rb, _) = read(b)?;
+    d.first_difference = Some(if ha != hb {
+        "header".into()
+    } else {
+        match ra.iter().zip(&rb).position(|(x, y)| x != y) {
+            Some(i) => ra[i].step.to_string(),
+            None => "length".into(),
+        }
+    });
+    Ok(d)
 }

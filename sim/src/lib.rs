@@ -10,6 +10,7 @@ pub mod kv_cache;
 /// The model both backends run lives in its own crate; re-exported under its old path.
 pub use specmla_model as model;
 pub mod oracle;
+pub mod progress;
 pub mod record;
 pub mod runner;
 pub mod scenarios;

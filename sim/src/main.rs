@@ -43,6 +43,10 @@ struct Cli {
     command: Option<Command>,
     #[command(flatten)]
     run: RunArgs,
+    /// Print machine-readable JSON (every command that reports; before or after the
+    /// subcommand).
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
@@ -59,20 +63,34 @@ enum Command {
 }
 
 #[derive(Args)]
-struct ListArgs {
-    /// Print JSON instead of a table.
-    #[arg(long)]
-    json: bool,
-}
+struct ListArgs {}
+
+/// The subcommands' names: `--json` given before one of them is moved after it, since
+/// the top-level run flags may not be mixed with a subcommand.
+const SUBCOMMANDS: [&str; 4] = ["run", "list", "plan", "config"];
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let sub = args.iter().position(|a| SUBCOMMANDS.iter().any(|s| a == s));
+    if let (Some(sub), Some(j)) = (sub, args.iter().position(|a| a == "--json")) {
+        if j < sub {
+            let flag = args.remove(j);
+            args.push(flag);
+        }
+    }
+    let cli = Cli::parse_from(args);
+    let json = cli.json;
+    let with_json = |mut a: RunArgs| {
+        a.json = json;
+        a
+    };
     let result = match cli.command {
-        None => run_scenario(&cli.run),
-        Some(Command::Run(args)) => run_scenario(&args),
-        Some(Command::List(args)) => list(args.json),
+        None => run_scenario(&with_json(cli.run)),
+        Some(Command::Run(args)) => run_scenario(&with_json(args)),
+        Some(Command::List(_)) => list(json),
+        // `sim plan` prints JSON either way.
         Some(Command::Plan(args)) => run_plan(&args),
-        Some(Command::Config(args)) => cli_run::print_config(&args),
+        Some(Command::Config(args)) => cli_run::print_config(&with_json(args)),
     };
     match result {
         Ok(code) => code,

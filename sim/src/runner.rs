@@ -299,6 +299,8 @@ pub struct RunSummary {
     pub tolerances: Tolerances,
     /// True when the step limit stopped the run before every request finished.
     pub hit_step_limit: bool,
+    /// True when Ctrl-C stopped the run: the summary covers the steps run so far.
+    pub interrupted: bool,
 }
 
 impl RunSummary {
@@ -371,7 +373,12 @@ where
     };
     let mut engine =
         Engine::new(cfg.clone(), opts, workload, backend).map_err(engine_error::<B>)?;
+    let mut interrupted = false;
     while stats.steps < scenario.max_steps {
+        if crate::progress::interrupted() {
+            interrupted = true;
+            break;
+        }
         let Some(outcome) = engine.step(&mut checker).map_err(engine_error::<B>)? else {
             break;
         };
@@ -393,7 +400,8 @@ where
         seed,
         config: RunConfig::of(scenario, seed),
         spec_decoding: SpecDecodingMetrics::of(&stats),
-        hit_step_limit: !engine.scheduler().is_done(),
+        hit_step_limit: !interrupted && !engine.scheduler().is_done(),
+        interrupted,
         stats,
         checks: checker
             .tallies
