@@ -42,8 +42,10 @@ fn default_run_passes_and_summarizes() {
     for key in [
         "scenario mixed_mtp",
         "backend cpu",
-        "device              CPU reference (f32)",
-        "mean acceptance len",
+        "device                       CPU reference (f32)",
+        "mean acceptance length",
+        "draft acceptance rate",
+        "per-position acceptance rate",
         "spec == greedy",
         "oracle agreement",
         "PASS",
@@ -65,6 +67,120 @@ fn json_summary_is_machine_readable() {
         v["stats"]["graph_steps"].as_u64().unwrap() > 0,
         "graphs scenario replayed no graph"
     );
+    // The config block, checks under their text names, vLLM's metric names.
+    assert_eq!(v["config"]["workload"]["num_requests"], 5);
+    assert_eq!(v["config"]["engine"]["backends"][0], "flashmla");
+    assert_eq!(v["checks"][0]["check"], "invariants");
+    let sd = &v["spec_decoding"];
+    let per_pos = sd["num_accepted_tokens_per_pos"].as_array().unwrap();
+    assert_eq!(per_pos.len(), 3, "K = 3 positions");
+    let accepted: u64 = per_pos.iter().map(|x| x.as_u64().unwrap()).sum();
+    assert_eq!(sd["num_accepted_tokens"].as_u64().unwrap(), accepted);
+    let rate = sd["draft_acceptance_rate"].as_f64().unwrap();
+    let want = accepted as f64 / sd["num_draft_tokens"].as_f64().unwrap();
+    assert!((rate - want).abs() < 1e-12);
+    let rates = sd["per_position_acceptance_rate"].as_array().unwrap();
+    assert!(
+        rates.windows(2).all(|w| w[0].as_f64() >= w[1].as_f64()),
+        "{rates:?}"
+    );
+}
+
+/// `sim config` prints a file `sim --config` runs to the same result; flags override
+/// it; a bad key names itself; `--json` works before and after a subcommand.
+#[test]
+fn config_files_round_trip_and_json_is_everywhere() {
+    let o = sim(&[
+        "config",
+        "--scenario",
+        "graphs",
+        "--max-num-seqs",
+        "6",
+        "--seed",
+        "3",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(
+        text.contains(
+            "# most requests in one step (vLLM's max_num_seqs) (default 16)\nmax_num_seqs = 6"
+        ),
+        "{text}"
+    );
+    let f = temp_file("run.toml", &text);
+    let from_file = sim(&["--config", f.to_str().unwrap(), "--requests", "3", "--json"]);
+    let direct = sim(&[
+        "--scenario",
+        "graphs",
+        "--max-num-seqs",
+        "6",
+        "--seed",
+        "3",
+        "--requests",
+        "3",
+        "--json",
+    ]);
+    assert_eq!(from_file.status.code(), Some(0), "{}", stderr(&from_file));
+    assert_eq!(
+        from_file.stdout, direct.stdout,
+        "the file runs what the flags run"
+    );
+    let bad = temp_file("bad.toml", &text.replace("max_num_seqs", "max_num_seq"));
+    assert_bad_input(
+        &["--config", bad.to_str().unwrap()],
+        &["bad.toml", "max_num_seq"],
+    );
+    assert_bad_input(
+        &["--config", f.to_str().unwrap(), "--scenario", "graphs"],
+        &["--scenario"],
+    );
+    for args in [["--json", "list"], ["list", "--json"]] {
+        let o = sim(&args);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+        assert!(v["scenarios"].is_array());
+    }
+    let o = sim(&["--check-determinism", "--requests", "2", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("JSON");
+    assert_eq!(v["deterministic"], true);
+}
+
+/// Without a terminal, a long run still reports progress on stderr.
+#[test]
+fn progress_lines_without_a_terminal() {
+    let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(["--requests", "3"])
+        .env("SPECMLA_PROGRESS_SECS", "0")
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("sim: ") && l.contains("/3 requests finished, step")),
+        "{err}"
+    );
+}
+
+/// Ctrl-C: the summary so far, exit 130, and a trace that reads back whole.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_prints_the_summary_so_far_and_closes_the_trace() {
+    let t = std::env::temp_dir().join(format!("specmla-int-{}.bin", std::process::id()));
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(["--requests", "2000", "--trace", t.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(130), "{out}{}", stderr(&o));
+    assert!(out.contains("note: interrupted (Ctrl-C) after"), "{out}");
+    let (_, records, completeness) = specmla_traces::read_all(&t).unwrap();
+    assert_eq!(completeness, specmla_traces::Completeness::Complete);
+    assert!(!records.is_empty());
 }
 
 #[test]
