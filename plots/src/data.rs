@@ -154,13 +154,18 @@ impl Bench {
                 path: path.to_string(),
                 line: line_of(&header, text),
                 found: header.iter().collect::<Vec<_>>().join(","),
-                expected: HEADER.join(","),
+                problem: header_problem(&header.iter().collect::<Vec<_>>()),
             });
         }
         let mut rows = Vec::new();
         for record in records {
             let record = record.map_err(csv_error)?;
             rows.push(parse_row(&record, line_of(&record, text), path)?);
+        }
+        if rows.is_empty() {
+            return Err(PlotError::NoRows {
+                path: path.to_string(),
+            });
         }
         Ok(Self {
             path: path.to_string(),
@@ -212,6 +217,23 @@ fn line_of(record: &csv::StringRecord, text: &[u8]) -> u64 {
             _ => return line,
         }
     }
+}
+
+/// Names what is wrong with a header: missing columns, unknown ones, or the order.
+fn header_problem(found: &[&str]) -> String {
+    let missing: Vec<&str> = HEADER.iter().copied().filter(|c| !found.contains(c)).collect();
+    let unknown: Vec<&str> = found.iter().copied().filter(|c| !HEADER.contains(c)).collect();
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!("missing column(s) {}", missing.join(", ")));
+    }
+    if !unknown.is_empty() {
+        parts.push(format!("unknown column(s) {}", unknown.join(", ")));
+    }
+    if parts.is_empty() {
+        parts.push(format!("columns out of order (expected `{}`)", HEADER.join(",")));
+    }
+    parts.join("; ")
 }
 
 fn parse_row(record: &csv::StringRecord, line: u64, path: &str) -> Result<Row, PlotError> {
@@ -400,5 +422,14 @@ mod tests {
         );
         let err = Bench::parse(b"", "t.csv").unwrap_err();
         assert!(err.to_string().starts_with("t.csv is empty"), "{err}");
+        let err = Bench::parse(HEAD.as_bytes(), "t.csv").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv has its header but no data rows: nothing to draw"
+        );
+        let err = Bench::parse(b"kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_gemm,pct_copy\n", "t.csv").unwrap_err();
+        assert!(err.to_string().ends_with("columns out of order (expected `kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm`)"), "{err}");
+        let err = Bench::parse(b"kernel,mode\n", "t.csv").unwrap_err();
+        assert!(err.to_string().contains("missing column(s) heads, q_len"), "{err}");
     }
 }

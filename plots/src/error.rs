@@ -23,7 +23,7 @@ pub enum PlotError {
         expected: String,
     },
     /// The first line is not the header we parse.
-    #[error("{path} line {line}: header is `{found}`, expected `{expected}`")]
+    #[error("{path} line {line}: header is `{found}`: {problem}")]
     Header {
         /// The CSV path as given.
         path: String,
@@ -31,8 +31,14 @@ pub enum PlotError {
         line: u64,
         /// The header found, fields joined by commas.
         found: String,
-        /// The header we parse.
-        expected: String,
+        /// Which columns are missing, unknown or out of order.
+        problem: String,
+    },
+    /// A header and no data row: nothing to draw.
+    #[error("{path} has its header but no data rows: nothing to draw")]
+    NoRows {
+        /// The CSV path as given.
+        path: String,
     },
     /// A data line has the wrong number of fields.
     #[error("{path} line {line}: {found} fields, expected {expected}")]

@@ -181,7 +181,7 @@ fn short_line_bad_header_and_missing_file_exit_2() {
     let out = plots("kernel,mode,time\n", &dir, &[]);
     assert_one_line_error(
         &out,
-        "line 1: header is `kernel,mode,time`, expected `kernel,mode,heads,",
+        "line 1: header is `kernel,mode,time`: missing column(s) heads, q_len",
     );
     let out = Command::new(env!("CARGO_BIN_EXE_plots"))
         .args(["--csv", "/nonexistent/bench.csv", "--out"])

@@ -29,7 +29,7 @@ pub enum RunError {
     Config(#[from] specmla_core::error::ConfigError),
     #[error("invalid workload: {0}")]
     Workload(WorkloadError),
-    #[error("the KV caches and weights would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or the block count")]
+    #[error("the KV caches and weights would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or --num-gpu-blocks")]
     CacheTooLarge(u64),
     /// The engine failed mid-run: a stall, or a backend error that is not the
     /// environment's.

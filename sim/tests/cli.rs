@@ -233,10 +233,14 @@ fn impossible_configs_fail_at_start_up_with_one_line() {
     assert_bad_input(&["--acceptance-rate", "1.5"], &["acceptance-rate"]);
     assert_bad_input(&["--temperature", "-1"], &["temperature"]);
     assert_bad_input(&["--page-size", "0"], &["page size"]);
+    assert_bad_input(&["--page-size", "3"], &["page size 3", "power of two"]);
+    assert_bad_input(&["--seed", "-1"], &["--seed", "non-negative integer"]);
+    assert_bad_input(&["--prompt-len", "9..3"], &["--prompt-len", "MIN is above MAX"]);
+    assert_bad_input(&["--max-num-seqs", "0"], &["max_num_seqs"]);
     assert_bad_input(&["--max-model-len", "1"], &["max_model_len"]);
     assert_bad_input(
         &["--max-model-len", "10000000"],
-        &["KV caches and weights would need"],
+        &["KV caches and weights would need", "--num-gpu-blocks"],
     );
     assert_bad_input(
         &["--max-model-len", "100000000"],

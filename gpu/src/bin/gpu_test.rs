@@ -9,7 +9,15 @@ use specmla_gpu::checks_dense::DENSE_TOL;
 use specmla_gpu::invariance::run_invariance;
 use specmla_gpu::GpuDevice;
 
+/// Runs every CUDA kernel check on GPU 0 against f64 (attention) or the CPU's f32
+/// (dense kernels), then the batch-invariance cases, and prints a pass/fail table.
+/// Exit 0 all passed, 1 a check failed, 2 no usable GPU (one line saying why).
+#[derive(clap::Parser)]
+#[command(name = "gpu-test", version)]
+struct Cli {}
+
 fn main() -> ExitCode {
+    let _ = <Cli as clap::Parser>::parse();
     let dev = match GpuDevice::open(0) {
         Ok(d) => d,
         Err(e) => {
