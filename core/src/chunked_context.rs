@@ -1,4 +1,4 @@
-//! Chunked context for prefill rows with cached context (SPEC section 5): how the
+//! Chunked context for prefill rows with cached context (RULES §5): how the
 //! context is cut into workspace-sized chunks that are gathered and merged by LSE.
 
 use serde::{Deserialize, Serialize};

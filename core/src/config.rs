@@ -1,5 +1,5 @@
 //! Configuration: model dimensions, speculation, scheduler limits and the backend
-//! capability matrix (SPEC sections 1 and 4). Everything the rest of the core derives
+//! capability matrix (RULES §1 and §4). Everything the rest of the core derives
 //! its decisions from lives here, validated once at start-up.
 
 use serde::{Deserialize, Serialize};
@@ -44,7 +44,7 @@ pub struct ModelDims {
 }
 
 impl ModelDims {
-    /// The tiny reference model the CPU backend runs (SPEC section 10).
+    /// The tiny reference model the CPU backend runs (RULES §10).
     pub fn tiny() -> Self {
         Self {
             hidden_size: 64,
@@ -125,7 +125,7 @@ impl ModelDims {
     }
 }
 
-/// How the drafter's batch is shaped after verification (SPEC section 6).
+/// How the drafter's batch is shaped after verification (RULES §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DrafterBatch {
     /// Rejected tokens stay in the batch; shapes stay uniform.
@@ -215,7 +215,7 @@ impl SpecConfig {
     }
 }
 
-/// Where decode rows sit in the batch (SPEC section 3 step 2).
+/// Where decode rows sit in the batch (RULES §3 step 2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum RowLayout {
     /// vLLM: decode rows first, then extends, then fresh prefills.
@@ -278,7 +278,7 @@ pub struct SchedulerConfig {
     /// current one).
     #[serde(default)]
     pub planner: Planner,
-    /// Workspace for gathering cached context of prefill rows (SPEC section 5).
+    /// Workspace for gathering cached context of prefill rows (RULES §5).
     pub workspace_tokens: usize,
 }
 
@@ -306,7 +306,7 @@ pub enum CudaGraphSupport {
     Always,
 }
 
-/// The five MLA backend profiles as the real ones ship (SPEC section 4).
+/// The five MLA backend profiles as the real ones ship (RULES §4).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum BackendProfile {
     #[serde(rename = "flashmla")]
@@ -390,7 +390,7 @@ pub struct EngineConfig {
     pub max_capture_size_tokens: usize,
     /// Fixed split-KV size of the decode kernel (a multiple of the page size).
     pub decode_split_tokens: usize,
-    /// Known-bug switches (SPEC section 9); all off unless asked for.
+    /// Known-bug switches (RULES §9); all off unless asked for.
     #[serde(default)]
     pub faults: crate::fault::Faults,
     /// Raw threshold and uniformity that replace the capability matrix's (for an engine

@@ -1,4 +1,4 @@
-//! CUDA-graph capture sizes and dispatch (SPEC section 7): which decode batches replay a
+//! CUDA-graph capture sizes and dispatch (RULES §7): which decode batches replay a
 //! captured uniform-decode graph, and with how many q = 0 padding rows.
 
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! Drafter inputs (SPEC section 6): the padded and compacted multi-step drafter passes
+//! Drafter inputs (RULES §6): the padded and compacted multi-step drafter passes
 //! (MTP/EAGLE) and the DFlash block pass, built from the target plan and what
 //! verification settled for each row.
 

@@ -1,4 +1,4 @@
-//! The engine step loop (SPEC section 3), generic over a [`Backend`]: schedule, plan,
+//! The engine step loop (RULES §3), generic over a [`Backend`]: schedule, plan,
 //! check invariants, target forward, verify, drafter, commit. Optional shadow runs check
 //! that the other row layout and the other drafter batch mode give identical results.
 

@@ -1,4 +1,4 @@
-//! Fault switches: the known-bug catalog of SPEC section 9. Each switch re-introduces a
+//! Fault switches: the known-bug catalog of RULES §9. Each switch re-introduces a
 //! bug that shipped in a real engine, in the place where it lived (core or a backend),
 //! and is off by default. The harness must catch every one.
 

@@ -1,4 +1,4 @@
-//! Invariant checkers for every rule of SPEC sections 4-8. Each recomputes the rule
+//! Invariant checkers for every rule of RULES §4-§8. Each recomputes the rule
 //! from the scheduled batch with a deliberately simple reference and reports structured
 //! violations (rule, step, row) instead of panicking, so `sim` can name what broke.
 

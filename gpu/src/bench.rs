@@ -1,5 +1,5 @@
 //! `gpu-bench` measurements: the two ceilings (a large device-to-device copy and a large
-//! bf16 cuBLAS GEMM) and our attention paths at the SPEC section 12 shapes, each timed
+//! bf16 cuBLAS GEMM) and our attention paths at the RULES §12 shapes, each timed
 //! with CUDA events (warm-up, then the median of many runs) and reported against the
 //! ceilings measured in the same run. One CSV row per measurement.
 
@@ -57,12 +57,12 @@ pub struct BenchShape {
 }
 
 impl BenchShape {
-    /// Useful bytes (SPEC section 12): queries, the latent cache once, outputs; bf16.
+    /// Useful bytes (RULES §12): queries, the latent cache once, outputs; bf16.
     pub fn bytes(&self) -> f64 {
         let (b, s, h, l) = (self.batch, self.q_len, self.heads, self.context);
         (b * (s * h * 576 * 2 + l * 576 * 2 + s * h * 512 * 2)) as f64
     }
-    /// FLOPs (SPEC section 12): QK over 576 and PV over 512 for every query and key.
+    /// FLOPs (RULES §12): QK over 576 and PV over 512 for every query and key.
     pub fn flops(&self) -> f64 {
         let (b, s, h, l) = (self.batch, self.q_len, self.heads, self.context);
         (b * h * s) as f64 * (2.0 * 576.0 * l as f64 + 2.0 * 512.0 * l as f64)

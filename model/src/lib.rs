@@ -1,4 +1,4 @@
-//! specmla-model: the tiny MLA transformer both backends run (SPEC section 10). It owns
+//! specmla-model: the tiny MLA transformer both backends run (RULES §10). It owns
 //! the weights, drawn deterministically from a ChaCha8 seed, and the f32 building blocks
 //! the CPU backend computes with (RMSNorm, RoPE, SwiGLU, row-major mat-vec): one MLA
 //! layer's projections around attention, the target model and the one-layer drafter.

@@ -1,5 +1,5 @@
-//! MLA attention over latent KV rows in its two mathematically equal forms (SPEC sections 5
-//! and 10): absorbed (the decode kernels' form: W_UK folded into the query, one KV head
+//! MLA attention over latent KV rows in its two mathematically equal forms (RULES §5 and
+//! §10): absorbed (the decode kernels' form: W_UK folded into the query, one KV head
 //! shared by all query heads, W_UV applied after the softmax) and materialized (the prefill
 //! form: per-head K and V expanded from the latent rows), plus the log-sum-exp merge that
 //! folds context chunks into the new tokens' result.

@@ -1,4 +1,4 @@
-//! The f64 oracle (SPEC section 10): the target model's math in double precision, run for
+//! The f64 oracle (RULES §10): the target model's math in double precision, run for
 //! one request alone over a dense per-request latent cache, with the materialized
 //! attention form. Everything the batched f32 backend computes is judged against it, so it
 //! shares no code path with the backend beyond the RoPE angle.

@@ -165,7 +165,7 @@ fn progress_lines_without_a_terminal() {
 #[test]
 fn ctrl_c_prints_the_summary_so_far_and_closes_the_trace() {
     let t = std::env::temp_dir().join(format!("specmla-int-{}.bin", std::process::id()));
-    let mut child = Command::new(env!("CARGO_BIN_EXE_sim"))
+    let child = Command::new(env!("CARGO_BIN_EXE_sim"))
         .args(["--requests", "2000", "--trace", t.to_str().unwrap()])
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())

@@ -1,6 +1,6 @@
 //! Shared helpers for the property tests in `tests/tests/`: validated config builders,
 //! a batch builder that allocates consistent block tables, outcome builders, and the
-//! deliberately simple reference functions (slot, region) the suites compare the core
+//! deliberately simple reference functions (slots) the suites compare the core
 //! against.
 //!
 //! proptest is a dev-dependency of this crate, so its strategies live in
@@ -87,18 +87,6 @@ pub fn ref_slot(block_ids: &[u32], pos: usize, page_size: usize, max_model_len: 
     match block_ids.get(pos / page_size) {
         Some(&b) => b as i64 * page_size as i64 + (pos % page_size) as i64,
         None => PAD,
-    }
-}
-
-/// Reference region: 0 decode, 1 extend, 2 prefill (SPEC section 4, written from the
-/// text, independent of `reorder::region`).
-pub fn ref_region(num_computed: usize, q: usize, threshold: usize) -> u8 {
-    if num_computed == 0 {
-        2
-    } else if q <= threshold {
-        0
-    } else {
-        1
     }
 }
 

@@ -1,5 +1,5 @@
-//! Chunked context (SPEC section 5): `chunked_context::plan_context_chunks` checked
-//! against the SPEC rules with a reference that walks each row's context position by
+//! Chunked context (RULES §5): `chunked_context::plan_context_chunks` checked
+//! against the rules (docs/RULES.md) with a reference that walks each row's context position by
 //! position: chunks fit the workspace, cover each row's context exactly once and in
 //! order, use chunk = round_down(W / n, page), and a too-small workspace is an error,
 //! never a panic.

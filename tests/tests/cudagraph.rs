@@ -1,5 +1,5 @@
-//! CUDA graphs (SPEC section 7): `cudagraph::capture_sizes`, `graph_shapes` and
-//! `dispatch` against references written from the SPEC (multiples of 1 + K, bounds,
+//! CUDA graphs (RULES §7): `cudagraph::capture_sizes`, `graph_shapes` and
+//! `dispatch` against references written from docs/RULES.md (multiples of 1 + K, bounds,
 //! smallest size that holds the batch, q = 0 padding rows), the named triggers of bugs
 //! F3 (K = 2 capturing 8 tokens) and F7 (a fresh 1 + K token prompt on the verify
 //! graph), and padded plans from `plan::build_step_plan` checked field by field and by

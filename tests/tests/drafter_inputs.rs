@@ -1,4 +1,4 @@
-//! Drafter inputs (SPEC section 6): `drafter::first_pass` / `next_pass` in padded and
+//! Drafter inputs (RULES §6): `drafter::first_pass` / `next_pass` in padded and
 //! compacted mode and `drafter::dflash_pass` / `dflash_slot`, built from real plans of
 //! random verify batches (plus some prefill rows) with random accept counts, checked
 //! against a reference computed from the scheduled rows alone: shifted tokens, the
@@ -143,7 +143,7 @@ fn ref_pass0(
         DrafterBatch::Compacted => valid,
     };
     // Position p consumes token p + 1; the last valid position consumes the next token;
-    // tokens after it (padded only) are not pinned down by the SPEC.
+    // tokens after it (padded only) are not pinned down by the rules.
     let tokens = (0..row_q)
         .map(|j| match (j + 1).cmp(&valid) {
             std::cmp::Ordering::Less => Some(b.token_ids[j + 1]),
@@ -191,7 +191,7 @@ fn check_pass0(
         );
         prop_assert_eq!(e - a, q, "row {} q", r);
         prop_assert_eq!(p.req_ids[r], plan.rows[r].req_id);
-        // The SPEC formula and the reference offset agree, and both name the token
+        // The RULES formula and the reference offset agree, and both name the token
         // holding the next token.
         prop_assert_eq!(
             p.token_indices_to_sample[r] as usize,
@@ -411,11 +411,11 @@ fn f5_f6_dflash_block_at_the_end_of_the_model_length() {
     }
 }
 
-/// SPEC section 6: a backend without non-causal attention is refused at start-up with
+/// RULES §6: a backend without non-causal attention is refused at start-up with
 /// a clear error naming it, and so is a padded DFlash batch.
 #[test]
 fn dflash_is_refused_on_causal_only_backends() {
-    // Non-causal support per the SPEC section 4 table.
+    // Non-causal support per the RULES §4 table.
     let table = [
         (BackendProfile::FlashMla, false),
         (BackendProfile::FlashInferMla, true),

@@ -1,4 +1,4 @@
-//! The known-bug catalog (SPEC section 9): with each fault switch on, a property that
+//! The known-bug catalog (RULES §9): with each fault switch on, a property that
 //! holds on the clean code fails, and proptest shrinks the failure to a case about as
 //! small as the catalog's minimal trigger. Each trigger is then frozen as a named test
 //! that fails with the fault and passes without it.

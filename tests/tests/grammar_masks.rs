@@ -1,4 +1,4 @@
-//! Mixed batches and grammar masks (SPEC sections 3 step 2, 8 and bugs F8/F9): random
+//! Mixed batches and grammar masks (RULES §3 step 2, §8 and bugs F8/F9): random
 //! mixed batches (fresh prefills, extends, verify rows with drafts, fresh 1 + K
 //! prompts) where some requests carry a `grammar::TokenAutomaton::random` grammar.
 //! Plans built with DecodeFirst and ExtendFirst must give each request (matched by

@@ -1,4 +1,4 @@
-//! Rejection sampling (SPEC section 3 step 6): `verify::verify_rejection` must emit
+//! Rejection sampling (RULES §3 step 6): `verify::verify_rejection` must emit
 //! tokens distributed exactly as the target alone, whatever the draft distribution.
 //! On vocabularies of 4-6 tokens with random target/draft distributions (zeros
 //! included, so the residual and the "draft has no mass here" cases both occur), the

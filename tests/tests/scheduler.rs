@@ -1,4 +1,4 @@
-//! Scheduler (SPEC section 3 steps 1 and 6): `scheduler::Scheduler` driven through
+//! Scheduler (RULES §3 steps 1 and 6): `scheduler::Scheduler` driven through
 //! random workloads (prompt lengths, max_new_tokens, arrival steps) on small block pools
 //! so preemption happens, with fabricated verification results (random accepted counts
 //! and bonus tokens) and drafts. A shadow model kept by the test (each request's tokens,

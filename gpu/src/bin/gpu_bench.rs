@@ -1,5 +1,5 @@
 //! `gpu-bench`: measures the ceilings (device-to-device copy, bf16 cuBLAS GEMM), then our
-//! MLA decode kernels at the SPEC section 12 shapes (or the shapes given on the command
+//! MLA decode kernels at the RULES §12 shapes (or the shapes given on the command
 //! line), and writes a table and a CSV. Exit 2 without a usable GPU (one line).
 
 use std::io::Write;
