@@ -221,8 +221,16 @@ fn line_of(record: &csv::StringRecord, text: &[u8]) -> u64 {
 
 /// Names what is wrong with a header: missing columns, unknown ones, or the order.
 fn header_problem(found: &[&str]) -> String {
-    let missing: Vec<&str> = HEADER.iter().copied().filter(|c| !found.contains(c)).collect();
-    let unknown: Vec<&str> = found.iter().copied().filter(|c| !HEADER.contains(c)).collect();
+    let missing: Vec<&str> = HEADER
+        .iter()
+        .copied()
+        .filter(|c| !found.contains(c))
+        .collect();
+    let unknown: Vec<&str> = found
+        .iter()
+        .copied()
+        .filter(|c| !HEADER.contains(c))
+        .collect();
     let mut parts = Vec::new();
     if !missing.is_empty() {
         parts.push(format!("missing column(s) {}", missing.join(", ")));
@@ -231,7 +239,10 @@ fn header_problem(found: &[&str]) -> String {
         parts.push(format!("unknown column(s) {}", unknown.join(", ")));
     }
     if parts.is_empty() {
-        parts.push(format!("columns out of order (expected `{}`)", HEADER.join(",")));
+        parts.push(format!(
+            "columns out of order (expected `{}`)",
+            HEADER.join(",")
+        ));
     }
     parts.join("; ")
 }
@@ -430,6 +441,9 @@ mod tests {
         let err = Bench::parse(b"kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_gemm,pct_copy\n", "t.csv").unwrap_err();
         assert!(err.to_string().ends_with("columns out of order (expected `kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm`)"), "{err}");
         let err = Bench::parse(b"kernel,mode\n", "t.csv").unwrap_err();
-        assert!(err.to_string().contains("missing column(s) heads, q_len"), "{err}");
+        assert!(
+            err.to_string().contains("missing column(s) heads, q_len"),
+            "{err}"
+        );
     }
 }

@@ -243,10 +243,9 @@ fn print_divergence(d: &Divergence, replayed: usize) {
     );
     match d.first_layer {
         Some(l) => {
-            say!(
-                "  first layer  {l}: {} differ",
-                count(d.layer_rows.len(), "row")
-            );
+            let n = d.layer_rows.len();
+            let verb = if n == 1 { "differs" } else { "differ" };
+            say!("  first layer  {l}: {} {verb}", count(n, "row"));
             for r in d.layer_rows.iter().take(8) {
                 let via = if r.path == "prefill+context" {
                     "  <- context-chunk LSE merge"

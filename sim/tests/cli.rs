@@ -235,7 +235,10 @@ fn impossible_configs_fail_at_start_up_with_one_line() {
     assert_bad_input(&["--page-size", "0"], &["page size"]);
     assert_bad_input(&["--page-size", "3"], &["page size 3", "power of two"]);
     assert_bad_input(&["--seed", "-1"], &["--seed", "non-negative integer"]);
-    assert_bad_input(&["--prompt-len", "9..3"], &["--prompt-len", "MIN is above MAX"]);
+    assert_bad_input(
+        &["--prompt-len", "9..3"],
+        &["--prompt-len", "MIN is above MAX"],
+    );
     assert_bad_input(&["--max-num-seqs", "0"], &["max_num_seqs"]);
     assert_bad_input(&["--max-model-len", "1"], &["max_model_len"]);
     assert_bad_input(
@@ -604,54 +607,4 @@ fn gpu_backend_without_a_gpu_is_one_line_and_exit_2() {
     // A run that never started leaves no empty trace behind.
     assert!(!t.exists());
     assert_bad_input(&["--backend", "tpu"], &["cpu", "gpu"]);
-}
-
-/// The README's `sim plan` example is run as written and its output compared with the
-/// page, so the two cannot drift apart.
-#[test]
-fn readme_sim_plan_example_is_true() {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md beside the workspace");
-    let block = readme
-        .split("<!-- readme-test: sim-plan -->")
-        .nth(1)
-        .and_then(|rest| rest.split("```").nth(1))
-        .expect("the marked example block");
-    let mut lines = block.lines().skip(1); // the fence's info string
-    assert_eq!(lines.next(), Some("$ cat batch.json"));
-    let batch: Vec<&str> = lines
-        .by_ref()
-        .take_while(|l| !l.starts_with("$ "))
-        .collect();
-    let command = block
-        .lines()
-        .find(|l| l.starts_with("$ sim plan"))
-        .expect("the sim plan command");
-    let expected: Vec<&str> = block
-        .lines()
-        .skip_while(|l| !l.starts_with("$ sim plan"))
-        .skip(1)
-        .filter(|l| !l.is_empty())
-        .collect();
-    let f = temp_file("readme-batch.json", &batch.join("\n"));
-    let args: Vec<String> = command
-        .trim_start_matches("$ sim ")
-        .split_whitespace()
-        .map(|a| {
-            if a == "batch.json" {
-                f.to_str().unwrap().to_string()
-            } else {
-                a.to_string()
-            }
-        })
-        .collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let o = sim(&args);
-    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(
-        out.lines().collect::<Vec<_>>(),
-        expected,
-        "README example drifted"
-    );
 }
