@@ -25,7 +25,7 @@ use specmla_replay::{replay_records, replay_records_on, ReplayReport};
 use specmla_sim::progress::{install_interrupt_handler, Progress};
 use specmla_sim::runner::cpu_backend;
 use specmla_sim::text::{count, fault_list};
-use specmla_traces::{read_all, Completeness, RowPath, StepRecord, TraceWriter};
+use specmla_traces::{read_all, read_all_from, Completeness, RowPath, StepRecord, TraceWriter};
 
 /// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
 /// every step with its record: bit for bit on the backend kind that recorded it, within
@@ -61,7 +61,7 @@ enum BackendArg {
 
 #[derive(Args)]
 struct RunArgs {
-    /// The trace to replay (written by `sim --trace`).
+    /// The trace to replay (written by `sim --trace`; `-` reads stdin).
     trace: Option<PathBuf>,
     /// Backend to re-execute on. A trace replays bit for bit on the backend that
     /// recorded it, and within stated tolerances on the other.
@@ -83,7 +83,7 @@ struct RunArgs {
 
 #[derive(Args)]
 struct ShowArgs {
-    /// The trace to print.
+    /// The trace to print (`-` reads stdin).
     trace: PathBuf,
     /// Print only this step, in detail.
     #[arg(long)]
@@ -112,16 +112,23 @@ fn main() -> ExitCode {
     })
 }
 
-fn load(path: &Path) -> Result<Trace> {
-    let (header, records, completeness) =
-        read_all(path).with_context(|| format!("{}", path.display()))?;
+/// Reads a trace from a file, or from stdin for `-`; also says whether it was cut short
+/// (no footer), in which case its complete records are used.
+fn load(path: &Path) -> Result<(Trace, bool)> {
+    let name = path.display();
+    let (header, records, completeness) = if path.as_os_str() == "-" {
+        let mut bytes = Vec::new();
+        std::io::Read::read_to_end(&mut std::io::stdin(), &mut bytes).context("stdin")?;
+        let len = bytes.len() as u64;
+        read_all_from(&bytes[..], Some(len)).context("stdin")?
+    } else {
+        read_all(path).with_context(|| format!("{name}"))?
+    };
+    let truncated = matches!(completeness, Completeness::Truncated { .. });
     if let Completeness::Truncated { records } = completeness {
-        eprintln!(
-            "note: {} is truncated after {records} records; using that prefix",
-            path.display()
-        );
+        eprintln!("note: {name} is truncated after {records} records; using that prefix");
     }
-    Ok(Trace { header, records })
+    Ok((Trace { header, records }, truncated))
 }
 
 fn faults(ids: &[String]) -> Faults {
@@ -138,7 +145,7 @@ fn run(a: &RunArgs, json: bool) -> Result<ExitCode> {
     if a.bisect && gpu {
         bail!("--bisect runs on the CPU backend only (it re-records candidates there); drop --gpu");
     }
-    let t = load(path)?;
+    let (t, truncated) = load(path)?;
     let f = faults(&a.faults);
     if a.bisect {
         return run_bisect(&t, f, a.output.as_deref().expect("clap requires -o"), json);
@@ -157,9 +164,6 @@ fn run(a: &RunArgs, json: bool) -> Result<ExitCode> {
         replay_records_on(h, recs, f, cpu_backend, on_step)?
     };
     bar.finish();
-    let truncated = read_all(path)
-        .map(|(_, _, c)| matches!(c, Completeness::Truncated { .. }))
-        .unwrap_or(false);
     if json {
         let mut v = serde_json::to_value(&report)?;
         v["trace_truncated"] = truncated.into();
@@ -376,7 +380,7 @@ fn encode(t: &Trace) -> Result<Vec<u8>> {
 }
 
 fn show(a: &ShowArgs, json: bool) -> Result<ExitCode> {
-    let t = load(&a.trace)?;
+    let (t, _) = load(&a.trace)?;
     let records: Vec<&StepRecord> = t
         .records
         .iter()

@@ -275,3 +275,26 @@ fn the_report_states_the_comparison_mode_and_tolerances() {
     );
     assert!(out.contains("MATCHED:"), "{out}");
 }
+
+/// `-` reads the trace from stdin; a directory is one line naming its cause once.
+#[test]
+fn stdin_traces_and_causes_said_once() {
+    use std::io::Write as _;
+    let bytes = std::fs::read(trace()).unwrap();
+    for args in [vec!["-"], vec!["show", "-"]] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_replay"))
+            .args(&args)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(&bytes).unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{args:?}");
+    }
+    let d = dir();
+    let o = bin("replay", &[d.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2));
+    assert_eq!(err.matches("os error").count(), 1, "{err}");
+}
