@@ -4,7 +4,7 @@
 //! drafter).
 
 use serde::Serialize;
-use specmla_sim::text::count;
+use specmla_sim::cli::count;
 use specmla_traces::{RowPath, StepRecord};
 
 /// One row whose outputs differ.

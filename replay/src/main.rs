@@ -22,9 +22,9 @@ use specmla_core::fault::{Fault, Faults};
 use specmla_replay::bisect::{bisect_with, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
-use specmla_sim::progress::{install_interrupt_handler, Progress};
+use specmla_sim::cli::{count, fault_list};
+use specmla_sim::progress::{install_interrupt_handler, interrupted, Progress};
 use specmla_sim::runner::cpu_backend;
-use specmla_sim::text::{count, fault_list};
 use specmla_traces::{read_all, read_all_from, Completeness, RowPath, StepRecord, TraceWriter};
 
 /// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
@@ -91,17 +91,7 @@ struct ShowArgs {
 }
 
 fn main() -> ExitCode {
-    // `--json` before `show` is moved after it: top-level replay flags may not be mixed
-    // with the subcommand, but this one means the same to both.
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let sub = args.iter().position(|a| a == "show");
-    if let (Some(sub), Some(j)) = (sub, args.iter().position(|a| a == "--json")) {
-        if j < sub {
-            let flag = args.remove(j);
-            args.push(flag);
-        }
-    }
-    let cli = Cli::parse_from(args);
+    let cli = Cli::parse_from(specmla_sim::cli::args_with_json_last(&["show"]));
     let result = match cli.command {
         Some(Command::Show(a)) => show(&a, cli.json),
         None => run(&cli.run, cli.json),
@@ -355,14 +345,14 @@ fn run_bisect(t: &Trace, f: Faults, out: &Path, json: bool) -> Result<ExitCode> 
     if json {
         let v = serde_json::json!({
             "shrunk": true, "before": before, "after": after, "output": out,
-            "interrupted": specmla_sim::progress::interrupted(), "report": report,
+            "interrupted": interrupted(), "report": report,
         });
         say!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::from(1));
     }
     say!("before: {}", before.text());
     say!("after:  {} -> {}", after.text(), out.display());
-    if specmla_sim::progress::interrupted() {
+    if interrupted() {
         say!("note: interrupted (Ctrl-C): this is the smallest diverging trace found so far");
     }
     if let Some(d) = &report.divergence {

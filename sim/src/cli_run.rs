@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use specmla_core::config::EngineConfig;
+use specmla_sim::cli::count;
 use specmla_sim::config_file::RunConfig;
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::progress::{install_interrupt_handler, Progress};
@@ -20,7 +21,6 @@ use specmla_sim::runner::{
     cpu_backend, run_with, RunBackend, RunStats, RunSummary, SpecDecodingMetrics, StepSink,
 };
 use specmla_sim::scenarios::{self, Scenario};
-use specmla_sim::text::count;
 
 /// Drafter batch mode on the command line.
 #[derive(Clone, Copy, Debug, ValueEnum)]

@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod backend;
 pub mod checks;
+pub mod cli;
 pub mod config_file;
 pub mod kv_cache;
 /// The model both backends run lives in its own crate; re-exported under its old path.
@@ -14,4 +15,3 @@ pub mod progress;
 pub mod record;
 pub mod runner;
 pub mod scenarios;
-pub mod text;

@@ -65,20 +65,9 @@ enum Command {
 #[derive(Args)]
 struct ListArgs {}
 
-/// The subcommands' names: `--json` given before one of them is moved after it, since
-/// the top-level run flags may not be mixed with a subcommand.
-const SUBCOMMANDS: [&str; 4] = ["run", "list", "plan", "config"];
-
 fn main() -> ExitCode {
-    let mut args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    let sub = args.iter().position(|a| SUBCOMMANDS.iter().any(|s| a == s));
-    if let (Some(sub), Some(j)) = (sub, args.iter().position(|a| a == "--json")) {
-        if j < sub {
-            let flag = args.remove(j);
-            args.push(flag);
-        }
-    }
-    let cli = Cli::parse_from(args);
+    let subcommands = ["run", "list", "plan", "config"];
+    let cli = Cli::parse_from(specmla_sim::cli::args_with_json_last(&subcommands));
     let json = cli.json;
     let with_json = |mut a: RunArgs| {
         a.json = json;
