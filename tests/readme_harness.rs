@@ -23,8 +23,12 @@ pub struct Example {
 
 /// The examples of block `name`, after writing the block's `cat` files into `dir`.
 pub fn examples(name: &str, dir: &Path) -> Vec<Example> {
-    let readme = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../README.md"))
-        .expect("README.md beside the workspace");
+    // The workspace root is the nearest ancestor of the test's crate with a README.md.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .find(|d| d.join("README.md").is_file() && d.join("Cargo.lock").is_file())
+        .expect("the workspace root above the crate");
+    let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
     let marker = format!("<!-- readme-test: {name} -->");
     let block = readme
         .split(&marker)

@@ -48,9 +48,23 @@ impl DrafterOutput {
     }
 }
 
-/// A device that runs target and drafter forwards from core-built plans.
+/// A device that runs target and drafter forwards from core-built plans. Besides the
+/// forwards, a backend states the device contract the harness and replay rely on: the
+/// kind a trace records, the device a report names, and which of its errors are the
+/// environment's.
 pub trait Backend {
     type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The kind recorded in trace headers: `"cpu"` or `"gpu"`. Only the kind, so traces
+    /// of one seed from two machines of the same kind compare bit for bit.
+    const KIND: &'static str;
+
+    /// The device, for reports (never recorded in a trace).
+    fn device_name(&self) -> String;
+
+    /// Whether `e` is the environment's (no GPU, no driver, no compiler, out of device
+    /// memory: exit 2) rather than the engine's (a failed run: exit 1).
+    fn is_environment(e: &Self::Error) -> bool;
 
     /// Captures (or emulates capturing) uniform-decode graphs of these shapes.
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error>;

@@ -5,7 +5,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::batch::ScheduledBatch;
-use crate::block_pool::{slot_for, PAD_SLOT};
+use crate::block_pool::PAD_SLOT;
 use crate::config::{DrafterBatch, EngineConfig, Planner, QueryLenSupport};
 use crate::drafter::{DFlashPass, DrafterPass, RowOutcome};
 use crate::plan::StepPlan;
@@ -84,6 +84,19 @@ impl Sink {
             });
         }
     }
+}
+
+/// The slot a request's position must have, restated here rather than borrowed from
+/// the planner (`block_pool::slot_for`), so a wrong slot rule in the planner cannot also
+/// pass its own check. The block table is the request's own block list, as scheduled:
+/// -1 (PAD) at or past `max_model_len` or past the allocated blocks, else the block's
+/// first slot plus the offset in the page.
+fn ref_slot(block_ids: &[u32], pos: usize, page_size: usize, max_model_len: usize) -> i64 {
+    let block = pos / page_size;
+    if pos >= max_model_len || block >= block_ids.len() || block_ids[block] == u32::MAX {
+        return -1;
+    }
+    i64::from(block_ids[block]) * page_size as i64 + (pos % page_size) as i64
 }
 
 /// Checks a target plan against the batch it was built from.
@@ -364,7 +377,7 @@ fn check_common(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, s: 
                 Some(r),
                 || format!("token {t} position {} != {pos}", c.positions[t]),
             );
-            let expect = slot_for(&b.block_ids, pos, sc.page_size, sc.max_model_len);
+            let expect = ref_slot(&b.block_ids, pos, sc.page_size, sc.max_model_len);
             s.check(
                 c.slot_mapping[t] == expect && expect != PAD_SLOT,
                 Rule::SlotMapping,
@@ -681,7 +694,7 @@ pub fn check_drafter_pass(
         }
         for t in p.query_start_loc[r] as usize..p.query_start_loc[r + 1] as usize {
             let tp = p.positions[t] as usize;
-            let want = slot_for(&b.block_ids, tp, sc.page_size, sc.max_model_len);
+            let want = ref_slot(&b.block_ids, tp, sc.page_size, sc.max_model_len);
             s.check(
                 p.slot_mapping[t] == want,
                 Rule::SlotMapping,
@@ -805,7 +818,7 @@ pub fn check_dflash(
                 Some(r),
                 || format!("block offset {i} at position {pos}"),
             );
-            let want = slot_for(&b.block_ids, pos, sc.page_size, sc.max_model_len);
+            let want = ref_slot(&b.block_ids, pos, sc.page_size, sc.max_model_len);
             let idx = p.block_indices[j] as usize;
             s.check(idx < p.block_table_width, Rule::DFlashSlots, Some(r), || {
                 format!("block offset {i} position {pos} read block-table index {idx} past the width {}", p.block_table_width)

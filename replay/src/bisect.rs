@@ -6,9 +6,9 @@
 
 use std::collections::BTreeSet;
 
+use specmla_core::backend::Backend;
 use specmla_core::fault::Faults;
-use specmla_sim::backend::CpuBackend;
-use specmla_sim::runner::RunBackend;
+use specmla_cpu::CpuBackend;
 use specmla_traces::{StepRecord, TraceHeader};
 
 use crate::replayer::{ReplayError, Replayer};
@@ -61,7 +61,7 @@ fn restrict(t: &Trace, keep: &BTreeSet<u64>, steps: usize) -> Trace {
 pub fn re_record(t: &Trace) -> Result<Trace, ReplayError> {
     let mut r = Replayer::new(&t.header, recorded_faults(&t.header))?;
     let mut header = t.header.clone();
-    header.backend = <CpuBackend as RunBackend>::KIND.to_string();
+    header.backend = <CpuBackend as Backend>::KIND.to_string();
     let records = t
         .records
         .iter()

@@ -11,10 +11,11 @@ pub mod replayer;
 use std::sync::Arc;
 
 use serde::Serialize;
+use specmla_core::backend::Backend;
 use specmla_core::config::EngineConfig;
 use specmla_core::fault::Faults;
+use specmla_cpu::cpu_backend;
 use specmla_sim::model::{DrafterModel, TargetModel};
-use specmla_sim::runner::{cpu_backend, RunBackend};
 use specmla_traces::{StepRecord, TraceHeader};
 
 use compare::{
@@ -95,7 +96,7 @@ pub fn replay_records_with(
 /// [`replay_records_with`] on the backend `make` builds. On the backend kind that
 /// recorded the trace every step must match bit for bit ([`compare_step`]); on another
 /// kind, within [`CROSS_TOLERANCES`] ([`compare_cross`]).
-pub fn replay_records_on<B: RunBackend>(
+pub fn replay_records_on<B: Backend>(
     header: &TraceHeader,
     records: &[StepRecord],
     faults: Faults,

@@ -19,12 +19,12 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use specmla_core::fault::{Fault, Faults};
+use specmla_cpu::cpu_backend;
 use specmla_replay::bisect::{bisect_with, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
 use specmla_sim::cli::{count, fault_list};
 use specmla_sim::progress::{install_interrupt_handler, interrupted, Progress};
-use specmla_sim::runner::cpu_backend;
 use specmla_traces::{read_all, read_all_from, Completeness, RowPath, StepRecord, TraceWriter};
 
 /// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
@@ -149,7 +149,12 @@ fn run(a: &RunArgs, json: bool) -> Result<ExitCode> {
         })
     };
     let report = if gpu {
-        replay_records_on(h, recs, f, specmla_gpu::GpuBackend::new, on_step)?
+        #[cfg(feature = "gpu")]
+        {
+            replay_records_on(h, recs, f, specmla_gpu::GpuBackend::new, on_step)?
+        }
+        #[cfg(not(feature = "gpu"))]
+        bail!("--backend gpu: this replay was built without the `gpu` feature")
     } else {
         replay_records_on(h, recs, f, cpu_backend, on_step)?
     };

@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use specmla_core::backend::Backend;
 use specmla_core::batch::{ScheduledBatch, ScheduledRow};
 use specmla_core::config::{EngineConfig, SpecMethod};
 use specmla_core::engine::{
@@ -13,10 +14,10 @@ use specmla_core::engine::{
 };
 use specmla_core::fault::Faults;
 use specmla_core::grammar::{GrammarState, TokenAutomaton};
-use specmla_sim::backend::CpuBackend;
+use specmla_cpu::{cpu_backend, CpuBackend};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
-use specmla_sim::runner::{cache_bytes, cpu_backend, weight_bytes, RunBackend, CACHE_LIMIT_BYTES};
+use specmla_sim::runner::{cache_bytes, weight_bytes, CACHE_LIMIT_BYTES};
 use specmla_sim::scenarios::grammar_from_seed;
 use specmla_traces::{StepRecord, TraceHeader};
 
@@ -65,7 +66,7 @@ pub struct StepFindings {
 }
 
 /// An engine error at `step` on `B`: the environment's or a failed replay.
-fn engine_error<B: RunBackend>(step: u64, e: EngineError<B::Error>) -> ReplayError {
+fn engine_error<B: Backend>(step: u64, e: EngineError<B::Error>) -> ReplayError {
     match &e {
         EngineError::Backend(b) if B::is_environment(b) => {
             ReplayError::Environment(format!("--backend {}: step {step}: {e}", B::KIND))
@@ -106,7 +107,7 @@ impl DraftOracle for RecordedOracle {
 }
 
 /// An executor rebuilt from a trace header, on backend `B` (the CPU unless told).
-pub struct Replayer<B: RunBackend = CpuBackend> {
+pub struct Replayer<B: Backend = CpuBackend> {
     exec: Executor<B>,
     ctx: ReplayContext,
     tensors: bool,
@@ -121,7 +122,7 @@ impl Replayer<CpuBackend> {
     }
 }
 
-impl<B: RunBackend> Replayer<B> {
+impl<B: Backend> Replayer<B> {
     /// [`Replayer::new`] on the backend `make` builds from the trace's config and the
     /// seed's weights. A backend that cannot be created is
     /// [`ReplayError::Environment`], `--backend KIND: reason`.

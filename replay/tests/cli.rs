@@ -29,7 +29,7 @@ fn trace() -> PathBuf {
             s.workload.num_requests = 6;
             let mut sink =
                 specmla_sim::record::TraceSink::new(std::fs::File::create(&p).unwrap(), false);
-            let cpu = specmla_sim::runner::cpu_backend;
+            let cpu = specmla_cpu::cpu_backend;
             specmla_sim::runner::run_with(&s, 0, cpu, Some(&mut sink), |_| {}).unwrap();
             p
         })

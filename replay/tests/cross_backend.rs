@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 use specmla_core::fault::{Fault, Faults};
+use specmla_cpu::cpu_backend;
 use specmla_replay::bisect::{bisect, Trace};
 use specmla_replay::compare::{
     compare_cross, CrossTolerances, CROSS_ATOL, CROSS_RTOL, CROSS_TOLERANCES,
@@ -15,7 +16,7 @@ use specmla_replay::replayer::{Replayer, StepFindings};
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
 use specmla_sim::checks::NEAR_TIE_MARGIN;
 use specmla_sim::record::TraceSink;
-use specmla_sim::runner::{cpu_backend, run_with};
+use specmla_sim::runner::run_with;
 use specmla_sim::scenarios;
 use specmla_traces::{RowPath, StepRecord};
 

@@ -4,11 +4,12 @@
 //! replays on its own.
 
 use specmla_core::fault::{Fault, Faults};
+use specmla_cpu::cpu_backend;
 use specmla_replay::bisect::{bisect, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::replay_records;
 use specmla_sim::record::TraceSink;
-use specmla_sim::runner::{cpu_backend, run_with};
+use specmla_sim::runner::run_with;
 use specmla_sim::scenarios;
 
 /// Records `scenario` (with at most `requests` requests) into memory.

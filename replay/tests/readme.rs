@@ -13,7 +13,7 @@ fn record(path: &std::path::Path) {
     let s = specmla_sim::scenarios::by_name("mixed_mtp").unwrap();
     let out = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let mut sink = specmla_sim::record::TraceSink::new(out, false);
-    let cpu = specmla_sim::runner::cpu_backend;
+    let cpu = specmla_cpu::cpu_backend;
     specmla_sim::runner::run_with(&s, 0, cpu, Some(&mut sink), |_| {}).unwrap();
 }
 

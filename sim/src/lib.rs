@@ -1,13 +1,13 @@
-//! specmla-sim: the CPU reference backend (exact MLA math, simulated acceptance), the
-//! f64 oracle, built-in scenarios and the checks `sim` runs every step.
+//! specmla-sim: the harness. It runs a scenario on any backend (`runner`), checks every
+//! step against an f64 oracle and the planning invariants (`checks`, `oracle`), builds
+//! workloads and run configurations (`scenarios`, `config_file`), records traces
+//! (`record`), and shares the command-line conventions of `sim` and `replay` (`cli`,
+//! `progress`). It names no backend: callers pass a factory of one.
 #![forbid(unsafe_code)]
 
-pub mod attention;
-pub mod backend;
 pub mod checks;
 pub mod cli;
 pub mod config_file;
-pub mod kv_cache;
 /// The model both backends run lives in its own crate; re-exported under its old path.
 pub use specmla_model as model;
 pub mod oracle;

@@ -335,7 +335,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use crate::attention::{absorbed_attention, materialized_attention, AttnDims, Mask};
+    use specmla_cpu::attention::{absorbed_attention, materialized_attention, AttnDims, Mask};
 
     fn random_tokens(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);

@@ -1,8 +1,8 @@
 //! Runs a scenario end to end on any backend: builds models, engine and checker, steps
 //! to completion, and summarizes what happened and which checks passed. The caller
 //! passes a factory for the backend ([`run_with`]); the checks are the same on every
-//! backend. This library names no GPU type outside the `gpu` feature's one
-//! [`RunBackend`] impl: the `sim` binary resolves `--backend cpu|gpu` to a factory.
+//! backend. This library names no backend: the `sim` binary resolves `--backend
+//! cpu|gpu` to a factory.
 
 use std::sync::Arc;
 
@@ -12,7 +12,6 @@ use specmla_core::config::EngineConfig;
 use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
 use specmla_core::scheduler::{validate_workload, WorkloadError};
 
-use crate::backend::{CpuBackend, CpuBackendError};
 use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tolerances};
 use crate::config_file::RunConfig;
 use crate::model::{DrafterModel, TargetModel};
@@ -58,51 +57,8 @@ impl From<specmla_traces::TraceError> for RunError {
     }
 }
 
-/// What the runner and `replay` need from a backend beyond core's [`Backend`]: the kind
-/// a trace records, the device a report names, and which errors are the environment's.
-pub trait RunBackend: Backend {
-    /// The kind recorded in trace headers: `"cpu"` or `"gpu"`. Only the kind, so traces
-    /// of one seed from two machines of the same kind compare bit for bit.
-    const KIND: &'static str;
-    /// The device, for reports (never recorded in a trace).
-    fn device_name(&self) -> String;
-    /// Whether `e` is the environment's (no GPU, no driver, no compiler, out of device
-    /// memory: exit 2) rather than the engine's (a failed run: exit 1).
-    fn is_environment(e: &Self::Error) -> bool;
-}
-
-impl RunBackend for CpuBackend {
-    const KIND: &'static str = "cpu";
-    fn device_name(&self) -> String {
-        "CPU reference (f32)".to_string()
-    }
-    fn is_environment(_: &CpuBackendError) -> bool {
-        false
-    }
-}
-
-#[cfg(feature = "gpu")]
-impl RunBackend for specmla_gpu::GpuBackend {
-    const KIND: &'static str = "gpu";
-    fn device_name(&self) -> String {
-        specmla_gpu::GpuBackend::device_name(self).to_string()
-    }
-    fn is_environment(e: &specmla_gpu::GpuBackendError) -> bool {
-        e.is_environment()
-    }
-}
-
-/// The factory of the CPU backend, in the shape [`run_with`] takes.
-pub fn cpu_backend(
-    cfg: &EngineConfig,
-    target: Arc<TargetModel>,
-    drafter: Arc<DrafterModel>,
-) -> Result<CpuBackend, CpuBackendError> {
-    Ok(CpuBackend::new(cfg, target, drafter))
-}
-
 /// An engine error of a run on `B`: the environment's (exit 2) or the engine's (exit 1).
-pub fn engine_error<B: RunBackend>(e: EngineError<B::Error>) -> RunError {
+pub fn engine_error<B: Backend>(e: EngineError<B::Error>) -> RunError {
     match &e {
         EngineError::Backend(b) if B::is_environment(b) => {
             RunError::Environment(format!("--backend {}: {e}", B::KIND))
@@ -309,17 +265,7 @@ impl RunSummary {
     }
 }
 
-/// Runs `scenario` with `seed` on the CPU backend, calling `on_step` after every step
-/// (progress bars).
-pub fn run(
-    scenario: &Scenario,
-    seed: u64,
-    on_step: impl FnMut(&RunStats),
-) -> Result<RunSummary, RunError> {
-    run_with(scenario, seed, cpu_backend, None, on_step)
-}
-
-/// [`run`] on the backend `make` builds (after the config, workload and cache size are
+/// Runs `scenario` with `seed` on the backend `make` builds (after the config, workload and cache size are
 /// validated, from the config and the seed's weights), also feeding every step to
 /// `sink` (trace recording). A backend that cannot be created is
 /// [`RunError::Environment`], `--backend KIND: reason`.
@@ -331,7 +277,7 @@ pub fn run_with<B, F>(
     mut on_step: impl FnMut(&RunStats),
 ) -> Result<RunSummary, RunError>
 where
-    B: RunBackend,
+    B: Backend,
     F: FnOnce(&EngineConfig, Arc<TargetModel>, Arc<DrafterModel>) -> Result<B, B::Error>,
 {
     let cfg = scenario.cfg.clone();

@@ -207,6 +207,16 @@ pub fn build_batch(
     }
 }
 
+/// Runs `scenario` with `seed` on the CPU reference backend (the harness names no
+/// backend, so the tests pick one here).
+pub fn run(
+    scenario: &specmla_sim::scenarios::Scenario,
+    seed: u64,
+    on_step: impl FnMut(&specmla_sim::runner::RunStats),
+) -> Result<specmla_sim::runner::RunSummary, specmla_sim::runner::RunError> {
+    specmla_sim::runner::run_with(scenario, seed, specmla_cpu::cpu_backend, None, on_step)
+}
+
 /// Builds the plan of `batch` with no grammar, using the config's capture sizes.
 pub fn plan_of(cfg: &EngineConfig, batch: &ScheduledBatch, layout: RowLayout) -> StepPlan {
     let sizes = capture_sizes(cfg);

@@ -18,8 +18,8 @@ use specmla_core::invariants::{
     check_dflash, check_drafter_pass, check_grammar_masks, check_plan, Rule, Violation,
 };
 use specmla_core::plan::build_step_plan;
-use specmla_sim::runner::run;
 use specmla_sim::scenarios::{Scenario, WorkloadShape};
+use specmla_tests::run;
 use specmla_tests::{build_batch, engine_config, outcomes_for, validated, RowResult, RowSpec};
 
 /// Runs `property` (true = holds) with proptest and returns the shrunk failing input;

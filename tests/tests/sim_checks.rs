@@ -12,12 +12,12 @@ use specmla_core::cudagraph::GraphShape;
 use specmla_core::drafter::{DFlashPass, DrafterPass};
 use specmla_core::engine::{Engine, EngineOptions};
 use specmla_core::plan::StepPlan;
-use specmla_sim::backend::{CpuBackend, CpuBackendError};
+use specmla_cpu::{CpuBackend, CpuBackendError};
 use specmla_sim::checks::{CheckKind, SimChecker};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::oracle::Oracle;
-use specmla_sim::runner::run;
 use specmla_sim::scenarios::{self, generate_workload, Scenario, WorkloadShape};
+use specmla_tests::run;
 
 /// A lie a wrapped backend tells.
 #[derive(Clone, Copy, Debug)]
@@ -41,6 +41,13 @@ struct Liar {
 
 impl Backend for Liar {
     type Error = CpuBackendError;
+    const KIND: &'static str = "cpu";
+    fn device_name(&self) -> String {
+        format!("{} telling a {:?} lie", self.inner.device_name(), self.lie)
+    }
+    fn is_environment(_: &CpuBackendError) -> bool {
+        false
+    }
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
         self.inner.capture_graphs(shapes)
     }

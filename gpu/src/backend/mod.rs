@@ -215,6 +215,15 @@ fn as_i32(p: &[u32]) -> Vec<i32> {
 
 impl Backend for GpuBackend {
     type Error = GpuBackendError;
+    const KIND: &'static str = "gpu";
+
+    fn device_name(&self) -> String {
+        GpuBackend::device_name(self).to_string()
+    }
+
+    fn is_environment(e: &GpuBackendError) -> bool {
+        e.is_environment()
+    }
 
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<()> {
         // The core hands over the shapes as the capture froze them (F2 included).

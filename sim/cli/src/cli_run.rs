@@ -11,15 +11,15 @@ use specmla_core::fault::Fault;
 use std::sync::Arc;
 
 use anyhow::Context;
+use specmla_core::backend::Backend;
 use specmla_core::config::EngineConfig;
+use specmla_cpu::cpu_backend;
 use specmla_sim::cli::count;
 use specmla_sim::config_file::RunConfig;
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::progress::{install_interrupt_handler, Progress};
 use specmla_sim::record::TraceSink;
-use specmla_sim::runner::{
-    cpu_backend, run_with, RunBackend, RunStats, RunSummary, SpecDecodingMetrics, StepSink,
-};
+use specmla_sim::runner::{run_with, RunStats, RunSummary, SpecDecodingMetrics, StepSink};
 use specmla_sim::scenarios::{self, Scenario};
 
 /// Drafter batch mode on the command line.
@@ -362,12 +362,7 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
     }
 }
 
-fn run_on<B: RunBackend>(
-    a: &RunArgs,
-    s: &Scenario,
-    seed: u64,
-    make: Factory<B>,
-) -> Result<ExitCode> {
+fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) -> Result<ExitCode> {
     let mut bar = Progress::new("sim", s.workload.num_requests as u64, "requests finished");
     let progress = |st: &RunStats| {
         bar.update(st.finished as u64, |secs| {
@@ -563,7 +558,7 @@ fn print_spec_decoding(sd: &SpecDecodingMetrics, line: &dyn Fn(&str, String)) {
 }
 
 /// Runs the scenario twice into memory and compares the traces record by record.
-fn check_determinism<B: RunBackend>(
+fn check_determinism<B: Backend>(
     s: &Scenario,
     seed: u64,
     make: Factory<B>,

@@ -69,8 +69,27 @@ struct LayerIo<'a> {
     attn: &'a mut [Vec<f32>],
 }
 
+/// The factory of the CPU backend, in the shape the harness's `run_with` and replay take.
+pub fn cpu_backend(
+    cfg: &EngineConfig,
+    target: Arc<TargetModel>,
+    drafter: Arc<DrafterModel>,
+) -> Result<CpuBackend, CpuBackendError> {
+    Ok(CpuBackend::new(cfg, target, drafter))
+}
+
 impl Backend for CpuBackend {
     type Error = CpuBackendError;
+    const KIND: &'static str = "cpu";
+
+    fn device_name(&self) -> String {
+        "CPU reference (f32)".to_string()
+    }
+
+    /// Every CPU backend error is the engine's: the CPU is always there.
+    fn is_environment(_: &CpuBackendError) -> bool {
+        false
+    }
 
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
         // The core hands over the shapes as the capture froze them (F2 included).

@@ -1,6 +1,6 @@
 //! The README's `sim` examples, run as written and compared with the page.
 
-#[path = "../../tests/readme_harness.rs"]
+#[path = "../../../tests/readme_harness.rs"]
 mod readme_harness;
 
 use std::process::Command;
