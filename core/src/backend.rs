@@ -66,6 +66,13 @@ pub trait Backend {
     /// memory: exit 2) rather than the engine's (a failed run: exit 1).
     fn is_environment(e: &Self::Error) -> bool;
 
+    /// Whether this backend's kernels take these model dimensions. Callers check before
+    /// building the backend, so a config or a trace beyond them is refused in one line
+    /// (exit 2) rather than failing inside a kernel launch.
+    fn check_dims(_dims: &crate::config::ModelDims) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Captures (or emulates capturing) uniform-decode graphs of these shapes.
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error>;
 

@@ -132,6 +132,8 @@ impl<B: Backend> Replayer<B> {
         make: impl FnOnce(&EngineConfig, Arc<TargetModel>, Arc<DrafterModel>) -> Result<B, B::Error>,
     ) -> Result<Self, ReplayError> {
         let mut cfg = parse_config(header)?;
+        B::check_dims(&cfg.model)
+            .map_err(|e| ReplayError::Environment(format!("--backend {}: {e}", B::KIND)))?;
         cfg.faults = faults;
         let target = Arc::new(TargetModel::from_seed(&cfg.model, header.seed));
         let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, header.seed));

@@ -298,3 +298,27 @@ fn stdin_traces_and_causes_said_once() {
     assert_eq!(o.status.code(), Some(2));
     assert_eq!(err.matches("os error").count(), 1, "{err}");
 }
+
+/// A trace is user input: one whose model the CUDA kernels cannot take is refused in one
+/// line before any device is touched (it once panicked inside a launch).
+#[cfg(feature = "gpu")]
+#[test]
+fn dimensions_the_gpu_kernels_cannot_take_are_refused() {
+    for (field, value, needle) in [
+        ("kv_lora_rank", 2048, "kv_lora_rank 2048 is above"),
+        ("v_head_dim", 512, "v_head_dim 512 is above"),
+    ] {
+        let (mut header, records, _) = specmla_traces::read_all(trace()).unwrap();
+        let mut cfg: serde_json::Value = serde_json::from_str(&header.config_json).unwrap();
+        cfg["model"][field] = value.into();
+        header.config_json = cfg.to_string();
+        let p = dir().join(format!("wide-{field}.bin"));
+        let file = std::fs::File::create(&p).unwrap();
+        let mut w = specmla_traces::TraceWriter::new(file, &header).unwrap();
+        for r in &records {
+            w.write_step(r).unwrap();
+        }
+        w.finish().unwrap();
+        assert_exit2(&[p.to_str().unwrap(), "--gpu"], needle);
+    }
+}

@@ -288,6 +288,8 @@ where
     if bytes > CACHE_LIMIT_BYTES {
         return Err(RunError::CacheTooLarge(bytes));
     }
+    B::check_dims(&cfg.model)
+        .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
     let oracle = Arc::new(Oracle::new(&target));

@@ -225,6 +225,26 @@ impl Backend for GpuBackend {
         e.is_environment()
     }
 
+    /// The f32 kernels hold a decode row's latent values (`kv_lora_rank`) and a prefill
+    /// row's `v_head_dim` values in registers, a fixed number per thread.
+    fn check_dims(d: &specmla_core::config::ModelDims) -> std::result::Result<(), String> {
+        if d.kv_lora_rank > crate::ops::MAX_DECODE_DV {
+            return Err(format!(
+                "kv_lora_rank {} is above the decode kernel's {}",
+                d.kv_lora_rank,
+                crate::ops::MAX_DECODE_DV
+            ));
+        }
+        if d.v_head_dim > crate::ops::MAX_PREFILL_DV {
+            return Err(format!(
+                "v_head_dim {} is above the prefill kernel's {}",
+                d.v_head_dim,
+                crate::ops::MAX_PREFILL_DV
+            ));
+        }
+        Ok(())
+    }
+
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<()> {
         // The core hands over the shapes as the capture froze them (F2 included).
         self.graphs.clear();
