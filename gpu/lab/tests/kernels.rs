@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
-use specmla_gpu::checks::run_all;
-use specmla_gpu::invariance::run_invariance;
 use specmla_gpu::{GpuDevice, GpuError};
+use specmla_gpu_lab::checks::run_all;
+use specmla_gpu_lab::invariance::run_invariance;
 
 /// The device, or `None` after printing why the GPU checks are skipped.
 fn device(what: &str) -> Option<GpuDevice> {

@@ -6,9 +6,9 @@ use rand_chacha::ChaCha8Rng;
 use specmla_model::{apply_rope, matvec, rms_norm, silu, RMS_EPS};
 
 use crate::checks::CaseResult;
-use crate::device::{GpuDevice, GpuError};
-use crate::launch::Buf;
-use crate::ops::{Kernels, MlaDims};
+use specmla_gpu::device::{GpuDevice, GpuError};
+use specmla_gpu::launch::Buf;
+use specmla_gpu::ops::{Kernels, MlaDims};
 
 /// Relative tolerance of the dense kernels against the CPU's f32 (reduction orders differ).
 pub const DENSE_TOL: f64 = 1e-5;

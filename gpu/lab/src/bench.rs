@@ -10,9 +10,9 @@ use cudarc::driver::sys::CUevent_flags;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::device::{GpuDevice, GpuError};
-use crate::launch::{copy, Buf};
-use crate::ops::{
+use specmla_gpu::device::{GpuDevice, GpuError};
+use specmla_gpu::launch::{copy, Buf};
+use specmla_gpu::ops::{
     DecodeBufs, DecodeShape, FlashBufs, FlashShape, Kernels, KeyBufs, MlaDims, State, WideKernel,
     FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };

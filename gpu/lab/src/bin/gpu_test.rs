@@ -4,10 +4,10 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use specmla_gpu::checks::{run_all, F32_TOL};
-use specmla_gpu::checks_dense::DENSE_TOL;
-use specmla_gpu::invariance::run_invariance;
 use specmla_gpu::GpuDevice;
+use specmla_gpu_lab::checks::{run_all, F32_TOL};
+use specmla_gpu_lab::checks_dense::DENSE_TOL;
+use specmla_gpu_lab::invariance::run_invariance;
 
 /// Runs every CUDA kernel check on GPU 0 against f64 (attention) or the CPU's f32
 /// (dense kernels), then the batch-invariance cases, and prints a pass/fail table.

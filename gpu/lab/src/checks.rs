@@ -4,12 +4,12 @@
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-use crate::device::{GpuDevice, GpuError};
-use crate::launch::Buf;
-use crate::ops::{
+use crate::reference::{decode_f64, prefill_f64};
+use specmla_gpu::device::{GpuDevice, GpuError};
+use specmla_gpu::launch::Buf;
+use specmla_gpu::ops::{
     DecodeBufs, DecodeShape, Kernels, KeyBufs, MlaDims, SplitMerge, State, WideKernel,
 };
-use crate::reference::{decode_f64, prefill_f64};
 
 /// The result of one checked case.
 #[derive(Clone, Debug)]
@@ -301,7 +301,7 @@ pub fn check_flash_decode(
     ctx: &[usize],
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use crate::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let batch = ctx.len();
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
@@ -391,7 +391,7 @@ pub fn check_flash_invariance(
     (q_len, heads, page, split): (usize, usize, usize, usize),
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use crate::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ctx = [700usize, 1500, 90];
     let rows = q_len * heads;
@@ -550,7 +550,7 @@ fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
 pub fn check_out_of_memory(dev: &GpuDevice) -> CaseResult {
     let bytes = 1usize << 50;
     let (passed, case) =
-        match crate::launch::Buf::<f32>::uninit(dev, bytes / 4, "a 1 PiB test buffer") {
+        match specmla_gpu::launch::Buf::<f32>::uninit(dev, bytes / 4, "a 1 PiB test buffer") {
             Ok(_) => (false, "a 1 PiB allocation succeeded".to_string()),
             Err(e) => {
                 let msg = e.to_string();

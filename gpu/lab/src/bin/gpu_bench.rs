@@ -7,12 +7,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use specmla_gpu::bench::{
+use specmla_gpu::ops::{Kernels, WideKernel};
+use specmla_gpu::{GpuDevice, GpuError};
+use specmla_gpu_lab::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_plan, invariant_plan,
     split_plan, BenchShape, Ceilings, DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
 };
-use specmla_gpu::ops::{Kernels, WideKernel};
-use specmla_gpu::{GpuDevice, GpuError};
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
 #[derive(Parser)]

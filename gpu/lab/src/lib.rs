@@ -1,0 +1,10 @@
+//! specmla-gpu-lab: the CUDA backend's test and bench lab, apart from the backend and with
+//! its own dependencies. `gpu-test` checks every kernel against f64 (attention) or the
+//! CPU's f32 (dense) and runs the engine-level invariance cases on the device;
+//! `gpu-bench` times the MLA decode kernels against measured ceilings and peers.
+
+pub mod bench;
+pub mod checks;
+pub mod checks_dense;
+pub mod invariance;
+pub mod reference;
