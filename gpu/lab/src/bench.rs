@@ -13,8 +13,8 @@ use rand_chacha::ChaCha8Rng;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
-    DecodeBufs, DecodeShape, FlashBufs, FlashShape, Kernels, KeyBufs, MlaDims, State, WideKernel,
-    FLASH_DIM, FLASH_DV, FLASH_ROWS,
+    DecodeBufs, DecodeShape, FlashBufs, FlashKernels, FlashShape, Kernels, KeyBufs, MlaDims, State,
+    WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).
@@ -312,7 +312,7 @@ pub fn split_plan(context: usize, splits: usize, tile_keys: usize) -> (usize, us
 /// Split size of the fast mode, which may look at the batch: the most splits per request
 /// whose CTAs still run in one wave, at least one, at most one per 256 keys.
 /// `resident(n)` is how many requests' groups of n split CTAs the device runs at once
-/// ([`Kernels::resident_split_groups`]: SMs / n, or fewer where clusters of n must fit in
+/// ([`FlashKernels::resident_split_groups`]: SMs / n, or fewer where clusters of n must fit in
 /// a GPC). Past one wave a split only adds a cold start and a merge: `gpu-bench
 /// --sweep-splits` found the best count at every shape was the largest that fit one wave.
 pub fn fast_plan(
@@ -352,7 +352,7 @@ struct FlashOutputs {
 /// device's default kernel, else the family's peer label (`decode_wgmma`, `decode_mma`).
 pub fn bench_flash(
     dev: &GpuDevice,
-    k: &Kernels,
+    k: &FlashKernels,
     inp: &DecodeInputs,
     variants: &[FlashVariant],
     reps: usize,

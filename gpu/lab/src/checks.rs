@@ -8,7 +8,7 @@ use crate::reference::{decode_f64, prefill_f64};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{
-    DecodeBufs, DecodeShape, Kernels, KeyBufs, MlaDims, SplitMerge, State, WideKernel,
+    DecodeBufs, DecodeShape, FlashKernels, Kernels, KeyBufs, MlaDims, SplitMerge, State, WideKernel,
 };
 
 /// The result of one checked case.
@@ -295,7 +295,7 @@ pub fn bf16_vec(rng: &mut ChaCha8Rng, len: usize, a: f32) -> (Vec<u16>, Vec<f32>
 /// bf16 inputs: one request per entry of `ctx` (seq_len = ctx + q_len).
 pub fn check_flash_decode(
     dev: &GpuDevice,
-    k: &Kernels,
+    k: &FlashKernels,
     (wide, merge): (WideKernel, SplitMerge),
     (q_len, heads, page, split): (usize, usize, usize, usize),
     ctx: &[usize],
@@ -386,7 +386,7 @@ pub fn check_flash_decode(
 /// with the cluster merge, the global merge must also give the same bits for the batch.
 pub fn check_flash_invariance(
     dev: &GpuDevice,
-    k: &Kernels,
+    k: &FlashKernels,
     (wide, merge): (WideKernel, SplitMerge),
     (q_len, heads, page, split): (usize, usize, usize, usize),
     seed: u64,
@@ -509,7 +509,7 @@ pub fn check_flash_invariance(
 
 /// The decode paths to check: where the device has wgmma, both Hopper kernels with each
 /// split merge, and the mma.sync kernels (whose merge is `flash_combine`).
-fn wide_kernels(k: &Kernels) -> Vec<(WideKernel, SplitMerge)> {
+fn wide_kernels(k: &FlashKernels) -> Vec<(WideKernel, SplitMerge)> {
     let mut paths = Vec::new();
     if k.wide.hopper() {
         for wide in [WideKernel::Seesaw, WideKernel::Wgmma] {
@@ -571,6 +571,7 @@ pub fn check_out_of_memory(dev: &GpuDevice) -> CaseResult {
 /// kernels against the CPU model's f32 blocks.
 pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     let k = Kernels::load(dev)?;
+    let fk = FlashKernels::load(dev)?;
     let mut results = vec![check_out_of_memory(dev)];
     results.extend(crate::checks_dense::run_dense(dev, &k)?);
     for (i, (dim, tokens)) in [(40, 1), (40, 37), (576, 130)].into_iter().enumerate() {
@@ -632,10 +633,10 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     .into_iter()
     .enumerate()
     {
-        for wide in wide_kernels(&k) {
+        for wide in wide_kernels(&fk) {
             results.push(check_flash_decode(
                 dev,
-                &k,
+                &fk,
                 wide,
                 (q_len, heads, page, split),
                 &ctx,
@@ -647,10 +648,10 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         .into_iter()
         .enumerate()
     {
-        for wide in wide_kernels(&k) {
+        for wide in wide_kernels(&fk) {
             results.push(check_flash_invariance(
                 dev,
-                &k,
+                &fk,
                 wide,
                 shape,
                 600 + i as u64,

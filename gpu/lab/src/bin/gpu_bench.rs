@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use specmla_gpu::ops::{Kernels, WideKernel};
+use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel};
 use specmla_gpu::{GpuDevice, GpuError};
 use specmla_gpu_lab::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_plan, invariant_plan,
@@ -129,13 +129,14 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         )
         .map_err(GpuError::driver("reading the SM count"))? as usize;
     let k = Kernels::load(&dev)?;
+    let fk = FlashKernels::load(&dev)?;
     let c = ceilings(&dev, cli.quick)?;
     println!(
         "device: {} ({}, {sms} SMs); wide rows on {}; flash_decode {:?}",
         dev.name,
         dev.arch,
-        k.wide.function(),
-        k.flash
+        fk.wide.function(),
+        fk.flash
     );
     println!(
         "ceilings: copy {:.0} GB/s (read + write), bf16 GEMM {:.1} TFLOP/s",
@@ -145,7 +146,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     // counts clusters, which must fit in a GPC.
     let mut resident = vec![sms];
     for n in 1..=256 {
-        resident.push(k.resident_split_groups(&dev, sms, n)?);
+        resident.push(fk.resident_split_groups(&dev, sms, n)?);
     }
     println!(
         "resident split groups (n: count): {}",
@@ -174,22 +175,22 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             for (n, mode) in SWEEP_SPLITS {
                 let plan = split_plan(s.context, n, 64);
                 if n == 1 || plan.0 >= 256 {
-                    variants.push(v(k.wide, plan, mode));
+                    variants.push(v(fk.wide, plan, mode));
                 }
             }
         } else {
             let fast = fast_plan(&s, &|n| resident[n.min(resident.len() - 1)], 64);
-            variants.push(v(k.wide, invariant(&s), "invariant"));
-            variants.push(v(k.wide, fast, "fast"));
+            variants.push(v(fk.wide, invariant(&s), "invariant"));
+            variants.push(v(fk.wide, fast, "fast"));
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
             // warpgroups on every tile) on the fast plan, and the mma.sync kernels (wide or
             // narrow) on the invariant one.
-            if k.wide.hopper() {
+            if fk.wide.hopper() {
                 variants.push(v(WideKernel::Wgmma, fast, "fast"));
                 variants.push(v(WideKernel::Mma, invariant(&s), "invariant"));
             }
         }
-        for m in bench_flash(&dev, &k, &inp, &variants, reps, &scrub)? {
+        for m in bench_flash(&dev, &fk, &inp, &variants, reps, &scrub)? {
             print_row(&m, &c);
             rows.push(m);
         }
@@ -205,11 +206,11 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             };
             let inp = DecodeInputs::new(&dev, &k, s, 12)?;
             let inv = FlashVariant {
-                wide: k.wide,
+                wide: fk.wide,
                 plan: invariant(&s),
                 mode: "invariant",
             };
-            let d = bench_flash(&dev, &k, &inp, &[inv], reps, &scrub)?.remove(0);
+            let d = bench_flash(&dev, &fk, &inp, &[inv], reps, &scrub)?.remove(0);
             drop(inp);
             let p = bench_prefill_path(&dev, &k, s, 3)?;
             println!(

@@ -1,146 +1,24 @@
-//! Typed host wrappers of every specmla kernel. All kernels are compiled into one NVRTC
-//! module; each wrapper checks on the host that its buffers hold what the launch will
-//! touch, then launches through [`launch`]. The backend and the kernel checks call the
-//! same wrappers, so what `gpu-test` verifies is what the backend runs.
+//! The bf16 tensor-core MLA decode at DeepSeek-V3 widths (576/512): the `mma.sync`
+//! kernels, the Hopper wgmma kernels (first and seesaw schedule), their split merges and
+//! launch plans. Compiled into a module of its own by [`FlashKernels::load`], so a
+//! backend that never calls it never compiles it (nor reads its tuning variables).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaModule};
+use cudarc::driver::sys::CUfunction_attribute_enum;
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
 
 use crate::device::{GpuDevice, GpuError};
-use crate::launch::{
-    launch, launch_cfg, launch_cluster, max_active_clusters, Arg, DPtr, TensorMap, THREADS,
-};
-use cudarc::driver::sys::CUfunction_attribute_enum;
-use cudarc::driver::LaunchConfig;
-
-/// The kernels' CUDA C sources, compiled as one module after `common.cuh`.
-pub const KERNEL_SRC: [&str; 3] = [
-    include_str!("../kernels/mla.cu"),
-    include_str!("../kernels/prefill.cu"),
-    include_str!("../kernels/dense.cu"),
-];
+use crate::launch::DPtr;
+use crate::launch::{launch_cfg, launch_cluster, max_active_clusters, Arg, TensorMap, THREADS};
 
 /// The tensor-core decode's source, compiled on its own with its tile configuration.
-pub const FLASH_SRC: &str = include_str!("../kernels/flash_decode.cu");
+pub const FLASH_SRC: &str = include_str!("../../kernels/flash_decode.cu");
 /// CUDA source of the warpgroup-MMA decode (sm_90a), compiled into the same module.
-pub const FLASH_WGMMA_SRC: &str = include_str!("../kernels/flash_wgmma.cu");
+pub const FLASH_WGMMA_SRC: &str = include_str!("../../kernels/flash_wgmma.cu");
 /// CUDA source of the seesaw-scheduled warpgroup-MMA decode (sm_90a), after the above.
-pub const FLASH_SEESAW_SRC: &str = include_str!("../kernels/flash_seesaw.cu");
-
-const NAMES: [&str; 18] = [
-    "fill_bf16_hash",
-    "scrub_l2",
-    "kv_write",
-    "mla_decode",
-    "gather_context",
-    "expand_kv",
-    "mla_prefill",
-    "merge_states",
-    "embed_rows",
-    "rms_norm",
-    "matmul",
-    "rope",
-    "silu_mul",
-    "absorb_q",
-    "apply_uv",
-    "gather_rows",
-    "concat_rows",
-    "fill",
-];
-
-/// Largest kv_lora the decode kernel holds per thread (8 values x 128 threads).
-pub const MAX_DECODE_DV: usize = 8 * THREADS as usize;
-/// Largest v_head_dim the prefill kernel holds per thread (2 values x 128 threads).
-pub const MAX_PREFILL_DV: usize = 2 * THREADS as usize;
-
-/// MLA dimensions the attention kernels need.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MlaDims {
-    pub heads: usize,
-    pub kv_lora: usize,
-    pub rope: usize,
-    pub nope: usize,
-    pub dv: usize,
-}
-
-impl MlaDims {
-    /// Width of one cached latent row (576 for DeepSeek-V3).
-    pub fn latent(&self) -> usize {
-        self.kv_lora + self.rope
-    }
-    /// Per-head query width of the materialized form.
-    pub fn qk(&self) -> usize {
-        self.nope + self.rope
-    }
-    /// `1 / sqrt(nope + rope)` in both forms.
-    pub fn scale(&self) -> f32 {
-        1.0 / (self.qk() as f32).sqrt()
-    }
-}
-
-impl From<&specmla_core::config::ModelDims> for MlaDims {
-    fn from(d: &specmla_core::config::ModelDims) -> Self {
-        Self {
-            heads: d.num_heads,
-            kv_lora: d.kv_lora_rank,
-            rope: d.qk_rope_head_dim,
-            nope: d.qk_nope_head_dim,
-            dv: d.v_head_dim,
-        }
-    }
-}
-
-/// Shape of one uniform decode launch over the paged cache.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct DecodeShape {
-    pub num_rows: usize,
-    pub q_len: usize,
-    pub heads: usize,
-    /// Latent width (kv_lora + rope).
-    pub dim: usize,
-    /// Value width in the absorbed form (kv_lora).
-    pub dv: usize,
-    pub page: usize,
-    /// Block-table width.
-    pub width: usize,
-    pub split_size: usize,
-}
-
-/// Device buffers of one decode launch.
-#[derive(Clone, Copy, Debug)]
-pub struct DecodeBufs {
-    /// Absorbed queries `[rows * q_len, heads, dim]`.
-    pub q: DPtr<f32>,
-    pub cache: DPtr<f32>,
-    pub block_table: DPtr<i32>,
-    pub seq_lens: DPtr<i32>,
-    pub num_splits: DPtr<i32>,
-    /// `[rows * q_len, heads, dv]`.
-    pub out: DPtr<f32>,
-    /// `[heads, rows * q_len]`.
-    pub lse: DPtr<f32>,
-}
-
-/// Keys of one materialized attention call.
-#[derive(Clone, Copy, Debug)]
-pub struct KeyBufs {
-    /// `[n, heads, nope]`.
-    pub k_nope: DPtr<f32>,
-    /// The keys' latent rows `[n, latent]` (their rope part is the shared k_rope).
-    pub latent: DPtr<f32>,
-    /// `[n, heads, dv]`.
-    pub v: DPtr<f32>,
-    pub n: usize,
-}
-
-/// An attention result: `out [m, heads, dv]`, `lse [heads, m]`.
-#[derive(Clone, Copy, Debug)]
-pub struct State {
-    pub out: DPtr<f32>,
-    pub lse: DPtr<f32>,
-}
+pub const FLASH_SEESAW_SRC: &str = include_str!("../../kernels/flash_seesaw.cu");
 
 /// Latent width and value width the tensor-core decode is built for (DeepSeek-V3).
 pub const FLASH_DIM: usize = 576;
@@ -403,21 +281,6 @@ impl FlashBufs {
     }
 }
 
-/// The compiled kernels.
-pub struct Kernels {
-    _module: Arc<CudaModule>,
-    _flash_module: Arc<CudaModule>,
-    fns: BTreeMap<&'static str, CudaFunction>,
-    /// The tile configuration `flash_decode` was compiled with.
-    pub flash: FlashConfig,
-    /// The kernel [`Self::flash_decode`] gives more than 16 query rows: the seesaw wgmma
-    /// kernel where the device has it (sm_90a), else mma.sync.
-    pub wide: WideKernel,
-    /// How [`Self::flash_decode`] has the Hopper kernels merge a request's splits:
-    /// `Cluster` unless `SPECMLA_NO_CLUSTER_MERGE` is set (for A/B timing).
-    pub merge: SplitMerge,
-}
-
 /// How a Hopper kernel merges a request's splits (one split needs no merge). Either way
 /// in split order with the same arithmetic per element, so the bits depend on the split
 /// plan alone.
@@ -441,12 +304,24 @@ impl SplitMerge {
     }
 }
 
-fn blocks(n: usize) -> usize {
-    n.div_ceil(THREADS as usize)
+/// The compiled tensor-core decode kernels.
+pub struct FlashKernels {
+    _module: Arc<CudaModule>,
+    fns: BTreeMap<&'static str, CudaFunction>,
+    /// The tile configuration `flash_decode` was compiled with.
+    pub flash: FlashConfig,
+    /// The kernel [`Self::flash_decode`] gives more than 16 query rows: the seesaw wgmma
+    /// kernel where the device has it (sm_90a), else mma.sync.
+    pub wide: WideKernel,
+    /// How [`Self::flash_decode`] has the Hopper kernels merge a request's splits:
+    /// `Cluster` unless `SPECMLA_NO_CLUSTER_MERGE` is set (for A/B timing).
+    pub merge: SplitMerge,
 }
 
-impl Kernels {
-    /// Compiles every kernel for `dev` (one NVRTC call) and loads them.
+impl FlashKernels {
+    /// Compiles the flash family for `dev` with the tile configuration of
+    /// `SPECMLA_FLASH_CONFIG` (or the default) and the diagnostic switches of
+    /// `SPECMLA_FLASH_DEFINES`.
     pub fn load(dev: &GpuDevice) -> Result<Self, GpuError> {
         Self::load_with(dev, FlashConfig::from_env()?)
     }
@@ -456,24 +331,13 @@ impl Kernels {
         flash
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
-        let module = dev.compile("specmla_kernels.cu", &KERNEL_SRC.join("\n"))?;
         let flash_src = format!(
             "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}",
             flash.defines(),
             diagnostic_defines()?
         );
-        let flash_module = dev.compile("flash_decode.cu", &flash_src)?;
+        let module = dev.compile("flash_decode.cu", &flash_src)?;
         let mut fns = BTreeMap::new();
-        let mut get = |m: &Arc<CudaModule>, name: &'static str| -> Result<(), GpuError> {
-            let f = m
-                .load_function(name)
-                .map_err(GpuError::driver(format!("loading kernel {name}")))?;
-            fns.insert(name, f);
-            Ok(())
-        };
-        for name in NAMES {
-            get(&module, name)?;
-        }
         for name in [
             "flash_decode",
             "flash_decode_narrow",
@@ -481,7 +345,10 @@ impl Kernels {
             "flash_decode_seesaw",
             "flash_combine",
         ] {
-            get(&flash_module, name)?;
+            let f = module
+                .load_function(name)
+                .map_err(GpuError::driver(format!("loading kernel {name}")))?;
+            fns.insert(name, f);
         }
         let wide = if dev.arch == "sm_90a" {
             WideKernel::Seesaw
@@ -511,7 +378,6 @@ impl Kernels {
         }
         Ok(Self {
             _module: module,
-            _flash_module: flash_module,
             fns,
             flash,
             wide,
@@ -714,511 +580,6 @@ impl Kernels {
         };
         // SAFETY: argument list matches flash_combine; sizes checked above.
         unsafe { launch_cfg(dev, &self.fns["flash_combine"], "flash_combine", cfg, &args) }
-    }
-
-    /// # Safety
-    /// As [`launch`]: the wrapper calling this checked the buffers against `args`.
-    unsafe fn go(
-        &self,
-        dev: &GpuDevice,
-        name: &'static str,
-        grid: (usize, usize),
-        args: &[Arg],
-    ) -> Result<(), GpuError> {
-        // SAFETY: forwarded.
-        unsafe { launch(dev, &self.fns[name], name, grid, args) }
-    }
-
-    /// Writes `n` latent rows of width `dim` to their slots; PAD (-1) slots are skipped.
-    pub fn kv_write(
-        &self,
-        dev: &GpuDevice,
-        latent: DPtr<f32>,
-        slots: DPtr<i64>,
-        cache: DPtr<f32>,
-        n: usize,
-        dim: usize,
-    ) -> Result<(), GpuError> {
-        latent.need(n * dim);
-        slots.need(n);
-        // Slots are data: the cache must hold every slot a plan can name, which the
-        // backend guarantees by sizing caches for num_gpu_blocks * page_size.
-        let args = [
-            latent.into(),
-            slots.into(),
-            cache.into(),
-            n.into(),
-            dim.into(),
-        ];
-        // SAFETY: argument list matches kv_write; sizes checked above.
-        unsafe { self.go(dev, "kv_write", (n, 1), &args) }
-    }
-
-    /// Uniform absorbed decode: token j of row r at `r * q_len + j` sees keys below
-    /// `seq_lens[r] - q_len + j + 1`, in fixed splits of `split_size` positions.
-    pub fn decode(
-        &self,
-        dev: &GpuDevice,
-        s: DecodeShape,
-        b: DecodeBufs,
-        scale: f32,
-    ) -> Result<(), GpuError> {
-        assert!(
-            s.dv <= MAX_DECODE_DV && s.dv <= s.dim && s.q_len >= 1 && s.split_size >= 1,
-            "unsupported decode shape {s:?}"
-        );
-        let tokens = s.num_rows * s.q_len;
-        b.q.need(tokens * s.heads * s.dim);
-        b.block_table.need(s.num_rows * s.width);
-        b.seq_lens.need(s.num_rows);
-        b.num_splits.need(s.num_rows);
-        b.out.need(tokens * s.heads * s.dv);
-        b.lse.need(tokens * s.heads);
-        let mut args: Vec<Arg> = vec![
-            b.q.into(),
-            b.cache.into(),
-            b.block_table.into(),
-            b.seq_lens.into(),
-            b.num_splits.into(),
-            b.out.into(),
-            b.lse.into(),
-        ];
-        for x in [
-            s.num_rows,
-            s.q_len,
-            s.heads,
-            s.dim,
-            s.dv,
-            s.page,
-            s.width,
-            s.split_size,
-        ] {
-            args.push(x.into());
-        }
-        args.push(scale.into());
-        // SAFETY: argument list matches mla_decode; sizes checked above; the block table
-        // names blocks inside the cache for every position below each row's seq_len.
-        unsafe { self.go(dev, "mla_decode", (tokens, s.heads), &args) }
-    }
-
-    /// Gathers positions `[start, start + len)` of one request into `ws [len, dim]`;
-    /// `block_row` is exactly the request's block-table row (its length is the width).
-    #[allow(clippy::too_many_arguments)]
-    pub fn gather_context(
-        &self,
-        dev: &GpuDevice,
-        cache: DPtr<f32>,
-        block_row: DPtr<i32>,
-        ws: DPtr<f32>,
-        start: usize,
-        len: usize,
-        page: usize,
-        dim: usize,
-    ) -> Result<(), GpuError> {
-        if len == 0 {
-            return Ok(());
-        }
-        ws.need(len * dim);
-        let width = block_row.len();
-        let args = [
-            cache.into(),
-            block_row.into(),
-            ws.into(),
-            start.into(),
-            len.into(),
-            page.into(),
-            dim.into(),
-            width.into(),
-        ];
-        // SAFETY: argument list matches gather_context; sizes checked above.
-        unsafe { self.go(dev, "gather_context", (len, 1), &args) }
-    }
-
-    /// Expands `n` latent rows into `k_nope [n, H, nope]` and `v [n, H, dv]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn expand(
-        &self,
-        dev: &GpuDevice,
-        d: MlaDims,
-        latent: DPtr<f32>,
-        w_uk: DPtr<f32>,
-        w_uv: DPtr<f32>,
-        k_nope: DPtr<f32>,
-        v: DPtr<f32>,
-        n: usize,
-    ) -> Result<(), GpuError> {
-        latent.need(n * d.latent());
-        w_uk.need(d.heads * d.kv_lora * d.nope);
-        w_uv.need(d.heads * d.kv_lora * d.dv);
-        k_nope.need(n * d.heads * d.nope);
-        v.need(n * d.heads * d.dv);
-        let mut args: Vec<Arg> = vec![
-            latent.into(),
-            w_uk.into(),
-            w_uv.into(),
-            k_nope.into(),
-            v.into(),
-        ];
-        for x in [n, d.heads, d.latent(), d.kv_lora, d.nope, d.dv] {
-            args.push(x.into());
-        }
-        // SAFETY: argument list matches expand_kv; sizes checked above.
-        unsafe { self.go(dev, "expand_kv", (n, d.heads), &args) }
-    }
-
-    /// Materialized attention of `m` queries `[m, H, nope + rope]` over `keys`
-    /// (causal: the queries are the keys' tail).
-    #[allow(clippy::too_many_arguments)]
-    pub fn attend(
-        &self,
-        dev: &GpuDevice,
-        d: MlaDims,
-        q: DPtr<f32>,
-        m: usize,
-        keys: KeyBufs,
-        causal: bool,
-        out: State,
-    ) -> Result<(), GpuError> {
-        assert!(
-            d.dv <= MAX_PREFILL_DV,
-            "v_head_dim {} is above the kernel's {MAX_PREFILL_DV}",
-            d.dv
-        );
-        q.need(m * d.heads * d.qk());
-        keys.k_nope.need(keys.n * d.heads * d.nope);
-        keys.latent.need(keys.n * d.latent());
-        keys.v.need(keys.n * d.heads * d.dv);
-        out.out.need(m * d.heads * d.dv);
-        out.lse.need(m * d.heads);
-        let mut args: Vec<Arg> = vec![
-            q.into(),
-            keys.k_nope.into(),
-            keys.latent.into(),
-            keys.v.into(),
-            out.out.into(),
-            out.lse.into(),
-        ];
-        for x in [
-            m,
-            keys.n,
-            d.heads,
-            d.nope,
-            d.rope,
-            d.latent(),
-            d.kv_lora,
-            d.dv,
-        ] {
-            args.push(x.into());
-        }
-        args.push(causal.into());
-        args.push(d.scale().into());
-        // SAFETY: argument list matches mla_prefill; sizes checked above.
-        unsafe { self.go(dev, "mla_prefill", (m, d.heads), &args) }
-    }
-
-    /// `a <- merge(a, b)` over `m` tokens; `b_lse_transposed` is fault F1.
-    pub fn merge(
-        &self,
-        dev: &GpuDevice,
-        d: MlaDims,
-        a: State,
-        b: State,
-        m: usize,
-        b_lse_transposed: bool,
-    ) -> Result<(), GpuError> {
-        for s in [a, b] {
-            s.out.need(m * d.heads * d.dv);
-            s.lse.need(m * d.heads);
-        }
-        let args = [
-            a.out.into(),
-            a.lse.into(),
-            b.out.into(),
-            b.lse.into(),
-            m.into(),
-            d.heads.into(),
-            d.dv.into(),
-            b_lse_transposed.into(),
-        ];
-        // SAFETY: argument list matches merge_states; sizes checked above.
-        unsafe { self.go(dev, "merge_states", (m, d.heads), &args) }
-    }
-
-    /// `out[t] = table[ids[t]]`, rows of width `d`; ids must be inside the table.
-    pub fn embed(
-        &self,
-        dev: &GpuDevice,
-        table: DPtr<f32>,
-        ids: DPtr<i32>,
-        out: DPtr<f32>,
-        n: usize,
-        d: usize,
-    ) -> Result<(), GpuError> {
-        ids.need(n);
-        out.need(n * d);
-        let args = [table.into(), ids.into(), out.into(), n.into(), d.into()];
-        // SAFETY: argument list matches embed_rows; the backend checks ids < vocab.
-        unsafe { self.go(dev, "embed_rows", (n, 1), &args) }
-    }
-
-    /// RMSNorm of the first `d` columns of `n` rows (strides `sx`, `so`); in place is allowed.
-    #[allow(clippy::too_many_arguments)]
-    pub fn rms_norm(
-        &self,
-        dev: &GpuDevice,
-        x: DPtr<f32>,
-        sx: usize,
-        w: DPtr<f32>,
-        out: DPtr<f32>,
-        so: usize,
-        n: usize,
-        d: usize,
-        eps: f32,
-    ) -> Result<(), GpuError> {
-        if n == 0 {
-            return Ok(());
-        }
-        x.need((n - 1) * sx + d);
-        out.need((n - 1) * so + d);
-        w.need(d);
-        let args = [
-            x.into(),
-            sx.into(),
-            w.into(),
-            out.into(),
-            so.into(),
-            n.into(),
-            d.into(),
-            eps.into(),
-        ];
-        // SAFETY: argument list matches rms_norm; sizes checked above.
-        unsafe { self.go(dev, "rms_norm", (n, 1), &args) }
-    }
-
-    /// `y = res + x @ w` for `rows` rows of `x` (stride `sx`), `w [k, n]`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn matmul(
-        &self,
-        dev: &GpuDevice,
-        x: DPtr<f32>,
-        sx: usize,
-        w: DPtr<f32>,
-        res: Option<DPtr<f32>>,
-        y: DPtr<f32>,
-        (rows, k, n): (usize, usize, usize),
-    ) -> Result<(), GpuError> {
-        if rows == 0 {
-            return Ok(());
-        }
-        x.need((rows - 1) * sx + k);
-        w.need(k * n);
-        y.need(rows * n);
-        let res = match res {
-            Some(r) => Arg::from(r.need(rows * n)),
-            None => Arg::Ptr(0),
-        };
-        let args = [
-            x.into(),
-            sx.into(),
-            w.into(),
-            res,
-            y.into(),
-            rows.into(),
-            k.into(),
-            n.into(),
-        ];
-        // SAFETY: argument list matches matmul; sizes checked above; a null res is
-        // handled by the kernel.
-        unsafe { self.go(dev, "matmul", (blocks(n), rows), &args) }
-    }
-
-    /// RoPE over the `len`-wide segment at column `off` of each of `heads` heads (head
-    /// stride `hs`) of `n` tokens (token stride `ts`).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope(
-        &self,
-        dev: &GpuDevice,
-        x: DPtr<f32>,
-        positions: DPtr<i32>,
-        n: usize,
-        (heads, ts, hs): (usize, usize, usize),
-        (off, len): (usize, usize),
-        theta: f64,
-    ) -> Result<(), GpuError> {
-        if n == 0 {
-            return Ok(());
-        }
-        assert!(len % 2 == 0, "RoPE needs an even width");
-        x.need((n - 1) * ts + (heads - 1) * hs + off + len);
-        positions.need(n);
-        let args = [
-            x.into(),
-            positions.into(),
-            n.into(),
-            heads.into(),
-            ts.into(),
-            hs.into(),
-            off.into(),
-            len.into(),
-            theta.into(),
-        ];
-        // SAFETY: argument list matches rope; sizes checked above.
-        unsafe { self.go(dev, "rope", (n, 1), &args) }
-    }
-
-    /// `out = silu(gate) * up` over `n` values.
-    pub fn silu_mul(
-        &self,
-        dev: &GpuDevice,
-        gate: DPtr<f32>,
-        up: DPtr<f32>,
-        out: DPtr<f32>,
-        n: usize,
-    ) -> Result<(), GpuError> {
-        gate.need(n);
-        up.need(n);
-        out.need(n);
-        let args = [gate.into(), up.into(), out.into(), n.into()];
-        // SAFETY: argument list matches silu_mul; sizes checked above.
-        unsafe { self.go(dev, "silu_mul", (blocks(n), 1), &args) }
-    }
-
-    /// `q_lat [n, H, kv_lora + rope]` from `q [n, H, nope + rope]` and `w_uk`.
-    pub fn absorb_q(
-        &self,
-        dev: &GpuDevice,
-        d: MlaDims,
-        q: DPtr<f32>,
-        w_uk: DPtr<f32>,
-        q_lat: DPtr<f32>,
-        n: usize,
-    ) -> Result<(), GpuError> {
-        q.need(n * d.heads * d.qk());
-        w_uk.need(d.heads * d.kv_lora * d.nope);
-        q_lat.need(n * d.heads * d.latent());
-        let args = [
-            q.into(),
-            w_uk.into(),
-            q_lat.into(),
-            n.into(),
-            d.heads.into(),
-            d.nope.into(),
-            d.rope.into(),
-            d.kv_lora.into(),
-        ];
-        // SAFETY: argument list matches absorb_q; sizes checked above.
-        unsafe { self.go(dev, "absorb_q", (n, d.heads), &args) }
-    }
-
-    /// `out [n, H, dv] = o_lat [n, H, kv_lora] @ W_UV_h`.
-    pub fn apply_uv(
-        &self,
-        dev: &GpuDevice,
-        d: MlaDims,
-        o_lat: DPtr<f32>,
-        w_uv: DPtr<f32>,
-        out: DPtr<f32>,
-        n: usize,
-    ) -> Result<(), GpuError> {
-        o_lat.need(n * d.heads * d.kv_lora);
-        w_uv.need(d.heads * d.kv_lora * d.dv);
-        out.need(n * d.heads * d.dv);
-        let args = [
-            o_lat.into(),
-            w_uv.into(),
-            out.into(),
-            n.into(),
-            d.heads.into(),
-            d.kv_lora.into(),
-            d.dv.into(),
-        ];
-        // SAFETY: argument list matches apply_uv; sizes checked above.
-        unsafe { self.go(dev, "apply_uv", (n, d.heads), &args) }
-    }
-
-    /// `out[i] = src[idx[i]]`, rows of width `d`; indices must be inside `src`.
-    pub fn gather_rows(
-        &self,
-        dev: &GpuDevice,
-        src: DPtr<f32>,
-        idx: DPtr<i32>,
-        out: DPtr<f32>,
-        n: usize,
-        d: usize,
-    ) -> Result<(), GpuError> {
-        idx.need(n);
-        out.need(n * d);
-        let args = [src.into(), idx.into(), out.into(), n.into(), d.into()];
-        // SAFETY: argument list matches gather_rows; callers check indices on the host.
-        unsafe { self.go(dev, "gather_rows", (n, 1), &args) }
-    }
-
-    /// `out[t] = [a[t] | b[t]]` for `n` rows of widths `da`, `db`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn concat_rows(
-        &self,
-        dev: &GpuDevice,
-        a: DPtr<f32>,
-        b: DPtr<f32>,
-        out: DPtr<f32>,
-        n: usize,
-        da: usize,
-        db: usize,
-    ) -> Result<(), GpuError> {
-        a.need(n * da);
-        b.need(n * db);
-        out.need(n * (da + db));
-        let args = [
-            a.into(),
-            b.into(),
-            out.into(),
-            n.into(),
-            da.into(),
-            db.into(),
-        ];
-        // SAFETY: argument list matches concat_rows; sizes checked above.
-        unsafe { self.go(dev, "concat_rows", (n, 1), &args) }
-    }
-
-    /// Fills `n` bf16 values with a deterministic hash of `(seed, index)` in [-1, 1).
-    pub fn fill_bf16_hash(
-        &self,
-        dev: &GpuDevice,
-        x: DPtr<u16>,
-        n: usize,
-        seed: u32,
-    ) -> Result<(), GpuError> {
-        x.need(n);
-        let args = [x.into(), Arg::I64(n as i64), Arg::I32(seed as i32)];
-        // SAFETY: argument list matches fill_bf16_hash (the seed's bits pass as an int);
-        // size checked above; the kernel strides over n.
-        unsafe { self.go(dev, "fill_bf16_hash", (blocks(n).min(1 << 20), 1), &args) }
-    }
-
-    /// Reads the `n` floats of `x` (n a multiple of 4) and writes nothing: over a buffer
-    /// twice the L2's size, the benchmark's way of starting each timed launch from the
-    /// same clean cache.
-    pub fn scrub_l2(
-        &self,
-        dev: &GpuDevice,
-        x: DPtr<f32>,
-        n: usize,
-        sink: DPtr<f32>,
-    ) -> Result<(), GpuError> {
-        x.need(n);
-        sink.need(1);
-        let args = [x.into(), Arg::I64((n / 4) as i64), sink.into()];
-        // SAFETY: argument list matches scrub_l2; it reads n / 4 float4 of x (size checked
-        // above) and writes at most sink[0].
-        unsafe { self.go(dev, "scrub_l2", (1024, 1), &args) }
-    }
-
-    /// Sets the first `n` values of `x` to `v`.
-    pub fn fill(&self, dev: &GpuDevice, x: DPtr<f32>, v: f32, n: usize) -> Result<(), GpuError> {
-        x.need(n);
-        let args = [x.into(), v.into(), n.into()];
-        // SAFETY: argument list matches fill; size checked above.
-        unsafe { self.go(dev, "fill", (blocks(n), 1), &args) }
     }
 }
 

@@ -1,0 +1,131 @@
+//! Typed host wrappers of every specmla kernel, one file per kernel family:
+//! [`attention`] (the f32 MLA decode, prefill and LSE merge the backend runs), [`dense`]
+//! (the model's embedding, norms, GEMM, RoPE and friends, plus the lab's fills) and
+//! [`flash`] (the bf16 tensor-core decode at DeepSeek-V3 widths, compiled into its own
+//! module only by those who use it). Each wrapper checks on the host that its buffers
+//! hold what the launch will touch, then launches through [`launch`]; wrappers whose
+//! kernels read indices they do not check say so in their docs. The backend and the
+//! kernel checks call the same wrappers, so what `gpu-test` verifies is what the backend
+//! runs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaModule};
+
+use crate::device::{GpuDevice, GpuError};
+use crate::launch::{launch, Arg, THREADS};
+
+pub mod attention;
+pub mod dense;
+pub mod flash;
+
+pub use attention::*;
+pub use flash::*;
+
+/// The kernels' CUDA C sources, compiled as one module after `common.cuh`.
+pub const KERNEL_SRC: [&str; 3] = [
+    include_str!("../../kernels/mla.cu"),
+    include_str!("../../kernels/prefill.cu"),
+    include_str!("../../kernels/dense.cu"),
+];
+
+const NAMES: [&str; 18] = [
+    "fill_bf16_hash",
+    "scrub_l2",
+    "kv_write",
+    "mla_decode",
+    "gather_context",
+    "expand_kv",
+    "mla_prefill",
+    "merge_states",
+    "embed_rows",
+    "rms_norm",
+    "matmul",
+    "rope",
+    "silu_mul",
+    "absorb_q",
+    "apply_uv",
+    "gather_rows",
+    "concat_rows",
+    "fill",
+];
+
+/// MLA dimensions the attention kernels need.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaDims {
+    pub heads: usize,
+    pub kv_lora: usize,
+    pub rope: usize,
+    pub nope: usize,
+    pub dv: usize,
+}
+
+impl MlaDims {
+    /// Width of one cached latent row (576 for DeepSeek-V3).
+    pub fn latent(&self) -> usize {
+        self.kv_lora + self.rope
+    }
+    /// Per-head query width of the materialized form.
+    pub fn qk(&self) -> usize {
+        self.nope + self.rope
+    }
+    /// `1 / sqrt(nope + rope)` in both forms.
+    pub fn scale(&self) -> f32 {
+        1.0 / (self.qk() as f32).sqrt()
+    }
+}
+
+impl From<&specmla_core::config::ModelDims> for MlaDims {
+    fn from(d: &specmla_core::config::ModelDims) -> Self {
+        Self {
+            heads: d.num_heads,
+            kv_lora: d.kv_lora_rank,
+            rope: d.qk_rope_head_dim,
+            nope: d.qk_nope_head_dim,
+            dv: d.v_head_dim,
+        }
+    }
+}
+
+/// The compiled f32 kernels (one NVRTC module): what the backend runs, and the fills the
+/// lab uses. The tensor-core decode is [`FlashKernels`].
+pub struct Kernels {
+    _module: Arc<CudaModule>,
+    fns: BTreeMap<&'static str, CudaFunction>,
+}
+
+fn blocks(n: usize) -> usize {
+    n.div_ceil(THREADS as usize)
+}
+
+impl Kernels {
+    /// Compiles the f32 kernels for `dev` (one NVRTC call) and loads them.
+    pub fn load(dev: &GpuDevice) -> Result<Self, GpuError> {
+        let module = dev.compile("specmla_kernels.cu", &KERNEL_SRC.join("\n"))?;
+        let mut fns = BTreeMap::new();
+        for name in NAMES {
+            let f = module
+                .load_function(name)
+                .map_err(GpuError::driver(format!("loading kernel {name}")))?;
+            fns.insert(name, f);
+        }
+        Ok(Self {
+            _module: module,
+            fns,
+        })
+    }
+
+    /// # Safety
+    /// As [`launch`]: the wrapper calling this checked the buffers against `args`.
+    unsafe fn go(
+        &self,
+        dev: &GpuDevice,
+        name: &'static str,
+        grid: (usize, usize),
+        args: &[Arg],
+    ) -> Result<(), GpuError> {
+        // SAFETY: forwarded.
+        unsafe { launch(dev, &self.fns[name], name, grid, args) }
+    }
+}
