@@ -57,7 +57,8 @@ pub fn check_kv_write(
     const SENTINEL: f32 = 1234.5;
     let cache = upload(dev, &vec![SENTINEL; slots * dim])?;
     let (latent_d, slots_d) = (upload(dev, &latent)?, upload(dev, &slot_mapping)?);
-    k.kv_write(dev, latent_d.ptr(), slots_d.ptr(), cache.ptr(), tokens, dim)?;
+    // SAFETY: every slot is PAD or inside the cache this check allocated.
+    unsafe { k.kv_write(dev, latent_d.ptr(), slots_d.ptr(), cache.ptr(), tokens, dim) }?;
     let got = download(dev, &cache)?;
     let mut want = vec![SENTINEL; slots * dim];
     for (t, &s) in slot_mapping.iter().enumerate() {
@@ -101,16 +102,19 @@ pub fn check_gather(
         .collect();
     let ws = upload(dev, &vec![f32::NAN; len.max(1) * dim])?;
     let (cache_d, row_d) = (upload(dev, &cache)?, upload(dev, &row)?);
-    k.gather_context(
-        dev,
-        cache_d.ptr(),
-        row_d.ptr(),
-        ws.ptr(),
-        start,
-        len,
-        page,
-        dim,
-    )?;
+    // SAFETY: the check's block row names blocks inside its cache, or -1.
+    unsafe {
+        k.gather_context(
+            dev,
+            cache_d.ptr(),
+            row_d.ptr(),
+            ws.ptr(),
+            start,
+            len,
+            page,
+            dim,
+        )
+    }?;
     let got = download(dev, &ws)?;
     let passed = (0..len).all(|i| {
         let pos = start + i;
@@ -173,7 +177,8 @@ pub fn check_decode(
         out: out.ptr(),
         lse: lse.ptr(),
     };
-    k.decode(dev, s, bufs, scale)?;
+    // SAFETY: the check's block table names blocks inside its cache for every row's seq_len.
+    unsafe { k.decode(dev, s, bufs, scale) }?;
     let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
     let shape = (s.q_len, s.heads, s.dim, s.dv, s.page, s.width);
     let (want_out, want_lse) = decode_f64(&q, &cache, &block_table, &seq_lens, shape, scale as f64);
@@ -348,7 +353,8 @@ pub fn check_flash_decode(
         done: done.ptr(),
     };
     let scale = 1.0 / 192f32.sqrt();
-    k.flash_decode_merged((wide, merge), dev, s, bufs, scale)?;
+    // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
+    unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, scale) }?;
     let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
     // The split counters must be re-armed for the next launch (a CUDA graph replays them).
     let rearmed = download(dev, &done)?.iter().all(|&c| c == 0);
@@ -440,7 +446,8 @@ pub fn check_flash_invariance(
             lse: lse.ptr(),
             done: done.ptr(),
         };
-        k.flash_decode_merged((wide, merge), dev, s, bufs, 1.0 / 192f32.sqrt())?;
+        // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
+        unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, 1.0 / 192f32.sqrt()) }?;
         let mut v = download(dev, &out)?;
         v.extend(download(dev, &lse)?);
         Ok(v)

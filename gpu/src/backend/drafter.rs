@@ -36,14 +36,17 @@ impl GpuBackend {
         self.check_slots(&pass.slot_mapping)?;
         ws.slots.write(&dev, &pass.slot_mapping)?;
         // x = concat(embed(token), hidden_in) @ fc, built in xs/h/x.
-        k.embed(
-            &dev,
-            self.drafter.embed_tokens.ptr(),
-            ws.ids.ptr(),
-            ws.h.ptr(),
-            n,
-            hid,
-        )?;
+        // SAFETY: ws.ids holds only ids that passed check_tokens above.
+        unsafe {
+            k.embed(
+                &dev,
+                self.drafter.embed_tokens.ptr(),
+                ws.ids.ptr(),
+                ws.h.ptr(),
+                n,
+                hid,
+            )
+        }?;
         ws.xs.write(&dev, hidden_in)?;
         let cat = ws.tmp.ptr();
         k.concat_rows(&dev, ws.h.ptr(), ws.xs.ptr(), cat, n, hid, hid)?;
@@ -57,14 +60,17 @@ impl GpuBackend {
             (n, 2 * hid, hid),
         )?;
         self.qkv(w, ws, n, true)?;
-        k.kv_write(
-            &dev,
-            ws.latent.ptr(),
-            ws.slots.ptr(),
-            self.drafter_cache.ptr(),
-            n,
-            d.latent_dim(),
-        )?;
+        // SAFETY: the slots written to ws.slots just passed check_slots.
+        unsafe {
+            k.kv_write(
+                &dev,
+                ws.latent.ptr(),
+                ws.slots.ptr(),
+                self.drafter_cache.ptr(),
+                n,
+                d.latent_dim(),
+            )
+        }?;
         // Sampled tokens only, over the keys and splits the core planned for each.
         let sample: Vec<i32> = pass
             .token_indices_to_sample
@@ -76,6 +82,7 @@ impl GpuBackend {
             num_splits: &pass.num_splits,
             split_size_tokens: pass.split_size_tokens,
         };
+        self.check_indices(&sample, n)?;
         self.sampled_attention(
             ws,
             w,
@@ -106,15 +113,19 @@ impl GpuBackend {
         let hv = self.attn_width();
         let attn = ws.attn.ptr().range(0, rows * hv);
         let xs = ws.xs.ptr();
-        k.gather_rows(&dev, ws.x.ptr(), ws.logits_idx.ptr(), xs, rows, hid)?;
-        k.gather_rows(
-            &dev,
-            ws.q.ptr(),
-            ws.logits_idx.ptr(),
-            ws.tmp.ptr(),
-            rows,
-            qw,
-        )?;
+        // SAFETY: the gathered indices were checked against the pass's tokens (check_indices).
+        unsafe { k.gather_rows(&dev, ws.x.ptr(), ws.logits_idx.ptr(), xs, rows, hid) }?;
+        // SAFETY: the gathered indices were checked against the pass's tokens (check_indices).
+        unsafe {
+            k.gather_rows(
+                &dev,
+                ws.q.ptr(),
+                ws.logits_idx.ptr(),
+                ws.tmp.ptr(),
+                rows,
+                qw,
+            )
+        }?;
         copy(&dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
         ws.block_table.write(&dev, &self.block_ids(table)?)?;
         ws.seq_lens.write(&dev, &as_i32(keys.kv_lens))?;
@@ -173,14 +184,17 @@ impl GpuBackend {
         self.check_slots(&pass.context_slots)?;
         ws.slots.write(&dev, &pass.context_slots)?;
         self.qkv(w, ws, e, false)?;
-        k.kv_write(
-            &dev,
-            ws.latent.ptr(),
-            ws.slots.ptr(),
-            self.drafter_cache.ptr(),
-            e,
-            d.latent_dim(),
-        )?;
+        // SAFETY: the slots written to ws.slots just passed check_slots.
+        unsafe {
+            k.kv_write(
+                &dev,
+                ws.latent.ptr(),
+                ws.slots.ptr(),
+                self.drafter_cache.ptr(),
+                e,
+                d.latent_dim(),
+            )
+        }?;
         // The query block: token or mask embeddings, every position's latent cached.
         let nb = pass.block_tokens.len();
         let block_x: Vec<f32> = pass
@@ -193,14 +207,17 @@ impl GpuBackend {
         self.check_slots(&pass.block_slots)?;
         ws.slots.write(&dev, &pass.block_slots)?;
         self.qkv(w, ws, nb, true)?;
-        k.kv_write(
-            &dev,
-            ws.latent.ptr(),
-            ws.slots.ptr(),
-            self.drafter_cache.ptr(),
-            nb,
-            d.latent_dim(),
-        )?;
+        // SAFETY: the slots written to ws.slots just passed check_slots.
+        unsafe {
+            k.kv_write(
+                &dev,
+                ws.latent.ptr(),
+                ws.slots.ptr(),
+                self.drafter_cache.ptr(),
+                nb,
+                d.latent_dim(),
+            )
+        }?;
         let hv = self.attn_width();
         let attn = ws.attn.ptr().range(0, nb * hv);
         k.fill(&dev, attn, 0.0, nb * hv)?;
@@ -208,15 +225,19 @@ impl GpuBackend {
         // Finish every block position, then keep offsets 1..=K of each row.
         self.finish(w, ws, ws.x.ptr(), attn, nb)?;
         let keep = as_i32(&pass.sample_indices);
+        self.check_indices(&keep, nb)?;
         ws.logits_idx.write(&dev, &keep)?;
-        k.gather_rows(
-            &dev,
-            ws.x.ptr(),
-            ws.logits_idx.ptr(),
-            ws.xs.ptr(),
-            keep.len(),
-            hid,
-        )?;
+        // SAFETY: the gathered indices were checked against the pass's tokens (check_indices).
+        unsafe {
+            k.gather_rows(
+                &dev,
+                ws.x.ptr(),
+                ws.logits_idx.ptr(),
+                ws.xs.ptr(),
+                keep.len(),
+                hid,
+            )
+        }?;
         copy(&dev, ws.xs.ptr(), ws.h.ptr(), keep.len() * hid)?;
         self.lm_head(
             ws,
@@ -252,16 +273,19 @@ impl GpuBackend {
         for r in 0..pass.req_ids.len() {
             let ctx = pass.context_lens[r] as usize;
             let row_table = table_buf.ptr().range(r * width, width);
-            k.gather_context(
-                dev,
-                self.drafter_cache.ptr(),
-                row_table,
-                sc.keys.ptr(),
-                0,
-                ctx,
-                page,
-                lat,
-            )?;
+            // SAFETY: the table came through block_ids, which refuses blocks outside the pool.
+            unsafe {
+                k.gather_context(
+                    dev,
+                    self.drafter_cache.ptr(),
+                    row_table,
+                    sc.keys.ptr(),
+                    0,
+                    ctx,
+                    page,
+                    lat,
+                )
+            }?;
             copy(
                 dev,
                 ws.latent.ptr().offset(r * b * lat),
@@ -310,7 +334,8 @@ impl GpuBackend {
                 out: o_lat,
                 lse: ws.lse.ptr(),
             };
-            k.decode(dev, shape, bufs, md.scale())?;
+            // SAFETY: the identity table names key rows inside sc.keys: n_keys of them, each copied above.
+            unsafe { k.decode(dev, shape, bufs, md.scale()) }?;
             k.apply_uv(
                 dev,
                 md,

@@ -203,7 +203,8 @@ impl GpuBackend {
             out: o_lat,
             lse: ws.lse.ptr(),
         };
-        k.decode(dev, shape, bufs, md.scale())?;
+        // SAFETY: every caller writes the launch's block table through block_ids, and a row's seq_len stays within the table width (max_model_len).
+        unsafe { k.decode(dev, shape, bufs, md.scale()) }?;
         let keep = tokens.min(n_real.saturating_sub(s));
         k.apply_uv(
             dev,

@@ -191,6 +191,16 @@ impl GpuBackend {
         }
     }
 
+    /// Row indices a kernel will gather, each below `n`.
+    fn check_indices(&self, idx: &[i32], n: usize) -> Result<()> {
+        match idx.iter().find(|&&i| i < 0 || i as usize >= n) {
+            Some(i) => Err(GpuBackendError::BadPlan(format!(
+                "index {i} outside the {n} rows it gathers from"
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// Block ids as the kernels take them: NO_BLOCK becomes -1 (reads as NaN).
     fn block_ids(&self, table: &[u32]) -> Result<Vec<i32>> {
         let blocks = self.cfg.scheduler.num_gpu_blocks;

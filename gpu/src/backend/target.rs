@@ -24,25 +24,31 @@ impl GpuBackend {
     ) -> Result<()> {
         let (dev, k) = (self.dev(), &self.k);
         let hid = self.dims.hidden_size;
-        k.embed(
-            dev,
-            self.target.embed_tokens.ptr(),
-            ws.ids.ptr(),
-            ws.x.ptr(),
-            n,
-            hid,
-        )?;
+        // SAFETY: ws.ids holds only ids that passed check_tokens (write_token_inputs).
+        unsafe {
+            k.embed(
+                dev,
+                self.target.embed_tokens.ptr(),
+                ws.ids.ptr(),
+                ws.x.ptr(),
+                n,
+                hid,
+            )
+        }?;
         let hv = self.attn_width();
         for (l, w) in self.target.layers.iter().enumerate() {
             self.qkv(w, ws, n, true)?;
-            k.kv_write(
-                dev,
-                ws.latent.ptr(),
-                ws.slots.ptr(),
-                self.layer_cache(l),
-                n,
-                self.dims.latent_dim(),
-            )?;
+            // SAFETY: ws.slots holds only slots that passed check_slots (write_token_inputs).
+            unsafe {
+                k.kv_write(
+                    dev,
+                    ws.latent.ptr(),
+                    ws.slots.ptr(),
+                    self.layer_cache(l),
+                    n,
+                    self.dims.latent_dim(),
+                )
+            }?;
             let attn = ws.attn.ptr().range(l * ws.cap * hv, ws.cap * hv);
             k.fill(dev, attn, 0.0, n * hv)?;
             attend(self, l, w, attn)?;
@@ -191,14 +197,17 @@ impl GpuBackend {
         })?;
         let k = &self.k;
         let hid = self.dims.hidden_size;
-        k.gather_rows(
-            &dev,
-            ws.x.ptr(),
-            ws.logits_idx.ptr(),
-            ws.xs.ptr(),
-            idx.len(),
-            hid,
-        )?;
+        // SAFETY: the logits indices were checked against the token count above.
+        unsafe {
+            k.gather_rows(
+                &dev,
+                ws.x.ptr(),
+                ws.logits_idx.ptr(),
+                ws.xs.ptr(),
+                idx.len(),
+                hid,
+            )
+        }?;
         self.lm_head(ws, &self.target.final_norm, &self.target.lm_head, idx.len())?;
         let rows: Vec<usize> = (0..idx.len()).collect();
         self.read_target(ws, n, &rows)
@@ -318,16 +327,19 @@ impl GpuBackend {
                     continue;
                 }
                 let page = self.cfg.scheduler.page_size;
-                k.gather_context(
-                    dev,
-                    self.layer_cache(l),
-                    row_table,
-                    sc.keys.ptr(),
-                    start,
-                    len,
-                    page,
-                    md.latent(),
-                )?;
+                // SAFETY: the block table was written through block_ids, which refuses blocks outside the pool.
+                unsafe {
+                    k.gather_context(
+                        dev,
+                        self.layer_cache(l),
+                        row_table,
+                        sc.keys.ptr(),
+                        start,
+                        len,
+                        page,
+                        md.latent(),
+                    )
+                }?;
                 k.expand(
                     dev,
                     md,

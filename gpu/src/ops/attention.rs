@@ -63,7 +63,11 @@ pub struct State {
 
 impl Kernels {
     /// Writes `n` latent rows of width `dim` to their slots; PAD (-1) slots are skipped.
-    pub fn kv_write(
+    ///
+    /// # Safety
+    /// Every slot in `slots[..n]` is PAD or below the cache's slot count
+    /// (`cache.len() / dim`): the kernel writes where the slot says, unchecked.
+    pub unsafe fn kv_write(
         &self,
         dev: &GpuDevice,
         latent: DPtr<f32>,
@@ -89,7 +93,11 @@ impl Kernels {
 
     /// Uniform absorbed decode: token j of row r at `r * q_len + j` sees keys below
     /// `seq_lens[r] - q_len + j + 1`, in fixed splits of `split_size` positions.
-    pub fn decode(
+    ///
+    /// # Safety
+    /// Every block-table entry a row's `seq_len` reaches is -1 (no block: read as NaN)
+    /// or a block inside `cache`: the kernel reads where the table says, unchecked.
+    pub unsafe fn decode(
         &self,
         dev: &GpuDevice,
         s: DecodeShape,
@@ -136,8 +144,11 @@ impl Kernels {
 
     /// Gathers positions `[start, start + len)` of one request into `ws [len, dim]`;
     /// `block_row` is exactly the request's block-table row (its length is the width).
+    ///
+    /// # Safety
+    /// Every entry of `block_row` the positions reach is -1 or a block inside `cache`.
     #[allow(clippy::too_many_arguments)]
-    pub fn gather_context(
+    pub unsafe fn gather_context(
         &self,
         dev: &GpuDevice,
         cache: DPtr<f32>,

@@ -7,8 +7,11 @@ use crate::device::{GpuDevice, GpuError};
 use crate::launch::{Arg, DPtr};
 
 impl Kernels {
-    /// `out[t] = table[ids[t]]`, rows of width `d`; ids must be inside the table.
-    pub fn embed(
+    /// `out[t] = table[ids[t]]`, rows of width `d`.
+    ///
+    /// # Safety
+    /// Every id is below the table's row count: the kernel reads the row it names.
+    pub unsafe fn embed(
         &self,
         dev: &GpuDevice,
         table: DPtr<f32>,
@@ -199,8 +202,11 @@ impl Kernels {
         unsafe { self.go(dev, "apply_uv", (n, d.heads), &args) }
     }
 
-    /// `out[i] = src[idx[i]]`, rows of width `d`; indices must be inside `src`.
-    pub fn gather_rows(
+    /// `out[i] = src[idx[i]]`, rows of width `d`.
+    ///
+    /// # Safety
+    /// Every index is below `src`'s row count: the kernel reads the row it names.
+    pub unsafe fn gather_rows(
         &self,
         dev: &GpuDevice,
         src: DPtr<f32>,

@@ -436,19 +436,27 @@ impl FlashKernels {
     /// Tensor-core decode: every request's keys `[0, seq_len)` in splits of
     /// `split_size`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
     /// then the splits merged in split order. `scale` is the softmax scale.
-    pub fn flash_decode(
+    ///
+    /// # Safety
+    /// The block table covers every request's `seq_len` with blocks inside `cache`: the
+    /// kernels read where it says, unchecked.
+    pub unsafe fn flash_decode(
         &self,
         dev: &GpuDevice,
         s: FlashShape,
         b: FlashBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
-        self.flash_decode_with(self.wide, dev, s, b, scale)
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { self.flash_decode_with(self.wide, dev, s, b, scale) }
     }
 
     /// [`Self::flash_decode`] with requests of more than 16 rows on `wide`; the Hopper
     /// families only where [`Self::wide`] is one.
-    pub fn flash_decode_with(
+    ///
+    /// # Safety
+    /// As [`Self::flash_decode`].
+    pub unsafe fn flash_decode_with(
         &self,
         wide: WideKernel,
         dev: &GpuDevice,
@@ -456,11 +464,15 @@ impl FlashKernels {
         b: FlashBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
-        self.flash_decode_merged((wide, self.merge), dev, s, b, scale)
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { self.flash_decode_merged((wide, self.merge), dev, s, b, scale) }
     }
 
     /// [`Self::flash_decode_with`] with the Hopper kernels' split merge given.
-    pub fn flash_decode_merged(
+    ///
+    /// # Safety
+    /// As [`Self::flash_decode`].
+    pub unsafe fn flash_decode_merged(
         &self,
         (wide, merge): (WideKernel, SplitMerge),
         dev: &GpuDevice,
