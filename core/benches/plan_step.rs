@@ -33,7 +33,7 @@ fn config() -> EngineConfig {
         backends: vec![BackendProfile::FlashMla],
         cuda_graphs: true,
         max_capture_size_tokens: 1024,
-        decode_split_tokens: 512,
+        split_size_tokens: 512,
         faults: Default::default(),
         split_override: Default::default(),
     }

@@ -389,7 +389,7 @@ pub struct EngineConfig {
     /// Largest token count captured as a graph.
     pub max_capture_size_tokens: usize,
     /// Fixed split-KV size of the decode kernel (a multiple of the page size).
-    pub decode_split_tokens: usize,
+    pub split_size_tokens: usize,
     /// Known-bug switches (RULES §9); all off unless asked for.
     #[serde(default)]
     pub faults: crate::fault::Faults,
@@ -430,7 +430,7 @@ impl EngineConfig {
             backends: vec![profile],
             cuda_graphs: true,
             max_capture_size_tokens: 64,
-            decode_split_tokens: 64,
+            split_size_tokens: 64,
             faults: Default::default(),
             split_override: Default::default(),
         }
@@ -489,7 +489,7 @@ impl EngineConfig {
                 self.max_capture_size_tokens,
                 1 << 20,
             ),
-            ("decode_split_tokens", self.decode_split_tokens, 1 << 24),
+            ("split_size_tokens", self.split_size_tokens, 1 << 24),
         ];
         check_limits("", &limits)?;
         if s.workspace_tokens < s.max_num_seqs * s.page_size {
@@ -502,10 +502,10 @@ impl EngineConfig {
                 s.max_num_seqs * s.page_size
             ));
         }
-        if self.decode_split_tokens == 0 || !self.decode_split_tokens.is_multiple_of(s.page_size) {
+        if self.split_size_tokens == 0 || !self.split_size_tokens.is_multiple_of(s.page_size) {
             return bad(format!(
                 "decode split size {} must be a positive multiple of the page size {}",
-                self.decode_split_tokens, s.page_size
+                self.split_size_tokens, s.page_size
             ));
         }
         if !s.chunked_prefill && s.max_num_batched_tokens < s.max_model_len {

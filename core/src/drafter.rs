@@ -212,11 +212,11 @@ pub fn drafter_split_size(cfg: &EngineConfig) -> usize {
     cfg.scheduler.max_model_len + 1 + cfg.spec.k()
 }
 
-/// Split counts covering `kv_lens` in splits of `split_size` (at least one each).
-pub fn split_counts(kv_lens: &[u32], split_size: usize) -> Vec<u32> {
+/// Split counts covering `kv_lens` in splits of `split_size_tokens` (at least one each).
+pub fn split_counts(kv_lens: &[u32], split_size_tokens: usize) -> Vec<u32> {
     kv_lens
         .iter()
-        .map(|&l| (l as usize).div_ceil(split_size).max(1) as u32)
+        .map(|&l| (l as usize).div_ceil(split_size_tokens).max(1) as u32)
         .collect()
 }
 

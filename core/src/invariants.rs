@@ -752,7 +752,7 @@ fn check_drafter_keys(
 fn check_splits(
     r: usize,
     kv_len: usize,
-    split_size: usize,
+    split_size_tokens: usize,
     num_splits: Option<&u32>,
     cfg: &EngineConfig,
     s: &mut Sink,
@@ -760,10 +760,10 @@ fn check_splits(
     let split = ref_drafter_split(cfg);
     let want = kv_len.div_ceil(split).max(1) as u32;
     s.check(
-        split_size == split && num_splits == Some(&want),
+        split_size_tokens == split && num_splits == Some(&want),
         Rule::DrafterInputs,
         Some(r),
-        || format!("drafter split plan {num_splits:?} x {split_size} for {kv_len} keys"),
+        || format!("drafter split plan {num_splits:?} x {split_size_tokens} for {kv_len} keys"),
     );
 }
 
@@ -868,7 +868,7 @@ mod tests {
             backends: vec![BackendProfile::FlashMla],
             cuda_graphs: false,
             max_capture_size_tokens: 64,
-            decode_split_tokens: 64,
+            split_size_tokens: 64,
             faults: Default::default(),
             split_override: Default::default(),
         }

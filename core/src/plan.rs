@@ -232,9 +232,9 @@ fn build_mla(
         MlaDecodeMetadata {
             tokens: qsl[dec_rows.start] as usize..qsl[dec_rows.end] as usize,
             uniform_query_len: uniform.then(|| common.query_len(dec_rows.start)),
-            num_splits: decode_split_plan(&plan_seq_lens, cfg.decode_split_tokens),
+            num_splits: decode_split_plan(&plan_seq_lens, cfg.split_size_tokens),
             plan_seq_lens,
-            split_size_tokens: cfg.decode_split_tokens,
+            split_size_tokens: cfg.split_size_tokens,
             rows: dec_rows.clone(),
         }
     });

@@ -136,7 +136,7 @@ pub const FIELD_DOCS: &[(&str, &str)] = &[
         "largest captured graph (tokens)",
     ),
     (
-        "engine.decode_split_tokens",
+        "engine.split_size_tokens",
         "split-KV size of the decode kernel, a multiple of page_size (tokens)",
     ),
     (

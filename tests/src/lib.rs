@@ -72,7 +72,7 @@ pub fn engine_config(profile: BackendProfile, k: usize, page_size: usize) -> Eng
         cuda_graphs: false,
         max_capture_size_tokens: 512,
         // A positive multiple of the page size near 64 tokens.
-        decode_split_tokens: page_size * (64 / page_size).max(1),
+        split_size_tokens: page_size * (64 / page_size).max(1),
         faults: Default::default(),
         split_override: Default::default(),
     })

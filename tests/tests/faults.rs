@@ -361,7 +361,7 @@ fn tiny_scenario(
     cfg.scheduler.num_gpu_blocks = 64;
     cfg.scheduler.workspace_tokens = cfg.scheduler.max_num_seqs * 4;
     cfg.cuda_graphs = true;
-    cfg.decode_split_tokens = 8;
+    cfg.split_size_tokens = 8;
     let mut cfg = validated(cfg);
     cfg.faults = Faults::none().with(fault);
     Scenario {

@@ -287,7 +287,7 @@ prop_compose! {
             backends: vec![profile],
             cuda_graphs: graphs,
             max_capture_size_tokens: 24,
-            decode_split_tokens: 16usize.div_ceil(page) * page,
+            split_size_tokens: 16usize.div_ceil(page) * page,
             faults: Default::default(),
             split_override: Default::default(),
         };

@@ -360,13 +360,13 @@ pub fn bench_flash(
 ) -> Result<Vec<Measurement>, GpuError> {
     let s = inp.shape;
     let rows = s.q_len * s.heads;
-    let shape = |(split_size, max_splits): (usize, usize)| FlashShape {
+    let shape = |(split_size_tokens, max_splits): (usize, usize)| FlashShape {
         batch: s.batch,
         q_len: s.q_len,
         heads: s.heads,
         page: s.page,
         width: inp.width,
-        split_size,
+        split_size_tokens,
         max_splits,
     };
     let mut outs = Vec::with_capacity(variants.len());
@@ -468,7 +468,7 @@ pub fn bench_baseline_decode(
         dv: FLASH_DV,
         page: s.page,
         width,
-        split_size: split,
+        split_size_tokens: split,
     };
     let bufs = DecodeBufs {
         q: q.ptr(),

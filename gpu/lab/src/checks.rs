@@ -157,7 +157,7 @@ pub fn check_decode(
         .collect();
     let num_splits: Vec<i32> = seq_lens
         .iter()
-        .map(|&l| (l as usize).div_ceil(s.split_size).max(1) as i32)
+        .map(|&l| (l as usize).div_ceil(s.split_size_tokens).max(1) as i32)
         .collect();
     let scale = 1.0 / (s.dim as f32).sqrt();
     let out = upload(dev, &vec![f32::NAN; tokens * s.heads * s.dv])?;
@@ -187,7 +187,7 @@ pub fn check_decode(
         kernel: "mla_decode",
         case: format!(
             "rows {} q {} heads {} dim {}/{} page {} split {} ctx {:?}",
-            s.num_rows, s.q_len, s.heads, s.dim, s.dv, s.page, s.split_size, ctx
+            s.num_rows, s.q_len, s.heads, s.dim, s.dv, s.page, s.split_size_tokens, ctx
         ),
         max_rel_err: err,
         passed: err <= F32_TOL,
@@ -327,7 +327,7 @@ pub fn check_flash_decode(
         heads,
         page,
         width,
-        split_size: split,
+        split_size_tokens: split,
         // At most four, as in the invariant mode: the longest requests here take longer
         // splits (a multiple of `split`).
         max_splits: max_len.div_ceil(split).clamp(1, 4),
@@ -424,7 +424,7 @@ pub fn check_flash_invariance(
             heads,
             page,
             width,
-            split_size: split,
+            split_size_tokens: split,
             max_splits: max_len.div_ceil(split),
         };
         let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
@@ -614,7 +614,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
                     dv,
                     page,
                     width,
-                    split_size: page * 4,
+                    split_size_tokens: page * 4,
                 };
                 seed += 1;
                 results.push(check_decode(dev, &k, s, &ctx, seed)?);

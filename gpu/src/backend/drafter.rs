@@ -134,7 +134,7 @@ impl GpuBackend {
             token_start: 0,
             rows,
             q_len: 1,
-            split_size: keys.split_size_tokens,
+            split_size_tokens: keys.split_size_tokens,
             block_table: ws.block_table.ptr(),
             width,
             seq_lens: ws.seq_lens.ptr(),
@@ -312,7 +312,7 @@ impl GpuBackend {
                 dv: md.kv_lora,
                 page: 1,
                 width: n_keys,
-                split_size: pass.split_size_tokens,
+                split_size_tokens: pass.split_size_tokens,
             };
             let first = r * b + 1;
             let q_lat = ws.q_lat.ptr().offset(first * md.heads * lat);

@@ -19,7 +19,7 @@ impl GpuBackend {
             token_start: 0,
             rows: shape.num_rows,
             q_len: shape.query_len,
-            split_size: self.cfg.decode_split_tokens,
+            split_size_tokens: self.cfg.split_size_tokens,
             block_table: ws.block_table.ptr(),
             width: ws.width,
             seq_lens: ws.seq_lens.ptr(),
@@ -83,7 +83,7 @@ impl GpuBackend {
         let s = g.shape;
         let c = &plan.common;
         let d = plan.mla.decode.as_ref();
-        if d.is_some_and(|d| d.split_size_tokens != self.cfg.decode_split_tokens) {
+        if d.is_some_and(|d| d.split_size_tokens != self.cfg.split_size_tokens) {
             return Err(GpuBackendError::BadPlan(
                 "split size differs from the captured one".into(),
             ));

@@ -192,7 +192,7 @@ impl GpuBackend {
             dv: md.kv_lora,
             page: self.cfg.scheduler.page_size,
             width: dl.width,
-            split_size: dl.split_size,
+            split_size_tokens: dl.split_size_tokens,
         };
         let bufs = DecodeBufs {
             q: q_lat,

@@ -70,7 +70,7 @@ struct DecodeLaunch {
     token_start: usize,
     rows: usize,
     q_len: usize,
-    split_size: usize,
+    split_size_tokens: usize,
     block_table: DPtr<i32>,
     width: usize,
     seq_lens: DPtr<i32>,

@@ -232,7 +232,7 @@ impl GpuBackend {
             token_start: d.tokens.start,
             rows: d.rows.len(),
             q_len: 1,
-            split_size: d.split_size_tokens,
+            split_size_tokens: d.split_size_tokens,
             block_table: ws.block_table.ptr().offset(d.rows.start * width),
             width,
             seq_lens: ws.seq_lens.ptr().offset(d.rows.start),

@@ -24,7 +24,7 @@ pub struct DecodeShape {
     pub page: usize,
     /// Block-table width.
     pub width: usize,
-    pub split_size: usize,
+    pub split_size_tokens: usize,
 }
 
 /// Device buffers of one decode launch.
@@ -92,7 +92,7 @@ impl Kernels {
     }
 
     /// Uniform absorbed decode: token j of row r at `r * q_len + j` sees keys below
-    /// `seq_lens[r] - q_len + j + 1`, in fixed splits of `split_size` positions.
+    /// `seq_lens[r] - q_len + j + 1`, in fixed splits of `split_size_tokens` positions.
     ///
     /// # Safety
     /// Every block-table entry a row's `seq_len` reaches is -1 (no block: read as NaN)
@@ -105,7 +105,7 @@ impl Kernels {
         scale: f32,
     ) -> Result<(), GpuError> {
         assert!(
-            s.dv <= MAX_DECODE_DV && s.dv <= s.dim && s.q_len >= 1 && s.split_size >= 1,
+            s.dv <= MAX_DECODE_DV && s.dv <= s.dim && s.q_len >= 1 && s.split_size_tokens >= 1,
             "unsupported decode shape {s:?}"
         );
         let tokens = s.num_rows * s.q_len;
@@ -132,7 +132,7 @@ impl Kernels {
             s.dv,
             s.page,
             s.width,
-            s.split_size,
+            s.split_size_tokens,
         ] {
             args.push(x.into());
         }

@@ -236,9 +236,9 @@ pub struct FlashShape {
     /// Block-table width.
     pub width: usize,
     /// Keys per split, a multiple of the configuration's keys per tile.
-    pub split_size: usize,
+    pub split_size_tokens: usize,
     /// Most splits a request takes (the partial buffers hold that many): a request that
-    /// would need more takes longer splits, the smallest multiple of `split_size` that
+    /// would need more takes longer splits, the smallest multiple of `split_size_tokens` that
     /// fits. A request's splits depend on its own length and these two numbers alone, so
     /// keeping both fixed is the batch-invariant mode.
     pub max_splits: usize,
@@ -434,7 +434,7 @@ impl FlashKernels {
     }
 
     /// Tensor-core decode: every request's keys `[0, seq_len)` in splits of
-    /// `split_size`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
+    /// `split_size_tokens`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
     /// then the splits merged in split order. `scale` is the softmax scale.
     ///
     /// # Safety
@@ -498,9 +498,9 @@ impl FlashKernels {
         // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
         let keys = if hopper { 64 } else { self.flash.keys };
         assert!(
-            s.split_size.is_multiple_of(keys) && s.split_size > 0,
+            s.split_size_tokens.is_multiple_of(keys) && s.split_size_tokens > 0,
             "split size {} is not a multiple of {keys}",
-            s.split_size
+            s.split_size_tokens
         );
         assert!(s.max_splits >= 1, "a request takes at least one split");
         b.q.need(s.batch * rows * FLASH_DIM);
@@ -525,7 +525,7 @@ impl FlashKernels {
             s.q_len,
             s.page,
             s.width,
-            s.split_size,
+            s.split_size_tokens,
             s.max_splits,
         ] {
             args.push(x.into());
@@ -582,7 +582,7 @@ impl FlashKernels {
             b.lse.into(),
             s.batch.into(),
             rows.into(),
-            s.split_size.into(),
+            s.split_size_tokens.into(),
             s.max_splits.into(),
         ];
         let cfg = LaunchConfig {

@@ -200,7 +200,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         backends: vec![BackendProfile::from_name(&a.profile).expect("clap checked the name")],
         cuda_graphs: true,
         max_capture_size_tokens: a.max_capture_size,
-        decode_split_tokens: page,
+        split_size_tokens: page,
         faults: Default::default(),
         split_override: SplitOverride {
             reorder_batch_threshold: a.reorder_batch_threshold.map(|t| t as usize),

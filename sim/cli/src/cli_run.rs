@@ -317,7 +317,7 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
     if let Some(p) = a.page_size {
         s.cfg.scheduler.page_size = p;
         if p > 0 {
-            s.cfg.decode_split_tokens = s.cfg.decode_split_tokens.div_ceil(p) * p;
+            s.cfg.split_size_tokens = s.cfg.split_size_tokens.div_ceil(p) * p;
         }
     }
     if let Some(w) = a.workspace_tokens {
