@@ -245,8 +245,9 @@ pub struct FlashShape {
 }
 
 impl FlashShape {
-    /// Query rows per request (token-major, then heads).
-    pub fn rows(&self) -> usize {
+    /// Query rows (a row of the attention matrix: one token and one head) per request,
+    /// token-major. Not a batch row, which is a request.
+    pub fn query_rows(&self) -> usize {
         self.q_len * self.heads
     }
 }
@@ -277,7 +278,7 @@ pub struct FlashBufs {
 impl FlashBufs {
     /// Elements of [`Self::done`] for `s`.
     pub fn done_len(s: &FlashShape) -> usize {
-        s.batch * s.rows().div_ceil(FLASH_ROWS)
+        s.batch * s.query_rows().div_ceil(FLASH_ROWS)
     }
 }
 
@@ -485,7 +486,7 @@ impl FlashKernels {
             "{} needs sm_90a",
             wide.function()
         );
-        let rows = s.rows();
+        let rows = s.query_rows();
         assert!(s.page >= 1, "a page holds at least one slot");
         // The wgmma kernel takes row maxima before scaling: only a positive scale keeps them.
         assert!(
