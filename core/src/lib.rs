@@ -22,4 +22,5 @@ pub mod reorder;
 pub mod request;
 pub mod rng;
 pub mod scheduler;
+pub mod split;
 pub mod verify;

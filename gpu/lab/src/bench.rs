@@ -10,6 +10,7 @@ use cudarc::driver::sys::CUevent_flags;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use specmla_core::split::invariant_split_plan;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
@@ -20,31 +21,6 @@ use specmla_gpu::ops::{
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).
 pub const CSV_HEADER: &str =
     "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm";
-
-/// The batch-invariant split plan for requests of `rows` query rows: (split unit in keys,
-/// most splits a request takes). A request longer than unit x count takes longer splits
-/// (a multiple of the unit). The plan depends on the model's shape (heads x q_len) and the
-/// request's own length, never on the batch.
-///
-/// Each split costs a CTA's cold start (its Q and first tiles) and a merge (on chip, in
-/// a cluster of the request's splits), while one split per request is fastest once the
-/// batch fills the GPU. `gpu-bench --sweep-splits` on the H100 (seesaw kernel, cluster
-/// merge), time against the best split count:
-/// - H 128, q 2 and 4: 1 split is best at every batch from 32;
-/// - H 128, q 1: 2 splits are best at B 32 and within 6-12% of 1 split at B 64 and 128;
-/// - H 16: 3 splits are best at B 32 (2 within 19%), 1 at B 128 (2 within 2-8%; 3 and 4
-///   cost 10-23% there).
-///
-/// So: one 64-row block (H 16) takes up to 2 splits of 1024+ keys; two blocks (H 128,
-/// q 1) up to 2 of 2048+; four or more (H 128, q 2 and up) one split, no merge at all.
-///
-/// Batches far below 32 requests leave SMs idle under this plan; the fast plan does not.
-pub fn invariant_plan(rows: usize) -> (usize, usize) {
-    match rows.div_ceil(FLASH_ROWS) {
-        0 | 1 => (1024, 2),
-        blocks => (2048, (4 / blocks).max(1)),
-    }
-}
 
 /// One attention shape of the sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -301,34 +277,6 @@ impl DecodeInputs {
     }
 }
 
-/// The plan of `splits` equal splits of a `context`-key request: (split size in keys, a
-/// whole number of `tile_keys` tiles, since a tile may span pages or part of one; the
-/// splits that takes).
-pub fn split_plan(context: usize, splits: usize, tile_keys: usize) -> (usize, usize) {
-    let split = context.div_ceil(splits).div_ceil(tile_keys) * tile_keys;
-    (split, context.div_ceil(split))
-}
-
-/// Split size of the fast mode, which may look at the batch: the most splits per request
-/// whose CTAs still run in one wave, at least one, at most one per 256 keys.
-/// `resident(n)` is how many requests' groups of n split CTAs the device runs at once
-/// ([`FlashKernels::resident_split_groups`]: SMs / n, or fewer where clusters of n must fit in
-/// a GPC). Past one wave a split only adds a cold start and a merge: `gpu-bench
-/// --sweep-splits` found the best count at every shape was the largest that fit one wave.
-pub fn fast_plan(
-    s: &BenchShape,
-    resident: &dyn Fn(usize) -> usize,
-    tile_keys: usize,
-) -> (usize, usize) {
-    let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
-    let most = s.context.div_ceil(256).max(1);
-    let splits = (1..=most)
-        .filter(|&n| groups <= resident(n))
-        .max()
-        .unwrap_or(1);
-    split_plan(s.context, splits, tile_keys)
-}
-
 /// One way to run the tensor-core decode at a shape: the kernel family for the wide rows,
 /// the split plan (split size in keys, most splits a request takes) and the mode label.
 #[derive(Clone, Copy, Debug)]
@@ -450,7 +398,7 @@ pub fn bench_baseline_decode(
     let q = Buf::<f32>::uninit(dev, tokens * s.heads * FLASH_DIM, "baseline queries")?;
     k.fill(dev, cache.ptr(), 0.01, cache.len())?;
     k.fill(dev, q.ptr(), 0.01, q.len())?;
-    let (split, _) = invariant_plan(s.q_len * s.heads);
+    let split = invariant_split_plan(s.q_len * s.heads, FLASH_ROWS).split_size_tokens;
     let seq = vec![s.context as i32; s.batch];
     let splits = vec![s.context.div_ceil(split) as i32; s.batch];
     let (td, sd, nd) = (
@@ -573,56 +521,4 @@ pub fn bench_prefill_path(
         bytes: s.bytes(),
         flops: s.flops(),
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{fast_plan, BenchShape};
-
-    fn shape(heads: usize, q_len: usize, batch: usize, context: usize) -> BenchShape {
-        BenchShape {
-            heads,
-            q_len,
-            batch,
-            context,
-            page: 64,
-        }
-    }
-
-    #[test]
-    fn the_invariant_plan_depends_on_the_model_shape_only() {
-        use super::invariant_plan;
-        assert_eq!(invariant_plan(16), (1024, 2));
-        assert_eq!(invariant_plan(64), (1024, 2));
-        assert_eq!(invariant_plan(128), (2048, 2));
-        assert_eq!(invariant_plan(192), (2048, 1));
-        assert_eq!(invariant_plan(512), (2048, 1));
-    }
-
-    #[test]
-    fn the_fast_plan_fills_one_wave() {
-        let plain = |n: usize| 132 / n;
-        // 64 CTAs a split on 132 SMs: two splits of 2048 fill one wave.
-        assert_eq!(fast_plan(&shape(128, 1, 32, 4096), &plain, 64), (2048, 2));
-        // 128 CTAs already fill it: one split.
-        assert_eq!(fast_plan(&shape(128, 1, 64, 16384), &plain, 64), (16384, 1));
-        // 1024 CTAs make 7.8 waves: splitting only adds cold starts.
-        assert_eq!(fast_plan(&shape(128, 4, 128, 4096), &plain, 64), (4096, 1));
-        // H 16, B 32: 32 CTAs, four splits; but where only 30 clusters of four fit at once
-        // (they must sit in one GPC), three.
-        assert_eq!(fast_plan(&shape(16, 1, 32, 4096), &plain, 64), (1024, 4));
-        let gpcs = |n: usize| if n == 4 { 30 } else { 132 / n };
-        assert_eq!(fast_plan(&shape(16, 1, 32, 4096), &gpcs, 64), (1408, 3));
-        // Splits stay whole tiles, at most one per 256 keys, whatever the page (96 is
-        // not a divisor of the tile).
-        for (h, q, b, l) in [(16, 1, 1, 300), (16, 1, 2, 100_000), (128, 2, 7, 5000)] {
-            let (split, n) = fast_plan(&shape(h, q, b, l), &|n| 132 / n, 64);
-            assert_eq!(n, l.div_ceil(split));
-            assert!(split.is_multiple_of(64), "{split}");
-            assert!(
-                l.div_ceil(split) <= l.div_ceil(256),
-                "{l} in splits of {split}"
-            );
-        }
-    }
 }

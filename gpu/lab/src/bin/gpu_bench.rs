@@ -7,11 +7,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel};
+use specmla_core::split::{equal_split_plan, fast_split_plan, invariant_split_plan};
+use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel, FLASH_ROWS};
 use specmla_gpu::{GpuDevice, GpuError};
 use specmla_gpu_lab::bench::{
-    bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, fast_plan, invariant_plan,
-    split_plan, BenchShape, Ceilings, DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
+    bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, BenchShape, Ceilings,
+    DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
 };
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
@@ -166,20 +167,22 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     } else {
         cli.reps
     };
-    let invariant = |s: &BenchShape| invariant_plan(s.q_len * s.heads);
+    let invariant = |s: &BenchShape| invariant_split_plan(s.q_len * s.heads, FLASH_ROWS).into();
     for s in shapes(cli) {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
         let v = |wide, plan, mode| FlashVariant { wide, plan, mode };
         let mut variants = Vec::new();
         if cli.sweep_splits {
             for (n, mode) in SWEEP_SPLITS {
-                let plan = split_plan(s.context, n, 64);
+                let plan: (usize, usize) = equal_split_plan(s.context, n, 64).into();
                 if n == 1 || plan.0 >= 256 {
                     variants.push(v(fk.wide, plan, mode));
                 }
             }
         } else {
-            let fast = fast_plan(&s, &|n| resident[n.min(resident.len() - 1)], 64);
+            let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
+            let resident = |n: usize| resident[n.min(resident.len() - 1)];
+            let fast: (usize, usize) = fast_split_plan(groups, s.context, &resident, 64).into();
             variants.push(v(fk.wide, invariant(&s), "invariant"));
             variants.push(v(fk.wide, fast, "fast"));
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
