@@ -21,6 +21,25 @@ pub(super) struct KeyPlan<'a> {
 }
 
 impl GpuBackend {
+    /// Writes the `n` latents in `ws.latent` into the drafter cache at `slots`, checked
+    /// on the host first: the one place the drafter's unchecked kernel write happens.
+    fn cache_drafter_latents(&self, ws: &mut Workspace, slots: &[i64], n: usize) -> Result<()> {
+        self.check_slots(slots)?;
+        ws.slots.write(&self.dev, slots)?;
+        // SAFETY: every slot just passed check_slots.
+        unsafe {
+            self.k.kv_write(
+                &self.dev,
+                ws.latent.ptr(),
+                ws.slots.ptr(),
+                self.drafter_cache.ptr(),
+                n,
+                self.dims.latent_dim(),
+            )
+        }?;
+        Ok(())
+    }
+
     pub(super) fn drafter_body(
         &self,
         ws: &mut Workspace,
@@ -33,8 +52,6 @@ impl GpuBackend {
         let w = &self.drafter.layer;
         ws.ids.write(&dev, &self.check_tokens(&pass.token_ids)?)?;
         ws.positions.write(&dev, &as_i32(&pass.positions))?;
-        self.check_slots(&pass.slot_mapping)?;
-        ws.slots.write(&dev, &pass.slot_mapping)?;
         // x = concat(embed(token), hidden_in) @ fc, built in xs/h/x.
         // SAFETY: ws.ids holds only ids that passed check_tokens above.
         unsafe {
@@ -60,17 +77,7 @@ impl GpuBackend {
             (n, 2 * hid, hid),
         )?;
         self.qkv(w, ws, n, true)?;
-        // SAFETY: the slots written to ws.slots just passed check_slots.
-        unsafe {
-            k.kv_write(
-                &dev,
-                ws.latent.ptr(),
-                ws.slots.ptr(),
-                self.drafter_cache.ptr(),
-                n,
-                d.latent_dim(),
-            )
-        }?;
+        self.cache_drafter_latents(ws, &pass.slot_mapping, n)?;
         // Sampled tokens only, over the keys and splits the core planned for each.
         let sample: Vec<i32> = pass
             .token_indices_to_sample
@@ -82,7 +89,7 @@ impl GpuBackend {
             num_splits: &pass.num_splits,
             split_size_tokens: pass.split_size_tokens,
         };
-        self.check_indices(&sample, n)?;
+        self.set_gather_rows(ws, &sample, n)?;
         self.sampled_attention(
             ws,
             w,
@@ -108,24 +115,12 @@ impl GpuBackend {
         let (k, d, md) = (&self.k, &self.dims, self.md);
         let (rows, hid) = (sample.len(), d.hidden_size);
         let qw = md.heads * md.qk();
-        // Compact the sampled rows of q and x to the front.
-        ws.logits_idx.write(&dev, sample)?;
+        // Compact the sampled rows of q and x to the front (the caller set the rows).
         let hv = self.attn_width();
         let attn = ws.attn.ptr().range(0, rows * hv);
         let xs = ws.xs.ptr();
-        // SAFETY: the gathered indices were checked against the pass's tokens (check_indices).
-        unsafe { k.gather_rows(&dev, ws.x.ptr(), ws.logits_idx.ptr(), xs, rows, hid) }?;
-        // SAFETY: the gathered indices were checked against the pass's tokens (check_indices).
-        unsafe {
-            k.gather_rows(
-                &dev,
-                ws.q.ptr(),
-                ws.logits_idx.ptr(),
-                ws.tmp.ptr(),
-                rows,
-                qw,
-            )
-        }?;
+        self.gather(ws, ws.x.ptr(), xs, rows, hid)?;
+        self.gather(ws, ws.q.ptr(), ws.tmp.ptr(), rows, qw)?;
         copy(&dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
         ws.block_table.write(&dev, &self.block_ids(table)?)?;
         ws.seq_lens.write(&dev, &as_i32(keys.kv_lens))?;
@@ -181,20 +176,8 @@ impl GpuBackend {
             (e, hid, hid),
         )?;
         ws.positions.write(&dev, &as_i32(&pass.context_positions))?;
-        self.check_slots(&pass.context_slots)?;
-        ws.slots.write(&dev, &pass.context_slots)?;
         self.qkv(w, ws, e, false)?;
-        // SAFETY: the slots written to ws.slots just passed check_slots.
-        unsafe {
-            k.kv_write(
-                &dev,
-                ws.latent.ptr(),
-                ws.slots.ptr(),
-                self.drafter_cache.ptr(),
-                e,
-                d.latent_dim(),
-            )
-        }?;
+        self.cache_drafter_latents(ws, &pass.context_slots, e)?;
         // The query block: token or mask embeddings, every position's latent cached.
         let nb = pass.block_tokens.len();
         let block_x: Vec<f32> = pass
@@ -204,20 +187,8 @@ impl GpuBackend {
             .collect();
         ws.x.write(&dev, &block_x)?;
         ws.positions.write(&dev, &as_i32(&pass.block_positions))?;
-        self.check_slots(&pass.block_slots)?;
-        ws.slots.write(&dev, &pass.block_slots)?;
         self.qkv(w, ws, nb, true)?;
-        // SAFETY: the slots written to ws.slots just passed check_slots.
-        unsafe {
-            k.kv_write(
-                &dev,
-                ws.latent.ptr(),
-                ws.slots.ptr(),
-                self.drafter_cache.ptr(),
-                nb,
-                d.latent_dim(),
-            )
-        }?;
+        self.cache_drafter_latents(ws, &pass.block_slots, nb)?;
         let hv = self.attn_width();
         let attn = ws.attn.ptr().range(0, nb * hv);
         k.fill(&dev, attn, 0.0, nb * hv)?;
@@ -225,19 +196,8 @@ impl GpuBackend {
         // Finish every block position, then keep offsets 1..=K of each row.
         self.finish(w, ws, ws.x.ptr(), attn, nb)?;
         let keep = as_i32(&pass.sample_indices);
-        self.check_indices(&keep, nb)?;
-        ws.logits_idx.write(&dev, &keep)?;
-        // SAFETY: the gathered indices were checked against the pass's tokens (check_indices).
-        unsafe {
-            k.gather_rows(
-                &dev,
-                ws.x.ptr(),
-                ws.logits_idx.ptr(),
-                ws.xs.ptr(),
-                keep.len(),
-                hid,
-            )
-        }?;
+        self.set_gather_rows(ws, &keep, nb)?;
+        self.gather(ws, ws.x.ptr(), ws.xs.ptr(), keep.len(), hid)?;
         copy(&dev, ws.xs.ptr(), ws.h.ptr(), keep.len() * hid)?;
         self.lm_head(
             ws,

@@ -191,14 +191,35 @@ impl GpuBackend {
         }
     }
 
-    /// Row indices a kernel will gather, each below `n`.
-    fn check_indices(&self, idx: &[i32], n: usize) -> Result<()> {
-        match idx.iter().find(|&&i| i < 0 || i as usize >= n) {
-            Some(i) => Err(GpuBackendError::BadPlan(format!(
+    /// Uploads row indices into `ws.logits_idx`, each checked below `n` first: the rows
+    /// [`Self::gather`] will read.
+    fn set_gather_rows(&self, ws: &mut Workspace, idx: &[i32], n: usize) -> Result<()> {
+        if let Some(i) = idx.iter().find(|&&i| i < 0 || i as usize >= n) {
+            return Err(GpuBackendError::BadPlan(format!(
                 "index {i} outside the {n} rows it gathers from"
-            ))),
-            None => Ok(()),
+            )));
         }
+        ws.logits_idx.write(&self.dev, idx)?;
+        Ok(())
+    }
+
+    /// `out[i] = src[ws.logits_idx[i]]` for the `rows` indices [`Self::set_gather_rows`]
+    /// uploaded, rows of `width` values: the one place the backend's unchecked gather runs.
+    fn gather(
+        &self,
+        ws: &Workspace,
+        src: DPtr<f32>,
+        out: DPtr<f32>,
+        rows: usize,
+        width: usize,
+    ) -> Result<()> {
+        // SAFETY: ws.logits_idx is written only by set_gather_rows, which checked every
+        // index against the rows it gathers from.
+        unsafe {
+            self.k
+                .gather_rows(&self.dev, src, ws.logits_idx.ptr(), out, rows, width)
+        }?;
+        Ok(())
     }
 
     /// Block ids as the kernels take them: NO_BLOCK becomes -1 (reads as NaN).

@@ -8,7 +8,7 @@ use specmla_core::block_pool::PAD_SLOT;
 use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 
-use super::{as_i32, AttendFn, DecodeLaunch, GpuBackend, GpuBackendError, Result};
+use super::{as_i32, AttendFn, DecodeLaunch, GpuBackend, Result};
 use crate::launch::DPtr;
 use crate::ops::{KeyBufs, State};
 use crate::weights::LayerWeights;
@@ -184,30 +184,14 @@ impl GpuBackend {
             ws.num_splits.write(&dev, &splits)?;
         }
         let idx: Vec<i32> = plan.logits_indices.iter().map(|&i| i as i32).collect();
-        if idx.iter().any(|&i| i as usize >= n.max(1)) {
-            return Err(GpuBackendError::BadPlan(
-                "logits index past the tokens".into(),
-            ));
-        }
-        ws.logits_idx.write(&dev, &idx)?;
+        self.set_gather_rows(ws, &idx, n)?;
         let ws_ref: &Workspace = ws;
         self.target_layers(ws_ref, n, &|me, l, w, attn| {
             me.eager_decode(ws_ref, plan, l, w, attn)?;
             me.prefill_rows(ws_ref, plan, l, w, attn)
         })?;
-        let k = &self.k;
         let hid = self.dims.hidden_size;
-        // SAFETY: the logits indices were checked against the token count above.
-        unsafe {
-            k.gather_rows(
-                &dev,
-                ws.x.ptr(),
-                ws.logits_idx.ptr(),
-                ws.xs.ptr(),
-                idx.len(),
-                hid,
-            )
-        }?;
+        self.gather(ws, ws.x.ptr(), ws.xs.ptr(), idx.len(), hid)?;
         self.lm_head(ws, &self.target.final_norm, &self.target.lm_head, idx.len())?;
         let rows: Vec<usize> = (0..idx.len()).collect();
         self.read_target(ws, n, &rows)
