@@ -14,8 +14,8 @@ use specmla_core::split::invariant_split_plan;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
-    DecodeBufs, DecodeShape, FlashBufs, FlashKernels, FlashShape, Kernels, KeyBufs, MlaDims, State,
-    WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
+    DecodeBufs, DecodeShape, FlashKernels, FlashShape, FlashWorkspace, Kernels, KeyBufs, MlaDims,
+    State, WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).
@@ -286,15 +286,6 @@ pub struct FlashVariant {
     pub mode: &'static str,
 }
 
-/// Output buffers of one variant's launches.
-struct FlashOutputs {
-    o_part: Buf<f32>,
-    lse_part: Buf<f32>,
-    out: Buf<f32>,
-    lse: Buf<f32>,
-    done: Buf<i32>,
-}
-
 /// Times the tensor-core decode at `inp.shape` in each of `variants`, interleaved round by
 /// round, each launch after `scrub` ([`time_interleaved_us`]). A row is `decode` on the
 /// device's default kernel, else the family's peer label (`decode_wgmma`, `decode_mma`).
@@ -307,7 +298,6 @@ pub fn bench_flash(
     scrub: &L2Scrub,
 ) -> Result<Vec<Measurement>, GpuError> {
     let s = inp.shape;
-    let rows = s.q_len * s.heads;
     let shape = |(split_size_tokens, max_splits): (usize, usize)| FlashShape {
         batch: s.batch,
         q_len: s.q_len,
@@ -317,41 +307,21 @@ pub fn bench_flash(
         split_size_tokens,
         max_splits,
     };
-    let mut outs = Vec::with_capacity(variants.len());
-    for v in variants {
-        let max_splits = v.plan.1;
-        outs.push(FlashOutputs {
-            o_part: Buf::uninit(
-                dev,
-                max_splits * s.batch * rows * FLASH_DV,
-                "bench partial outputs",
-            )?,
-            lse_part: Buf::uninit(dev, max_splits * s.batch * rows, "bench partial lse")?,
-            out: Buf::uninit(dev, s.batch * rows * FLASH_DV, "bench outputs")?,
-            lse: Buf::uninit(dev, s.batch * rows, "bench lse")?,
-            done: Buf::from_host(
-                dev,
-                &vec![0i32; s.batch * rows.div_ceil(FLASH_ROWS)],
-                "bench split counters",
-            )?,
-        });
-    }
+    let outs = variants
+        .iter()
+        .map(|v| FlashWorkspace::new(dev, shape(v.plan), None))
+        .collect::<Result<Vec<_>, _>>()?;
     let scale = 1.0 / 192f32.sqrt();
     let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = variants
         .iter()
         .zip(&outs)
         .map(|(v, o)| {
-            let bufs = FlashBufs {
-                q: inp.q.ptr(),
-                cache: inp.cache.ptr(),
-                block_table: inp.block_table.ptr(),
-                seq_lens: inp.seq_lens.ptr(),
-                o_part: o.o_part.ptr(),
-                lse_part: o.lse_part.ptr(),
-                out: o.out.ptr(),
-                lse: o.lse.ptr(),
-                done: o.done.ptr(),
-            };
+            let bufs = o.bufs(
+                inp.q.ptr(),
+                inp.cache.ptr(),
+                inp.block_table.ptr(),
+                inp.seq_lens.ptr(),
+            );
             let (wide, fs) = (v.wide, shape(v.plan));
             // SAFETY: DecodeInputs builds a block table that covers every seq_len with
             // blocks inside its cache.

@@ -306,7 +306,7 @@ pub fn check_flash_decode(
     ctx: &[usize],
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let batch = ctx.len();
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
@@ -332,32 +332,16 @@ pub fn check_flash_decode(
         // splits (a multiple of `split`).
         max_splits: max_len.div_ceil(split).clamp(1, 4),
     };
-    let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
-    let (o_part, lse_part) = (
-        poisoned(s.max_splits * batch * rows * FLASH_DV)?,
-        poisoned(s.max_splits * batch * rows)?,
-    );
-    let (out, lse) = (poisoned(batch * rows * FLASH_DV)?, poisoned(batch * rows)?);
+    let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
     let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
     let (td, sd) = (upload(dev, &table)?, upload(dev, &seq_lens)?);
-    let done = upload(dev, &vec![0i32; FlashBufs::done_len(&s)])?;
-    let bufs = FlashBufs {
-        q: qd.ptr(),
-        cache: cd.ptr(),
-        block_table: td.ptr(),
-        seq_lens: sd.ptr(),
-        o_part: o_part.ptr(),
-        lse_part: lse_part.ptr(),
-        out: out.ptr(),
-        lse: lse.ptr(),
-        done: done.ptr(),
-    };
+    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr());
     let scale = 1.0 / 192f32.sqrt();
     // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
     unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, scale) }?;
-    let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
+    let (got_out, got_lse) = (download(dev, &ws.out)?, download(dev, &ws.lse)?);
     // The split counters must be re-armed for the next launch (a CUDA graph replays them).
-    let rearmed = download(dev, &done)?.iter().all(|&c| c == 0);
+    let rearmed = download(dev, &ws.done)?.iter().all(|&c| c == 0);
     let shape = (q_len, heads, FLASH_DIM, FLASH_DV, page, width);
     let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale as f64);
     // The reference's LSE is [heads, tokens]; the kernel's is [batch, q_len * heads].
@@ -397,7 +381,7 @@ pub fn check_flash_invariance(
     (q_len, heads, page, split): (usize, usize, usize, usize),
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{FlashBufs, FlashShape, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ctx = [700usize, 1500, 90];
     let rows = q_len * heads;
@@ -427,29 +411,13 @@ pub fn check_flash_invariance(
             split_size_tokens: split,
             max_splits: max_len.div_ceil(split),
         };
-        let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
-        let (o_part, lse_part) = (
-            poisoned(s.max_splits * batch * rows * FLASH_DV)?,
-            poisoned(s.max_splits * batch * rows)?,
-        );
-        let (out, lse) = (poisoned(batch * rows * FLASH_DV)?, poisoned(batch * rows)?);
+        let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
         let (qd, td, sd) = (upload(dev, q)?, upload(dev, table)?, upload(dev, seq)?);
-        let done = upload(dev, &vec![0i32; FlashBufs::done_len(&s)])?;
-        let bufs = FlashBufs {
-            q: qd.ptr(),
-            cache: cache.ptr(),
-            block_table: td.ptr(),
-            seq_lens: sd.ptr(),
-            o_part: o_part.ptr(),
-            lse_part: lse_part.ptr(),
-            out: out.ptr(),
-            lse: lse.ptr(),
-            done: done.ptr(),
-        };
+        let bufs = ws.bufs(qd.ptr(), cache.ptr(), td.ptr(), sd.ptr());
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
         unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, 1.0 / 192f32.sqrt()) }?;
-        let mut v = download(dev, &out)?;
-        v.extend(download(dev, &lse)?);
+        let mut v = download(dev, &ws.out)?;
+        v.extend(download(dev, &ws.lse)?);
         Ok(v)
     };
     let run = |batch, q: &[u16], table: &[i32], seq: &[i32], split| {

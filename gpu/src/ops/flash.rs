@@ -10,8 +10,8 @@ use cudarc::driver::sys::CUfunction_attribute_enum;
 use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
 
 use crate::device::{GpuDevice, GpuError};
-use crate::launch::DPtr;
 use crate::launch::{launch_cfg, launch_cluster, max_active_clusters, Arg, TensorMap, THREADS};
+use crate::launch::{Buf, DPtr};
 
 /// The tensor-core decode's source, compiled on its own with its tile configuration.
 pub const FLASH_SRC: &str = include_str!("../../kernels/flash_decode.cu");
@@ -273,6 +273,63 @@ pub struct FlashBufs {
     /// memory, the Hopper kernels count its finished splits here (the last one merges
     /// them) and leave them zero again.
     pub done: DPtr<i32>,
+}
+
+/// The outputs and scratch of one flash decode shape: split partials, the merged output
+/// and its LSE, and the split counters (zeroed; the kernels re-arm them). Owned together
+/// so their sizes stay tied to the shape they were made for.
+pub struct FlashWorkspace {
+    pub shape: FlashShape,
+    pub o_part: Buf<f32>,
+    pub lse_part: Buf<f32>,
+    pub out: Buf<f32>,
+    pub lse: Buf<f32>,
+    pub done: Buf<i32>,
+}
+
+impl FlashWorkspace {
+    /// Allocates for `s`; with `poison`, every f32 buffer starts as that value (NaN in the
+    /// checks, so a value the kernel never wrote shows).
+    pub fn new(dev: &GpuDevice, s: FlashShape, poison: Option<f32>) -> Result<Self, GpuError> {
+        let rows = s.batch * s.query_rows();
+        let f32_buf = |len: usize, what: &str| match poison {
+            Some(v) => Buf::from_host(dev, &vec![v; len], what),
+            None => Buf::uninit(dev, len, what),
+        };
+        Ok(Self {
+            shape: s,
+            o_part: f32_buf(s.max_splits * rows * FLASH_DV, "flash partial outputs")?,
+            lse_part: f32_buf(s.max_splits * rows, "flash partial lse")?,
+            out: f32_buf(rows * FLASH_DV, "flash outputs")?,
+            lse: f32_buf(rows, "flash lse")?,
+            done: Buf::from_host(
+                dev,
+                &vec![0i32; FlashBufs::done_len(&s)],
+                "flash split counters",
+            )?,
+        })
+    }
+
+    /// A launch's buffers: these outputs, and the inputs given.
+    pub fn bufs(
+        &self,
+        q: DPtr<u16>,
+        cache: DPtr<u16>,
+        block_table: DPtr<i32>,
+        seq_lens: DPtr<i32>,
+    ) -> FlashBufs {
+        FlashBufs {
+            q,
+            cache,
+            block_table,
+            seq_lens,
+            o_part: self.o_part.ptr(),
+            lse_part: self.lse_part.ptr(),
+            out: self.out.ptr(),
+            lse: self.lse.ptr(),
+            done: self.done.ptr(),
+        }
+    }
 }
 
 impl FlashBufs {
