@@ -136,7 +136,7 @@ pub fn reorder(planner: Planner, rows: &[RowShape], threshold: usize) -> (Vec<us
 }
 
 /// The region each slot must hold once the rows are laid out region by region.
-pub fn target_regions(regions: &[Region]) -> Vec<Region> {
+fn target_regions(regions: &[Region]) -> Vec<Region> {
     let mut sorted = regions.to_vec();
     sorted.sort_unstable();
     sorted
