@@ -18,7 +18,7 @@ import sys
 import tempfile
 
 ROOT = os.environ.get("CUDA_WHEELS", "/tmp/cuda/x/nvidia/cu13")
-# The order ops.rs concatenates them in (after common.cuh, which the device prepends).
+# The order ops/flash.rs concatenates them in (after common.cuh, which the device prepends).
 SOURCES = ["common.cuh", "flash_decode.cu", "flash_wgmma.cu", "flash_seesaw.cu"]
 
 
