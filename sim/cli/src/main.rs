@@ -94,15 +94,20 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
     let all = scenarios::all();
     if json {
         let v = serde_json::json!({
-            "scenarios": all.iter().map(|s| serde_json::json!({"name": s.name, "description": s.description})).collect::<Vec<_>>(),
+            "scenarios": all.iter().map(|s| serde_json::json!({
+                "name": s.name, "description": s.description,
+                "config": specmla_sim::config_file::RunConfig::of(s, 0),
+            })).collect::<Vec<_>>(),
+            "planners": specmla_core::config::Planner::ALL.map(|p| p.name()),
             "backends": BackendProfile::ALL.iter().map(|p| serde_json::json!({"name": p.name(), "capabilities": p.capabilities()})).collect::<Vec<_>>(),
         });
         say!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
-    say!("scenarios:");
+    say!("scenarios (`sim config --scenario NAME` prints every setting):");
     for s in &all {
         say!("  {:<14} {}", s.name, s.description);
+        say!("  {:<14} {}", "", scenario_settings(s));
     }
     say!("\nbackend profiles:");
     say!(
@@ -123,5 +128,30 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
             if c.non_causal { "yes" } else { "no" }
         );
     }
+    let planners = specmla_core::config::Planner::ALL.map(|p| p.name());
+    say!(
+        "\nplanners: {} (the first is the default)",
+        planners.join(", ")
+    );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The settings that tell scenarios apart, on one line.
+fn scenario_settings(s: &scenarios::Scenario) -> String {
+    let c = &s.cfg;
+    let method = match c.spec.method {
+        specmla_core::config::SpecMethod::Off => "no speculation".to_string(),
+        specmla_core::config::SpecMethod::MultiStep => format!("multi-step K={}", c.spec.k()),
+        specmla_core::config::SpecMethod::DFlash => format!("DFlash K={}", c.spec.k()),
+    };
+    let profiles: Vec<&str> = c.backends.iter().map(|p| p.name()).collect();
+    format!(
+        "{}, {method}, {} requests, page {}, max_model_len {}, {} KV blocks{}",
+        profiles.join("+"),
+        s.workload.num_requests,
+        c.scheduler.page_size,
+        c.scheduler.max_model_len,
+        c.scheduler.num_gpu_blocks,
+        if c.cuda_graphs { ", graphs" } else { "" }
+    )
 }
