@@ -85,6 +85,17 @@ __device__ __forceinline__ int fd_split(int len, int unit, int max_splits) {
     return max(unit, (per + unit - 1) / unit * unit);
 }
 
+// Where the final LSE of row r of request b goes: [heads, B * q_len], the layout of the f32
+// kernels and the CPU reference (one layout, so a merge cannot read it transposed: F1).
+// Row r is token r / heads of the request and head r % heads; q_len = rows / heads.
+struct FdLseLayout {
+    int batch, rows, heads;
+    __device__ __forceinline__ long long at(int b, int r) const {
+        const int q_len = rows / heads;
+        return (long long)(r % heads) * batch * q_len + (long long)b * q_len + r / heads;
+    }
+};
+
 // q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
 // o_part [max_splits, B, rows, 512] f32; lse_part [max_splits, B, rows] f32 (natural log).
 //
@@ -479,11 +490,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     }
 }
 
-// Merges the splits of every row in split order, in f32: out [B, rows, 512], lse [B, rows].
+// Merges the splits of every row in split order, in f32: out [B, rows, 512], lse
+// [heads, B * q_len] (FdLseLayout).
 // (flash_decode_wgmma merges its own splits the same way.)
 extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                          const int* __restrict__ seq_lens, float* __restrict__ out,
-                                         float* __restrict__ lse, int batch, int rows, int split_size,
+                                         float* __restrict__ lse, int batch, int rows, int heads, int split_size,
                                          int max_splits) {
     int r = blockIdx.x, b = blockIdx.y;
     int split = fd_split(seq_lens[b], split_size, max_splits);
@@ -504,5 +516,5 @@ extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const
         }
         out[((long long)b * rows + r) * FD_DV + d] = denom > 0.f ? acc / denom : 0.f;
     }
-    if (threadIdx.x == 0) lse[(long long)b * rows + r] = denom > 0.f ? mx + logf(denom) : NEG_INF;
+    if (threadIdx.x == 0) lse[FdLseLayout{batch, rows, heads}.at(b, r)] = denom > 0.f ? mx + logf(denom) : NEG_INF;
 }

@@ -395,7 +395,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         }
     }
     __syncthreads();
-    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, row0,
+    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, heads, row0,
                 o_part, lse_part, out, lse, done);
 #endif
 }

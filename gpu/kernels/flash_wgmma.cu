@@ -244,7 +244,8 @@ __device__ __forceinline__ void fw_cluster_rows(const float* own, const float* w
 // its split plan alone.
 __device__ void fw_cluster_merge(const float* o, const float* inv, const float* lse_own, const int* lrow,
                                  unsigned char* scratch, int splits, int sp, long long row_at, int live_rows,
-                                 float* __restrict__ out, float* __restrict__ lse) {
+                                 FdLseLayout lay, int b, int row0, float* __restrict__ out,
+                                 float* __restrict__ lse) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     float* own = (float*)scratch;          // [64][FW_MSTRIDE]
     float* lse_s = own + 64 * FW_MSTRIDE;  // [64]
@@ -278,7 +279,7 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
             den += w;
         }
         wts[r * 9 + 8] = den;
-        lse[row_at + r] = den > 0.f ? mx + logf(den) : NEG_INF;
+        lse[lay.at(b, row0 + r)] = den > 0.f ? mx + logf(den) : NEG_INF;
     }
     __syncthreads();
     switch (splits) {
@@ -300,7 +301,7 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
 __device__ void merge_splits(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                              float* __restrict__ out, float* __restrict__ lse, int* counter, int* last,
                              float* scratch, int splits, long long row_at, int live_rows,
-                             long long split_rows) {
+                             long long split_rows, FdLseLayout lay, int b, int row0) {
     const int tid = threadIdx.x;
     __threadfence();  // this CTA's partial, visible before the count says so
     __syncthreads();
@@ -319,7 +320,7 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
             d += w;
         }
         den[tid] = d;
-        lse[row_at + tid] = d > 0.f ? mx + logf(d) : NEG_INF;
+        lse[lay.at(b, row0 + tid)] = d > 0.f ? mx + logf(d) : NEG_INF;
     }
     __syncthreads();
     // 8 float4 per thread in flight per split: the reads are L2 latency bound.
@@ -376,7 +377,7 @@ __device__ __forceinline__ float fw_lse_of(float m, float total) {
 __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, int* last,
                                             unsigned char* scratch, int seq_len,
-                                            int split, int sp, int b, int batch, int rows, int row0,
+                                            int split, int sp, int b, int batch, int rows, int heads, int row0,
                                             float* __restrict__ o_part, float* __restrict__ lse_part,
                                             float* __restrict__ out, float* __restrict__ lse,
                                             int* __restrict__ done) {
@@ -398,7 +399,9 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
     const int col0 = wg * 256 + (lane % 4) * 2;  // + 8 j: this thread's column pairs
     const bool final_here = seq_len <= split;
     const long long split_rows = (long long)batch * rows;
-    // Writes this CTA's rows (times inv) as [.., rows, 512] at `obase` and their LSE.
+    const FdLseLayout lay{batch, rows, heads};
+    // Writes this CTA's rows (times inv) as [.., rows, 512] at `obase` and their LSE: the
+    // final one (`lbase` null) in the FdLseLayout, a partial as [splits, B, rows].
     auto write_rows = [&](float* obase, float* lbase, long long base) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
@@ -408,11 +411,14 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
 #pragma unroll
             for (int j = 0; j < 32; ++j)
                 *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
-            if (wg == 0 && lane % 4 == 0) lbase[r] = lse_own[i];
+            if (wg == 0 && lane % 4 == 0) {
+                if (lbase) lbase[r] = lse_own[i];
+                else lse[lay.at(b, row0 + lrow[i])] = lse_own[i];
+            }
         }
     };
     if (final_here) {
-        write_rows(out, lse, (long long)b * rows);
+        write_rows(out, nullptr, (long long)b * rows);
         return;
     }
 #ifdef FW_NO_MERGE
@@ -424,12 +430,13 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
     asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(cluster_ctas));
     if (cluster_ctas > 1) {
         fw_cluster_merge(o, inv, lse_own, lrow, scratch, splits, sp, (long long)b * rows + row0,
-                         min(64, rows - row0), out, lse);
+                         min(64, rows - row0), lay, b, row0, out, lse);
         return;
     }
     write_rows(o_part, lse_part, ((long long)sp * batch + b) * rows);
     merge_splits(o_part, lse_part, out, lse, done + (long long)b * gridDim.x + blockIdx.x, last,
-                 (float*)scratch, splits, (long long)b * rows + row0, min(64, rows - row0), split_rows);
+                 (float*)scratch, splits, (long long)b * rows + row0, min(64, rows - row0), split_rows,
+                 lay, b, row0);
 }
 #endif
 
@@ -680,7 +687,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         // which both groups reach only past this wait.
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
-    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, row0,
+    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, heads, row0,
                 o_part, lse_part, out, lse, done);
 #endif
 }

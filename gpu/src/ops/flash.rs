@@ -267,7 +267,7 @@ pub struct FlashBufs {
     pub lse_part: DPtr<f32>,
     /// `[batch, rows, 512]`.
     pub out: DPtr<f32>,
-    /// `[batch, rows]`.
+    /// `[heads, batch * q_len]`: the f32 kernels' and the CPU reference's layout.
     pub lse: DPtr<f32>,
     /// `[batch, ceil(rows / 64)]` zeros: where a request's splits merge through global
     /// memory, the Hopper kernels count its finished splits here (the last one merges
@@ -640,6 +640,7 @@ impl FlashKernels {
             b.lse.into(),
             s.batch.into(),
             rows.into(),
+            s.heads.into(),
             s.split_size_tokens.into(),
             s.max_splits.into(),
         ];

@@ -208,11 +208,17 @@ fn list_names_scenarios_and_profiles() {
         assert!(out.contains(name), "{name} missing");
     }
     // Each scenario's distinguishing settings, and the planners.
-    assert!(out.contains("flashattn-mla, DFlash K=8, 10 requests, page 16"), "{out}");
+    assert!(
+        out.contains("flashattn-mla, DFlash K=8, 10 requests, page 16"),
+        "{out}"
+    );
     assert!(out.contains("planners: vllm, vllm-3region"), "{out}");
     let o = sim(&["list", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v["scenarios"][3]["config"]["engine"]["spec"]["method"], "dflash");
+    assert_eq!(
+        v["scenarios"][3]["config"]["engine"]["spec"]["method"],
+        "dflash"
+    );
 }
 
 #[test]
