@@ -72,9 +72,10 @@ extern "C" __global__ void mla_decode(const float* __restrict__ q,          // [
     float* o = out + ((long long)t * heads + h) * dv;
     for (int i = 0; i < MAX_DV_PER_THREAD; ++i) {
         int d = threadIdx.x + i * THREADS;
-        if (d < dv) o[d] = l_tot > 0.f ? acc_tot[i] / l_tot : 0.f;
+        if (d < dv) o[d] = l_tot == 0.f ? 0.f : acc_tot[i] / l_tot;
     }
-    if (threadIdx.x == 0) lse[(long long)h * num_tokens + t] = l_tot > 0.f ? m_tot + logf(l_tot) : NEG_INF;
+    // A NaN sum (a key on a missing block) stays NaN: the row is poisoned, not empty.
+    if (threadIdx.x == 0) lse[(long long)h * num_tokens + t] = l_tot == 0.f ? NEG_INF : m_tot + logf(l_tot);
 }
 
 // Gathers context positions [start, start + len) of one request from the paged cache

@@ -22,8 +22,19 @@ pub fn decode_f64(
         let limit = (seq_lens[r] as i64 - q_len as i64 + j as i64 + 1).max(0) as usize;
         for h in 0..heads {
             let qv = &q[(t * heads + h) * dim..][..dim];
+            // A position on a missing block (-1, or past the table's width) poisons the
+            // row: output and LSE NaN, as a read of the CPU's NaN-initialized cache does.
+            let block = |pos: usize| match pos / page {
+                p if p < width => usize::try_from(block_table[r * width + p]).ok(),
+                _ => None,
+            };
+            if (0..limit).any(|p| block(p).is_none()) {
+                out[(t * heads + h) * dv..][..dv].fill(f64::NAN);
+                lse[h * tokens + t] = f64::NAN;
+                continue;
+            }
             let key = |pos: usize| {
-                let slot = block_table[r * width + pos / page] as usize * page + pos % page;
+                let slot = block(pos).unwrap_or_default() * page + pos % page;
                 &cache[slot * dim..][..dim]
             };
             let scores: Vec<f64> = (0..limit)
@@ -102,4 +113,31 @@ pub fn prefill_f64(
         }
     }
     (out, lse)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::decode_f64;
+
+    /// One request of seq_len 3 and q_len 2, page 2, one head of width 1, keys 1..4 on
+    /// blocks [0, 1]: the first token sees positions 0..2 (block 0 only), the second
+    /// 0..3 (position 2 is on block 1). Taking block 1 away poisons the second token
+    /// alone; with seq_len 4 both tokens see block 1.
+    #[test]
+    fn a_missing_block_poisons_exactly_the_rows_that_see_it() {
+        let cache = [1.0f32, 2.0, 3.0, 4.0];
+        let q = [1.0f32, 1.0];
+        let shape = (2, 1, 1, 1, 2, 2);
+        let (whole_out, whole_lse) = decode_f64(&q, &cache, &[0, 1], &[3], shape, 1.0);
+        let (out, lse) = decode_f64(&q, &cache, &[0, -1], &[3], shape, 1.0);
+        assert_eq!((out[0], lse[0]), (whole_out[0], whole_lse[0]));
+        assert!(out[1].is_nan() && lse[1].is_nan());
+        // A table one page short reads the same as a -1 there.
+        let short = (2, 1, 1, 1, 2, 1);
+        let (out, lse) = decode_f64(&q, &cache, &[0], &[3], short, 1.0);
+        assert_eq!((out[0], lse[0]), (whole_out[0], whole_lse[0]));
+        assert!(out[1].is_nan() && lse[1].is_nan());
+        let (out, _) = decode_f64(&q, &cache, &[0, -1], &[4], shape, 1.0);
+        assert!(out.iter().all(|v| v.is_nan()));
+    }
 }
