@@ -96,6 +96,14 @@ struct FdLseLayout {
     }
 };
 
+// The table's width: no kernel reads past a request's `width` entries. A split's reads
+// stop at width * page (the tiles past it are never loaded), and a row whose causal
+// window reaches past it comes out poisoned (output and LSE NaN), as in the f32 decode;
+// the other rows stop before it and are exact. The merges keep a NaN (fd_max, and a zero
+// test instead of `> 0`). A -1 entry inside the width is still not allowed here (the
+// wrappers are unsafe on it): honouring it cost 3-15% (BENCHMARKS.md).
+__device__ __forceinline__ float fd_max(float a, float b) { return a != a || b != b ? NAN_F : fmaxf(a, b); }
+
 // q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
 // o_part [max_splits, B, rows, 512] f32; lse_part [max_splits, B, rows] f32 (natural log).
 //
@@ -120,7 +128,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
     const int kv_start = sp * split;
-    const int kv_end = min(kv_start + split, seq_len);
+    const int kv_end = min(min(kv_start + split, seq_len), width * page);
     if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     // Q rows of this CTA (zero-filled past the request's rows).
@@ -292,7 +300,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     for (int i = 0; i < 2; ++i) {
         int r = row0 + rg * 16 + lane / 4 + i * 8;
         if (!live[i]) continue;
-        float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        const bool poisoned = width * page < limit[i];  // it sees past the table
+        float inv = poisoned ? NAN_F : l[i] > 0.f ? 1.f / l[i] : 0.f;
         float* dst = o_part + (base + r) * FD_DV + vh * FD_VCOLS + (lane % 4) * 2;
 #pragma unroll
         for (int n = 0; n < FD_VCOLS / 8; ++n) {
@@ -300,7 +309,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             dst[n * 8 + 1] = o[n][2 * i + 1] * inv;
         }
         if (vh == 0 && lane % 4 == 0)
-            lse_part[base + r] = l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
+            lse_part[base + r] = poisoned ? NAN_F : l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
     }
 }
 
@@ -325,7 +334,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
     const int kv_start = sp * split;
-    const int kv_end = min(kv_start + split, seq_len);
+    const int kv_end = min(min(kv_start + split, seq_len), width * page);
     if (kv_start >= seq_len && sp > 0) return;
 
     const unsigned short* qb = q + (long long)b * rows * FD_D;
@@ -484,9 +493,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             total_l += ml[(g * 16 + r) * 2 + 1] * exp2f(ml[(g * 16 + r) * 2] - bm);
             acc += obuf[(g * 16 + r) * FD_DV + c];
         }
-        o_part[(base + r) * FD_DV + c] = total_l > 0.f ? acc / total_l : 0.f;
+        const bool poisoned = width * page < seq_len - q_len + r / heads + 1;  // sees past the table
+        o_part[(base + r) * FD_DV + c] = poisoned ? NAN_F : total_l > 0.f ? acc / total_l : 0.f;
         if (c == 0)
-            lse_part[base + r] = total_l > 0.f ? (mm + log2f(total_l)) * 0.6931471805599453f : NEG_INF;
+            lse_part[base + r] = poisoned ? NAN_F
+                                 : total_l > 0.f ? (mm + log2f(total_l)) * 0.6931471805599453f
+                                                 : NEG_INF;
     }
 }
 
@@ -501,7 +513,7 @@ extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const
     int split = fd_split(seq_lens[b], split_size, max_splits);
     int n = max(1, (seq_lens[b] + split - 1) / split);
     float mx = NEG_INF;
-    for (int s = 0; s < n; ++s) mx = fmaxf(mx, lse_part[((long long)s * batch + b) * rows + r]);
+    for (int s = 0; s < n; ++s) mx = fd_max(mx, lse_part[((long long)s * batch + b) * rows + r]);
     float denom = 0.f;
     for (int s = 0; s < n; ++s) {
         float w = mx == NEG_INF ? 0.f : __expf(lse_part[((long long)s * batch + b) * rows + r] - mx);
@@ -514,7 +526,7 @@ extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const
             float w = mx == NEG_INF ? 0.f : __expf(lse_part[i] - mx);
             acc += w * o_part[i * FD_DV + d];
         }
-        out[((long long)b * rows + r) * FD_DV + d] = denom > 0.f ? acc / denom : 0.f;
+        out[((long long)b * rows + r) * FD_DV + d] = denom == 0.f ? 0.f : acc / denom;
     }
-    if (threadIdx.x == 0) lse[FdLseLayout{batch, rows, heads}.at(b, r)] = denom > 0.f ? mx + logf(denom) : NEG_INF;
+    if (threadIdx.x == 0) lse[FdLseLayout{batch, rows, heads}.at(b, r)] = denom == 0.f ? NEG_INF : mx + logf(denom);
 }

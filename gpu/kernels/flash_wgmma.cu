@@ -231,8 +231,8 @@ __device__ __forceinline__ void fw_cluster_rows(const float* own, const float* w
         }
         const float den = wts[r * 9 + 8];
         *(float4*)(out + (row_at + r) * FD_DV + c) =
-            den > 0.f ? make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den)
-                      : make_float4(0.f, 0.f, 0.f, 0.f);
+            den == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
+                       : make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den);
     }
 }
 
@@ -270,7 +270,7 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
         for (int t = 0; t < 8; ++t)
             lt[t] = t >= splits ? NEG_INF : t == sp ? lse_s[r] : fw_ld_cluster(fw_mapa(at, t));
 #pragma unroll
-        for (int t = 0; t < 8; ++t) mx = fmaxf(mx, lt[t]);
+        for (int t = 0; t < 8; ++t) mx = fd_max(mx, lt[t]);
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
             if (t >= splits) break;
@@ -279,7 +279,7 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
             den += w;
         }
         wts[r * 9 + 8] = den;
-        lse[lay.at(b, row0 + r)] = den > 0.f ? mx + logf(den) : NEG_INF;
+        lse[lay.at(b, row0 + r)] = den == 0.f ? NEG_INF : mx + logf(den);
     }
     __syncthreads();
     switch (splits) {
@@ -312,7 +312,7 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
     float* den = scratch + splits * 64;
     if (tid < live_rows) {
         float mx = NEG_INF;
-        for (int t = 0; t < splits; ++t) mx = fmaxf(mx, __ldcg(lse_part + t * split_rows + row_at + tid));
+        for (int t = 0; t < splits; ++t) mx = fd_max(mx, __ldcg(lse_part + t * split_rows + row_at + tid));
         float d = 0.f;
         for (int t = 0; t < splits; ++t) {
             float w = mx == NEG_INF ? 0.f : __expf(__ldcg(lse_part + t * split_rows + row_at + tid) - mx);
@@ -320,7 +320,7 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
             d += w;
         }
         den[tid] = d;
-        lse[lay.at(b, row0 + tid)] = d > 0.f ? mx + logf(d) : NEG_INF;
+        lse[lay.at(b, row0 + tid)] = d == 0.f ? NEG_INF : mx + logf(d);
     }
     __syncthreads();
     // 8 float4 per thread in flight per split: the reads are L2 latency bound.
@@ -354,8 +354,8 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
             int i = i0 + u * FW_THREADS;
             if (i >= n4) break;
             float d = den[i / (FD_DV / 4)];
-            dst[i] = d > 0.f ? make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d)
-                             : make_float4(0.f, 0.f, 0.f, 0.f);
+            dst[i] = d == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
+                              : make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d);
         }
     }
     if (tid == 0) *counter = 0;
@@ -378,6 +378,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
                                             const bool* live, float* red, int* last,
                                             unsigned char* scratch, int seq_len,
                                             int split, int sp, int b, int batch, int rows, int heads, int row0,
+                                            int table_end,
                                             float* __restrict__ o_part, float* __restrict__ lse_part,
                                             float* __restrict__ out, float* __restrict__ lse,
                                             int* __restrict__ done) {
@@ -395,6 +396,8 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
         float total = red[lrow[i]] + red[64 + lrow[i]];
         inv[i] = total > 0.f ? 1.f / total : 0.f;
         lse_own[i] = fw_lse_of(m[i], total);
+        // Poisoned: its causal window reaches past the table's end (flash_decode.cu).
+        if (table_end < seq_len - rows / heads + (row0 + lrow[i]) / heads + 1) inv[i] = lse_own[i] = NAN_F;
     }
     const int col0 = wg * 256 + (lane % 4) * 2;  // + 8 j: this thread's column pairs
     const bool final_here = seq_len <= split;
@@ -468,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
     const int kv_start = sp * split;
-    const int kv_end = min(kv_start + split, seq_len);
+    const int kv_end = min(min(kv_start + split, seq_len), width * page);  // nothing past the table
     if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     fw_load_q(qs, q, b, rows, row0);
@@ -688,6 +691,6 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, heads, row0,
-                o_part, lse_part, out, lse, done);
+                width * page, o_part, lse_part, out, lse, done);
 #endif
 }

@@ -243,11 +243,13 @@ pub fn check_decode(
 /// tokens before the last do not see it), and request 3 is whole. The long request comes
 /// first, so a read past its table row would find request 1's first block: a valid one,
 /// and a wrong answer instead of a NaN. Rows that see a missing page must be NaN (output
-/// and LSE, as on the CPU), every other row exact. (The bf16 flash kernels do not honour
-/// a missing block yet: their wrappers require a whole table.)
+/// and LSE, as on the CPU), every other row exact. The bf16 flash kernels take the same
+/// batch with the table one page short but no -1 (their wrappers do not allow one), on
+/// every kernel and merge.
 fn missing_block_checks(
     dev: &GpuDevice,
     k: &Kernels,
+    fk: &FlashKernels,
     results: &mut Vec<CaseResult>,
 ) -> Result<(), GpuError> {
     let page = 64;
@@ -269,6 +271,12 @@ fn missing_block_checks(
             split_size_tokens: 256,
         };
         results.push(check_decode(dev, k, s, &ctx, holes, 700 + q_len as u64)?);
+        // q 1 x 16 heads takes the narrow mma.sync kernel, 2 x 16 the wide one.
+        for wide in wide_kernels(fk) {
+            let shape = (q_len, 16, page, 256);
+            let seed = 710 + q_len as u64;
+            results.push(check_flash_decode(dev, fk, wide, shape, &ctx, 1, seed)?);
+        }
     }
     Ok(())
 }
@@ -383,6 +391,7 @@ pub fn check_flash_decode(
     (wide, merge): (WideKernel, SplitMerge),
     (q_len, heads, page, split): (usize, usize, usize, usize),
     ctx: &[usize],
+    cut_pages: usize,
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
     use specmla_gpu::ops::{FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
@@ -390,7 +399,8 @@ pub fn check_flash_decode(
     let batch = ctx.len();
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
     let max_len = *seq_lens.iter().max().unwrap_or(&1) as usize;
-    let width = max_len.div_ceil(page).max(1);
+    // `cut_pages` short of the longest request: the rows that see past it must be NaN.
+    let width = max_len.div_ceil(page).max(1 + cut_pages) - cut_pages;
     let num_blocks = batch * width + 1;
     let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
     for i in (1..blocks.len()).rev() {
@@ -416,7 +426,8 @@ pub fn check_flash_decode(
     let (td, sd) = (upload(dev, &table)?, upload(dev, &seq_lens)?);
     let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr());
     let scale = 1.0 / 192f32.sqrt();
-    // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
+    // SAFETY: the check's block table names blocks inside its cache, no -1; a seq_len
+    // past the width is allowed (the kernels read nothing past it).
     unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, scale) }?;
     let (got_out, got_lse) = (download(dev, &ws.out)?, download(dev, &ws.lse)?);
     // The split counters must be re-armed for the next launch (a CUDA graph replays them).
@@ -428,8 +439,13 @@ pub fn check_flash_decode(
     Ok(CaseResult {
         kernel: k.decode_function(rows, page, wide),
         case: format!(
-            "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}{}",
+            "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}{}{}",
             merge_label(wide, merge),
+            if cut_pages > 0 {
+                format!("; table {cut_pages} page(s) short")
+            } else {
+                String::new()
+            },
             if rearmed {
                 ""
             } else {
@@ -697,11 +713,12 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
                 wide,
                 (q_len, heads, page, split),
                 &ctx,
+                0,
                 500 + i as u64,
             )?);
         }
     }
-    missing_block_checks(dev, &k, &mut results)?;
+    missing_block_checks(dev, &k, &fk, &mut results)?;
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
         .into_iter()
         .enumerate()

@@ -496,8 +496,10 @@ impl FlashKernels {
     /// then the splits merged in split order. `scale` is the softmax scale.
     ///
     /// # Safety
-    /// The block table covers every request's `seq_len` with blocks inside `cache`: the
-    /// kernels read where it says, unchecked.
+    /// Every entry of the block table's `width` columns that a request's `seq_len` reaches
+    /// names a block inside `cache` (no -1): the kernels read where it says, unchecked. A
+    /// `seq_len` past `width * page` is allowed: nothing past the table is read, and the
+    /// rows that would see past it come out NaN.
     pub unsafe fn flash_decode(
         &self,
         dev: &GpuDevice,
