@@ -7,9 +7,10 @@ use std::sync::Arc;
 
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::sys::CUevent_flags;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
+use crate::checks::shuffled_ids;
 use specmla_core::split::invariant_split_plan;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
@@ -262,10 +263,7 @@ impl DecodeInputs {
         k.fill_bf16_hash(dev, q.ptr(), q.len(), seed as u32)?;
         k.fill_bf16_hash(dev, cache.ptr(), cache.len(), seed as u32 ^ 0x9e37_79b9)?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let mut table: Vec<i32> = (0..blocks as i32).collect();
-        for i in (1..table.len()).rev() {
-            table.swap(i, rng.gen_range(0..=i));
-        }
+        let table: Vec<i32> = shuffled_ids(&mut rng, blocks);
         Ok(Self {
             shape: s,
             q,
@@ -360,10 +358,7 @@ pub fn bench_baseline_decode(
     let width = s.context.div_ceil(s.page);
     let tokens = s.batch * s.q_len;
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    let mut table: Vec<i32> = (0..(s.batch * width) as i32).collect();
-    for i in (1..table.len()).rev() {
-        table.swap(i, rng.gen_range(0..=i));
-    }
+    let table: Vec<i32> = shuffled_ids(&mut rng, s.batch * width);
     let cache = Buf::<f32>::uninit(dev, s.batch * width * s.page * FLASH_DIM, "baseline cache")?;
     let q = Buf::<f32>::uninit(dev, tokens * s.heads * FLASH_DIM, "baseline queries")?;
     k.fill(dev, cache.ptr(), 0.01, cache.len())?;

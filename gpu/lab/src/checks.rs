@@ -5,6 +5,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::reference::{decode_f64, prefill_f64};
+use specmla_core::config::ModelDims;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{
@@ -34,6 +35,15 @@ fn download<T: cudarc::driver::DeviceRepr>(
     d.read(dev, d.len())
 }
 
+/// 0..n in a random order (Fisher-Yates from the end), as slot or block ids.
+pub fn shuffled_ids<T: From<i32>>(rng: &mut ChaCha8Rng, n: usize) -> Vec<T> {
+    let mut ids: Vec<i32> = (0..n as i32).collect();
+    for i in (1..n).rev() {
+        ids.swap(i, rng.gen_range(0..=i));
+    }
+    ids.into_iter().map(T::from).collect()
+}
+
 /// kv_write: random rows to shuffled slots, some PAD; untouched slots keep a sentinel.
 pub fn check_kv_write(
     dev: &GpuDevice,
@@ -47,10 +57,7 @@ pub fn check_kv_write(
     let latent: Vec<f32> = (0..tokens * dim)
         .map(|_| rng.gen_range(-1.0..1.0))
         .collect();
-    let mut order: Vec<i64> = (0..slots as i64).collect();
-    for i in (1..order.len()).rev() {
-        order.swap(i, rng.gen_range(0..=i));
-    }
+    let order: Vec<i64> = shuffled_ids(&mut rng, slots);
     let slot_mapping: Vec<i64> = (0..tokens)
         .map(|t| if t % 5 == 3 { -1 } else { order[t] })
         .collect();
@@ -92,10 +99,7 @@ pub fn check_gather(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let width = (start + len).div_ceil(page).max(1);
     let num_blocks = width * 2;
-    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..blocks.len()).rev() {
-        blocks.swap(i, rng.gen_range(0..=i));
-    }
+    let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
     let row = blocks[..width].to_vec();
     let cache: Vec<f32> = (0..num_blocks * page * dim)
         .map(|_| rng.gen_range(-1.0..1.0))
@@ -176,10 +180,7 @@ pub fn check_decode(
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + s.q_len) as i32).collect();
     let num_blocks = s.num_rows * s.width + 1;
-    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..blocks.len()).rev() {
-        blocks.swap(i, rng.gen_range(0..=i));
-    }
+    let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
     let mut block_table = blocks[..s.num_rows * s.width].to_vec();
     holes.apply(&mut block_table, s.width);
     let cache: Vec<f32> = (0..num_blocks * s.page * s.dim)
@@ -402,10 +403,7 @@ pub fn check_flash_decode(
     // `cut_pages` short of the longest request: the rows that see past it must be NaN.
     let width = max_len.div_ceil(page).max(1 + cut_pages) - cut_pages;
     let num_blocks = batch * width + 1;
-    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..blocks.len()).rev() {
-        blocks.swap(i, rng.gen_range(0..=i));
-    }
+    let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
     let table = blocks[..batch * width].to_vec();
     let (cache_bits, cache) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
     let rows = q_len * heads;
@@ -475,10 +473,7 @@ pub fn check_flash_invariance(
     let max_len = ctx.iter().max().unwrap() + q_len;
     let width = max_len.div_ceil(page);
     let num_blocks = ctx.len() * width;
-    let mut blocks: Vec<i32> = (0..num_blocks as i32).collect();
-    for i in (1..blocks.len()).rev() {
-        blocks.swap(i, rng.gen_range(0..=i));
-    }
+    let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
     let (cache_bits, _) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
     let (q_bits, _) = bf16_vec(&mut rng, ctx.len() * rows * FLASH_DIM, 1.0);
     let cache = upload(dev, &cache_bits)?;
@@ -733,19 +728,10 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
             )?);
         }
     }
-    let tiny = MlaDims {
-        heads: 4,
-        kv_lora: 32,
-        rope: 8,
-        nope: 16,
-        dv: 16,
-    };
+    let tiny = MlaDims::from(&ModelDims::tiny());
     let dsv3 = MlaDims {
         heads: 16,
-        kv_lora: 512,
-        rope: 64,
-        nope: 128,
-        dv: 128,
+        ..MlaDims::from(&ModelDims::deepseek_v3())
     };
     for d in [tiny, dsv3] {
         for (ctx, m) in [(0, 1), (0, 9), (1, 2), (37, 1), (37, 5), (300, 9)] {

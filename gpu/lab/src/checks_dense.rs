@@ -6,6 +6,7 @@ use rand_chacha::ChaCha8Rng;
 use specmla_model::{apply_rope, matvec, rms_norm, silu, RMS_EPS};
 
 use crate::checks::CaseResult;
+use specmla_core::config::ModelDims;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{Kernels, MlaDims};
@@ -230,20 +231,8 @@ pub fn run_dense(dev: &GpuDevice, k: &Kernels) -> Result<Vec<CaseResult>, GpuErr
     {
         results.extend(check_matmul_norm(dev, k, shape, 300 + i as u64)?);
     }
-    let tiny = MlaDims {
-        heads: 4,
-        kv_lora: 32,
-        rope: 8,
-        nope: 16,
-        dv: 16,
-    };
-    let dsv3 = MlaDims {
-        heads: 128,
-        kv_lora: 512,
-        rope: 64,
-        nope: 128,
-        dv: 128,
-    };
+    let tiny = MlaDims::from(&ModelDims::tiny());
+    let dsv3 = MlaDims::from(&ModelDims::deepseek_v3());
     for (i, (d, n)) in [(tiny, 1), (tiny, 37), (dsv3, 3)].into_iter().enumerate() {
         results.extend(check_rope_mlp_absorb(dev, k, d, n, 400 + i as u64)?);
     }
