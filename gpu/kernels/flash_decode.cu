@@ -96,12 +96,17 @@ struct FdLseLayout {
     }
 };
 
-// The table's width: no kernel reads past a request's `width` entries. A split's reads
-// stop at width * page (the tiles past it are never loaded), and a row whose causal
-// window reaches past it comes out poisoned (output and LSE NaN), as in the f32 decode;
-// the other rows stop before it and are exact. The merges keep a NaN (fd_max, and a zero
-// test instead of `> 0`). A -1 entry inside the width is still not allowed here (the
-// wrappers are unsafe on it): honouring it cost 3-15% (BENCHMARKS.md).
+// Missing blocks. `mapped_kv_tokens[b]` is how many of request b's keys its block table
+// maps before the first hole: a -1 entry or the end of the table's `width` columns
+// (`mapped_kv_tokens` in ops/flash.rs computes it on the host from the table it uploads).
+// A split's reads stop there (the tiles past it are never loaded, no -1 is ever
+// dereferenced), and a row whose causal window reaches past it comes out poisoned (output
+// and LSE NaN), as in the f32 decode; the other rows stop before it and are exact. The
+// merges keep a NaN (fd_max, and a zero test instead of `> 0`). One load per CTA instead
+// of a table scan: scanning in the kernels cost 3-15% (BENCHMARKS.md).
+__device__ __forceinline__ int fd_mapped(const int* mapped_kv_tokens, int b, int width, int page) {
+    return min(mapped_kv_tokens[b], width * page);
+}
 __device__ __forceinline__ float fd_max(float a, float b) { return a != a || b != b ? NAN_F : fmaxf(a, b); }
 
 // q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
@@ -114,6 +119,7 @@ __device__ __forceinline__ float fd_max(float a, float b) { return a != a || b !
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                  const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                 const int* __restrict__ mapped_kv_tokens,
                  float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
                  int heads, int q_len, int page, int width, int split_size, int max_splits,
                  float scale_log2) {
@@ -128,7 +134,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
     const int kv_start = sp * split;
-    const int kv_end = min(min(kv_start + split, seq_len), width * page);
+    const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
+    const int kv_end = min(min(kv_start + split, seq_len), mapped);
     if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     // Q rows of this CTA (zero-filled past the request's rows).
@@ -300,7 +307,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     for (int i = 0; i < 2; ++i) {
         int r = row0 + rg * 16 + lane / 4 + i * 8;
         if (!live[i]) continue;
-        const bool poisoned = width * page < limit[i];  // it sees past the table
+        const bool poisoned = mapped < limit[i];  // it sees a missing block
         float inv = poisoned ? NAN_F : l[i] > 0.f ? 1.f / l[i] : 0.f;
         float* dst = o_part + (base + r) * FD_DV + vh * FD_VCOLS + (lane % 4) * 2;
 #pragma unroll
@@ -322,6 +329,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode_narrow(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                         const int* __restrict__ block_table, const int* __restrict__ seq_lens,
+                 const int* __restrict__ mapped_kv_tokens,
                         float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
                         int heads, int q_len, int page, int width, int split_size, int max_splits,
                  float scale_log2) {
@@ -334,7 +342,8 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
     const int kv_start = sp * split;
-    const int kv_end = min(min(kv_start + split, seq_len), width * page);
+    const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
+    const int kv_end = min(min(kv_start + split, seq_len), mapped);
     if (kv_start >= seq_len && sp > 0) return;
 
     const unsigned short* qb = q + (long long)b * rows * FD_D;
@@ -493,7 +502,7 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
             total_l += ml[(g * 16 + r) * 2 + 1] * exp2f(ml[(g * 16 + r) * 2] - bm);
             acc += obuf[(g * 16 + r) * FD_DV + c];
         }
-        const bool poisoned = width * page < seq_len - q_len + r / heads + 1;  // sees past the table
+        const bool poisoned = mapped < seq_len - q_len + r / heads + 1;  // sees a missing block
         o_part[(base + r) * FD_DV + c] = poisoned ? NAN_F : total_l > 0.f ? acc / total_l : 0.f;
         if (c == 0)
             lse_part[base + r] = poisoned ? NAN_F

@@ -96,7 +96,8 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
     const int kv_start = sp * split;
-    const int kv_end = min(min(kv_start + split, seq_len), width * page);  // nothing past the table
+    const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
+    const int kv_end = min(min(kv_start + split, seq_len), mapped);  // nothing past a hole
     if (kv_start >= seq_len && sp > 0) return;  // the merge never reads this split
 
     fw_load_q(qs, q, b, rows, row0);
@@ -396,6 +397,6 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, heads, row0,
-                width * page, o_part, lse_part, out, lse, done);
+                mapped, o_part, lse_part, out, lse, done);
 #endif
 }

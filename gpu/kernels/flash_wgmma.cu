@@ -113,6 +113,7 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 #define FW_DECODE_PARAMS                                                                              \
     const unsigned short *__restrict__ q, const unsigned short *__restrict__ cache,                   \
         const int *__restrict__ block_table, const int *__restrict__ seq_lens,                        \
+        const int *__restrict__ mapped_kv_tokens,                                                     \
         float *__restrict__ o_part, float *__restrict__ lse_part, int batch, int rows, int heads,      \
         int q_len, int page, int width, int split_size, int max_splits, float scale_log2,             \
         float *__restrict__ out, float *__restrict__ lse, int *__restrict__ done,                      \
@@ -378,7 +379,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
                                             const bool* live, float* red, int* last,
                                             unsigned char* scratch, int seq_len,
                                             int split, int sp, int b, int batch, int rows, int heads, int row0,
-                                            int table_end,
+                                            int mapped,
                                             float* __restrict__ o_part, float* __restrict__ lse_part,
                                             float* __restrict__ out, float* __restrict__ lse,
                                             int* __restrict__ done) {
@@ -396,8 +397,8 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
         float total = red[lrow[i]] + red[64 + lrow[i]];
         inv[i] = total > 0.f ? 1.f / total : 0.f;
         lse_own[i] = fw_lse_of(m[i], total);
-        // Poisoned: its causal window reaches past the table's end (flash_decode.cu).
-        if (table_end < seq_len - rows / heads + (row0 + lrow[i]) / heads + 1) inv[i] = lse_own[i] = NAN_F;
+        // Poisoned: its causal window reaches a missing block (flash_decode.cu).
+        if (mapped < seq_len - rows / heads + (row0 + lrow[i]) / heads + 1) inv[i] = lse_own[i] = NAN_F;
     }
     const int col0 = wg * 256 + (lane % 4) * 2;  // + 8 j: this thread's column pairs
     const bool final_here = seq_len <= split;
@@ -471,7 +472,8 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int seq_len = seq_lens[b];
     const int split = fd_split(seq_len, split_size, max_splits);
     const int kv_start = sp * split;
-    const int kv_end = min(min(kv_start + split, seq_len), width * page);  // nothing past the table
+    const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
+    const int kv_end = min(min(kv_start + split, seq_len), mapped);  // nothing past a hole
     if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     fw_load_q(qs, q, b, rows, row0);
@@ -691,6 +693,6 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, heads, row0,
-                width * page, o_part, lse_part, out, lse, done);
+                mapped, o_part, lse_part, out, lse, done);
 #endif
 }

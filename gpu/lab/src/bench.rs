@@ -15,7 +15,7 @@ use specmla_core::split::invariant_split_plan;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
-    DecodeBufs, DecodeShape, FlashKernels, FlashShape, FlashWorkspace, Kernels, KeyBufs, MlaDims,
+    mapped_kv_tokens, DecodeBufs, DecodeShape, FlashKernels, FlashShape, FlashWorkspace, Kernels, KeyBufs, MlaDims,
     State, WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
@@ -250,6 +250,7 @@ pub struct DecodeInputs {
     pub cache: Buf<u16>,
     pub block_table: Buf<i32>,
     pub seq_lens: Buf<i32>,
+    pub mapped_kv_tokens: Buf<i32>,
     pub width: usize,
 }
 
@@ -270,6 +271,11 @@ impl DecodeInputs {
             cache,
             block_table: Buf::from_host(dev, &table, "bench block table")?,
             seq_lens: Buf::from_host(dev, &vec![s.context as i32; s.batch], "bench seq_lens")?,
+            mapped_kv_tokens: Buf::from_host(
+                dev,
+                &mapped_kv_tokens(&table, width, s.page),
+                "bench mapped keys",
+            )?,
             width,
         })
     }
@@ -319,10 +325,11 @@ pub fn bench_flash(
                 inp.cache.ptr(),
                 inp.block_table.ptr(),
                 inp.seq_lens.ptr(),
+                inp.mapped_kv_tokens.ptr(),
             );
             let (wide, fs) = (v.wide, shape(v.plan));
-            // SAFETY: DecodeInputs builds a block table that covers every seq_len with
-            // blocks inside its cache.
+            // SAFETY: DecodeInputs builds a block table with no hole, every entry inside
+            // its cache, and its mapped keys from that table.
             Box::new(move || unsafe { k.flash_decode_with(wide, dev, fs, bufs, scale) })
                 as Box<dyn FnMut() -> Result<(), GpuError> + '_>
         })

@@ -245,8 +245,7 @@ pub fn check_decode(
 /// first, so a read past its table row would find request 1's first block: a valid one,
 /// and a wrong answer instead of a NaN. Rows that see a missing page must be NaN (output
 /// and LSE, as on the CPU), every other row exact. The bf16 flash kernels take the same
-/// batch with the table one page short but no -1 (their wrappers do not allow one), on
-/// every kernel and merge.
+/// batch, holes and all, on every kernel and merge.
 fn missing_block_checks(
     dev: &GpuDevice,
     k: &Kernels,
@@ -276,7 +275,7 @@ fn missing_block_checks(
         for wide in wide_kernels(fk) {
             let shape = (q_len, 16, page, 256);
             let seed = 710 + q_len as u64;
-            results.push(check_flash_decode(dev, fk, wide, shape, &ctx, 1, seed)?);
+            results.push(check_flash_decode(dev, fk, wide, shape, &ctx, holes, seed)?);
         }
     }
     Ok(())
@@ -385,26 +384,28 @@ pub fn bf16_vec(rng: &mut ChaCha8Rng, len: usize, a: f32) -> (Vec<u16>, Vec<f32>
 }
 
 /// The tensor-core decode (bf16 cache, DeepSeek-V3 widths) against f64 on the same
-/// bf16 inputs: one request per entry of `ctx` (seq_len = ctx + q_len).
+/// bf16 inputs: one request per entry of `ctx` (seq_len = ctx + q_len), with `holes`
+/// taken from its block table (the rows that see one must come out NaN).
 pub fn check_flash_decode(
     dev: &GpuDevice,
     k: &FlashKernels,
     (wide, merge): (WideKernel, SplitMerge),
     (q_len, heads, page, split): (usize, usize, usize, usize),
     ctx: &[usize],
-    cut_pages: usize,
+    holes: Holes,
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{mapped_kv_tokens, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let batch = ctx.len();
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
     let max_len = *seq_lens.iter().max().unwrap_or(&1) as usize;
     // `cut_pages` short of the longest request: the rows that see past it must be NaN.
-    let width = max_len.div_ceil(page).max(1 + cut_pages) - cut_pages;
+    let width = max_len.div_ceil(page).max(1 + holes.cut_pages) - holes.cut_pages;
     let num_blocks = batch * width + 1;
     let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
-    let table = blocks[..batch * width].to_vec();
+    let mut table = blocks[..batch * width].to_vec();
+    holes.apply(&mut table, width);
     let (cache_bits, cache) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
     let rows = q_len * heads;
     let (q_bits, q) = bf16_vec(&mut rng, batch * rows * FLASH_DIM, 1.0);
@@ -422,10 +423,11 @@ pub fn check_flash_decode(
     let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
     let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
     let (td, sd) = (upload(dev, &table)?, upload(dev, &seq_lens)?);
-    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr());
+    let md = upload(dev, &mapped_kv_tokens(&table, width, page))?;
+    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr(), md.ptr());
     let scale = 1.0 / 192f32.sqrt();
-    // SAFETY: the check's block table names blocks inside its cache, no -1; a seq_len
-    // past the width is allowed (the kernels read nothing past it).
+    // SAFETY: the check's block table names blocks inside its cache or -1, and its mapped
+    // keys stop at the first -1 of each row.
     unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, scale) }?;
     let (got_out, got_lse) = (download(dev, &ws.out)?, download(dev, &ws.lse)?);
     // The split counters must be re-armed for the next launch (a CUDA graph replays them).
@@ -439,11 +441,7 @@ pub fn check_flash_decode(
         case: format!(
             "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}{}{}",
             merge_label(wide, merge),
-            if cut_pages > 0 {
-                format!("; table {cut_pages} page(s) short")
-            } else {
-                String::new()
-            },
+            holes.label(),
             if rearmed {
                 ""
             } else {
@@ -466,7 +464,7 @@ pub fn check_flash_invariance(
     (q_len, heads, page, split): (usize, usize, usize, usize),
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{mapped_kv_tokens, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ctx = [700usize, 1500, 90];
     let rows = q_len * heads;
@@ -495,7 +493,8 @@ pub fn check_flash_invariance(
         };
         let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
         let (qd, td, sd) = (upload(dev, q)?, upload(dev, table)?, upload(dev, seq)?);
-        let bufs = ws.bufs(qd.ptr(), cache.ptr(), td.ptr(), sd.ptr());
+        let md = upload(dev, &mapped_kv_tokens(table, width, page))?;
+        let bufs = ws.bufs(qd.ptr(), cache.ptr(), td.ptr(), sd.ptr(), md.ptr());
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
         unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, 1.0 / 192f32.sqrt()) }?;
         let mut v = download(dev, &ws.out)?;
@@ -708,7 +707,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
                 wide,
                 (q_len, heads, page, split),
                 &ctx,
-                0,
+                Holes::default(),
                 500 + i as u64,
             )?);
         }

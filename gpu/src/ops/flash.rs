@@ -226,6 +226,26 @@ fn parse_defines(v: &str) -> Result<String, String> {
     Ok(out)
 }
 
+/// Keys each request's row of a `[batch, width]` block table maps before its first hole:
+/// `page` times the index of its first negative entry, or `width * page` if it has none.
+/// The flash kernels' bound on what they read (see [`FlashBufs::mapped_kv_tokens`]):
+/// computed on the host, where the table is built, so the kernels need one load per
+/// request instead of a scan of the table.
+pub fn mapped_kv_tokens(block_table: &[i32], width: usize, page: usize) -> Vec<i32> {
+    assert!(
+        width > 0 && block_table.len().is_multiple_of(width),
+        "a block table of {} entries is not rows of {width}",
+        block_table.len()
+    );
+    block_table
+        .chunks(width)
+        .map(|row| {
+            let blocks = row.iter().position(|&e| e < 0).unwrap_or(width);
+            i32::try_from(blocks * page).expect("mapped keys fit in i32")
+        })
+        .collect()
+}
+
 /// Shape of one tensor-core decode launch (bf16 cache, 576/512 widths).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FlashShape {
@@ -261,6 +281,9 @@ pub struct FlashBufs {
     pub cache: DPtr<u16>,
     pub block_table: DPtr<i32>,
     pub seq_lens: DPtr<i32>,
+    /// `[batch]`: keys each request's table maps before its first hole, from
+    /// [`mapped_kv_tokens`]. The kernels read nothing at or past it.
+    pub mapped_kv_tokens: DPtr<i32>,
     /// `[max_splits, batch, rows, 512]`.
     pub o_part: DPtr<f32>,
     /// `[max_splits, batch, rows]`.
@@ -317,12 +340,14 @@ impl FlashWorkspace {
         cache: DPtr<u16>,
         block_table: DPtr<i32>,
         seq_lens: DPtr<i32>,
+        mapped_kv_tokens: DPtr<i32>,
     ) -> FlashBufs {
         FlashBufs {
             q,
             cache,
             block_table,
             seq_lens,
+            mapped_kv_tokens,
             o_part: self.o_part.ptr(),
             lse_part: self.lse_part.ptr(),
             out: self.out.ptr(),
@@ -495,11 +520,13 @@ impl FlashKernels {
     /// `split_size_tokens`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
     /// then the splits merged in split order. `scale` is the softmax scale.
     ///
+    /// A row whose causal window reaches a missing block (a -1 entry, or past the table's
+    /// `width`) comes out NaN, output and LSE, as in the f32 decode; the other rows are exact.
+    ///
     /// # Safety
-    /// Every entry of the block table's `width` columns that a request's `seq_len` reaches
-    /// names a block inside `cache` (no -1): the kernels read where it says, unchecked. A
-    /// `seq_len` past `width * page` is allowed: nothing past the table is read, and the
-    /// rows that would see past it come out NaN.
+    /// `mapped_kv_tokens` is [`mapped_kv_tokens`] of the block table on the device: every
+    /// entry below `mapped_kv_tokens[b] / page` in request b's row names a block inside
+    /// `cache`. The kernels read those entries unchecked and nothing past them.
     pub unsafe fn flash_decode(
         &self,
         dev: &GpuDevice,
@@ -566,6 +593,7 @@ impl FlashKernels {
         b.q.need(s.batch * rows * FLASH_DIM);
         b.block_table.need(s.batch * s.width);
         b.seq_lens.need(s.batch);
+        b.mapped_kv_tokens.need(s.batch);
         b.o_part.need(s.max_splits * s.batch * rows * FLASH_DV);
         b.lse_part.need(s.max_splits * s.batch * rows);
         b.out.need(s.batch * rows * FLASH_DV);
@@ -575,6 +603,7 @@ impl FlashKernels {
             b.cache.into(),
             b.block_table.into(),
             b.seq_lens.into(),
+            b.mapped_kv_tokens.into(),
             b.o_part.into(),
             b.lse_part.into(),
         ];
@@ -620,9 +649,10 @@ impl FlashKernels {
             shared_mem_bytes: smem as u32,
         };
         // SAFETY: argument list matches the kernel (the wgmma one also takes the outputs,
-        // the split counters and the tensor map); sizes checked above; no request takes more than max_splits
-        // splits (the kernels lengthen them instead); the caller's block table covers its
-        // seq_lens with blocks inside `cache` (the kernels do not check them); the narrow
+        // the split counters and the tensor map); sizes checked above; no request takes more
+        // than max_splits splits (the kernels lengthen them instead); the caller's table names
+        // blocks inside `cache` below each request's mapped_kv_tokens, the kernels' read
+        // bound (they do not check the entries); the narrow
         // kernel runs only for at most 16 rows; a cluster holds one request's splits of one
         // 64-row block, which is what the Hopper kernels' on-chip merge expects.
         if hopper && merge.in_clusters(s.max_splits) {
@@ -688,6 +718,16 @@ mod tests {
         assert!(super::FLASH_WGMMA_SRC.contains(
             "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8 + 16)"
         ));
+    }
+
+    #[test]
+    fn mapped_keys_stop_at_the_first_hole() {
+        use super::mapped_kv_tokens;
+        // Rows of 3: whole, a hole in the middle (the block after it is not reached),
+        // a hole first, a hole last.
+        let table = [4, 5, 6, 7, -1, 8, -1, 9, 10, 11, 12, -1];
+        assert_eq!(mapped_kv_tokens(&table, 3, 16), vec![48, 16, 0, 32]);
+        assert_eq!(mapped_kv_tokens(&[], 3, 16), Vec::<i32>::new());
     }
 
     #[test]
