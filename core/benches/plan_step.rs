@@ -34,6 +34,7 @@ fn config() -> EngineConfig {
         cuda_graphs: true,
         max_capture_size_tokens: 1024,
         split_size_tokens: 512,
+        kv_cache_dtype: Default::default(),
         faults: Default::default(),
         split_override: Default::default(),
     }

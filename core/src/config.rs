@@ -125,6 +125,64 @@ impl ModelDims {
     }
 }
 
+/// The element type of the paged latent KV cache (vLLM's `--kv-cache-dtype`). The latent
+/// is rounded to it where it is produced, so the values a query reads are the same whether
+/// they come back from the cache (decode rows, context chunks) or straight from this
+/// step's projection (a prefill row's new tokens): the case of a cache in the model's own
+/// dtype, vLLM's `auto` on a bf16 model. An fp8 cache, where the fresh and the cached
+/// values differ, is not modelled.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    /// Exact f32 (the CPU reference's default; every backend takes it).
+    #[default]
+    F32,
+    /// bf16, round to nearest even: what the Hopper decode kernels read.
+    Bf16,
+}
+
+impl KvCacheDtype {
+    /// Every dtype, in CLI order.
+    pub const ALL: [KvCacheDtype; 2] = [KvCacheDtype::F32, KvCacheDtype::Bf16];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            KvCacheDtype::F32 => "f32",
+            KvCacheDtype::Bf16 => "bf16",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// Bytes one cached value takes.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvCacheDtype::F32 => 4,
+            KvCacheDtype::Bf16 => 2,
+        }
+    }
+
+    /// `x` as the cache stores it, widened back to f32.
+    pub fn round(self, x: f32) -> f32 {
+        match self {
+            KvCacheDtype::F32 => x,
+            KvCacheDtype::Bf16 => half::bf16::from_f32(x).to_f32(),
+        }
+    }
+
+    /// [`Self::round`] for the f64 oracle: one rounding from f64 straight to bf16. An f32
+    /// cache leaves the oracle's f64 alone: the f32 backends' own arithmetic is what the
+    /// oracle tolerance covers.
+    pub fn round_f64(self, x: f64) -> f64 {
+        match self {
+            KvCacheDtype::F32 => x,
+            KvCacheDtype::Bf16 => half::bf16::from_f64(x).to_f64(),
+        }
+    }
+}
+
 /// How the drafter's batch is shaped after verification (RULES §6).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum DrafterBatch {
@@ -390,6 +448,9 @@ pub struct EngineConfig {
     pub max_capture_size_tokens: usize,
     /// Fixed split-KV size of the decode kernel (a multiple of the page size).
     pub split_size_tokens: usize,
+    /// Element type of the paged latent cache (target and drafter).
+    #[serde(default)]
+    pub kv_cache_dtype: KvCacheDtype,
     /// Known-bug switches (RULES §9); all off unless asked for.
     #[serde(default)]
     pub faults: crate::fault::Faults,
@@ -431,6 +492,7 @@ impl EngineConfig {
             cuda_graphs: true,
             max_capture_size_tokens: 64,
             split_size_tokens: 64,
+            kv_cache_dtype: KvCacheDtype::F32,
             faults: Default::default(),
             split_override: Default::default(),
         }
@@ -558,5 +620,35 @@ impl EngineConfig {
             ));
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::KvCacheDtype;
+
+    #[test]
+    fn kv_cache_dtypes_round_as_their_type_stores() {
+        for d in KvCacheDtype::ALL {
+            assert_eq!(KvCacheDtype::from_name(d.name()), Some(d));
+        }
+        assert_eq!(KvCacheDtype::from_name("fp8"), None);
+        assert_eq!(KvCacheDtype::default(), KvCacheDtype::F32);
+        let x = 1.0 + 3.0 * 2f32.powi(-10);
+        assert_eq!(KvCacheDtype::F32.round(x), x);
+        // 8 significant bits: 1 + 3 * 2^-10 lies between 1 and 1 + 2^-7, nearer 1.
+        assert_eq!(KvCacheDtype::Bf16.round(x), 1.0);
+        // A tie rounds to the even neighbour, in f32 and f64 alike.
+        let tie = 1.0 + 3.0 * 2f64.powi(-8);
+        assert_eq!(KvCacheDtype::Bf16.round_f64(tie), 1.0 + 4.0 * 2f64.powi(-8));
+        assert_eq!(
+            KvCacheDtype::Bf16.round(tie as f32),
+            1.0 + 4.0 * 2f32.powi(-8)
+        );
+        assert_eq!(KvCacheDtype::F32.round_f64(0.1), 0.1);
+        assert_eq!(
+            (KvCacheDtype::F32.bytes(), KvCacheDtype::Bf16.bytes()),
+            (4, 2)
+        );
     }
 }

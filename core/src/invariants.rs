@@ -869,6 +869,7 @@ mod tests {
             cuda_graphs: false,
             max_capture_size_tokens: 64,
             split_size_tokens: 64,
+            kv_cache_dtype: Default::default(),
             faults: Default::default(),
             split_override: Default::default(),
         }

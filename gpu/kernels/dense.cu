@@ -120,6 +120,18 @@ extern "C" __global__ void concat_rows(const float* __restrict__ a, const float*
         out[(long long)t * (da + db) + c] = c < da ? a[(long long)t * da + c] : b[(long long)t * db + c - da];
 }
 
+// x[i] rounded to bf16 (to nearest, ties to even) and widened back, in place: a latent as
+// a bf16 cache stores it. NaN stays NaN; the carry of the rounding may reach infinity, as
+// the conversion's does.
+extern "C" __global__ void round_bf16(float* __restrict__ x, int n) {
+    int i = blockIdx.x * THREADS + threadIdx.x;
+    if (i >= n) return;
+    unsigned u = __float_as_uint(x[i]);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    x[i] = __uint_as_float(u & 0xffff0000u);
+}
+
 // x[i] = v for n values (zeros, -inf LSEs, NaN poison).
 extern "C" __global__ void fill(float* __restrict__ x, float v, int n) {
     int i = blockIdx.x * THREADS + threadIdx.x;

@@ -4,6 +4,7 @@
 //! drafter).
 
 use serde::Serialize;
+use specmla_core::config::KvCacheDtype;
 use specmla_sim::cli::count;
 use specmla_traces::{RowPath, StepRecord};
 
@@ -258,6 +259,24 @@ pub const CROSS_TOLERANCES: CrossTolerances = CrossTolerances {
     rtol: CROSS_RTOL,
     near_tie_margin: specmla_sim::checks::NEAR_TIE_MARGIN,
 };
+
+/// [`CROSS_TOLERANCES`] for a bf16 cache: each backend rounds its own f32 latent to bf16,
+/// and where the two sit either side of a rounding midpoint they differ by one bf16 step
+/// on that element. `sim`'s bf16 tolerances ([`specmla_sim::checks::BF16_LOGIT_ABS_TOLERANCE`]),
+/// still about 80 times below what F1 moves.
+pub const BF16_CROSS_TOLERANCES: CrossTolerances = CrossTolerances {
+    atol: specmla_sim::checks::BF16_LOGIT_ABS_TOLERANCE,
+    rtol: CROSS_RTOL,
+    near_tie_margin: specmla_sim::checks::BF16_NEAR_TIE_MARGIN,
+};
+
+/// The cross-backend tolerances of a trace whose latent cache holds `dtype`.
+pub fn cross_tolerances(dtype: KvCacheDtype) -> CrossTolerances {
+    match dtype {
+        KvCacheDtype::F32 => CROSS_TOLERANCES,
+        KvCacheDtype::Bf16 => BF16_CROSS_TOLERANCES,
+    }
+}
 
 impl CrossTolerances {
     /// Whether `got` is within tolerance of `recorded`. Two NaNs (or two equal

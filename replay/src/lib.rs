@@ -19,7 +19,7 @@ use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_traces::{StepRecord, TraceHeader};
 
 use compare::{
-    compare_cross, compare_step, CrossNearTie, CrossTolerances, Divergence, CROSS_TOLERANCES,
+    compare_cross, compare_step, cross_tolerances, CrossNearTie, CrossTolerances, Divergence,
 };
 use replayer::{ReplayError, Replayer};
 
@@ -55,11 +55,15 @@ impl ReplayReport {
 
 /// How a replay on backend kind `replayed` compares with a trace recorded on
 /// `recorded` (with stored tensors or not), in words.
-pub fn comparison_mode(recorded: &str, replayed: &str, tensors: bool) -> String {
+pub fn comparison_mode(
+    recorded: &str,
+    replayed: &str,
+    tensors: bool,
+    t: CrossTolerances,
+) -> String {
     if recorded == replayed {
         return "bitwise (same backend)".to_string();
     }
-    let t = CROSS_TOLERANCES;
     if tensors {
         format!(
             "cross-backend (metadata and tokens exact, near-ties under {:e} reported; attention outputs and logits within abs {:e} + rel {:e})",
@@ -95,7 +99,7 @@ pub fn replay_records_with(
 
 /// [`replay_records_with`] on the backend `make` builds. On the backend kind that
 /// recorded the trace every step must match bit for bit ([`compare_step`]); on another
-/// kind, within [`CROSS_TOLERANCES`] ([`compare_cross`]).
+/// kind, within [`cross_tolerances`] of the trace's cache dtype ([`compare_cross`]).
 pub fn replay_records_on<B: Backend>(
     header: &TraceHeader,
     records: &[StepRecord],
@@ -105,6 +109,7 @@ pub fn replay_records_on<B: Backend>(
 ) -> Result<ReplayReport, ReplayError> {
     let mut r = Replayer::with_backend(header, faults, make)?;
     let same = header.backend == B::KIND;
+    let tol = cross_tolerances(r.config().kv_cache_dtype);
     let mut report = ReplayReport {
         steps_replayed: 0,
         steps_in_trace: records.len(),
@@ -112,8 +117,8 @@ pub fn replay_records_on<B: Backend>(
         recorded_on: header.backend.clone(),
         replayed_on: B::KIND.to_string(),
         device: r.device_name().to_string(),
-        mode: comparison_mode(&header.backend, B::KIND, header.trace_tensors),
-        tolerances: (!same).then_some(CROSS_TOLERANCES),
+        mode: comparison_mode(&header.backend, B::KIND, header.trace_tensors, tol),
+        tolerances: (!same).then_some(tol),
         near_ties: Vec::new(),
         interrupted: false,
     };
@@ -130,7 +135,7 @@ pub fn replay_records_on<B: Backend>(
         let mut found = if same {
             compare_step(rec, &got)
         } else {
-            let (d, ties) = compare_cross(rec, &got, &findings, &CROSS_TOLERANCES);
+            let (d, ties) = compare_cross(rec, &got, &findings, &tol);
             report.near_ties.extend(ties);
             d
         };

@@ -136,6 +136,10 @@ pub const FIELD_DOCS: &[(&str, &str)] = &[
         "largest captured graph (tokens)",
     ),
     (
+        "engine.kv_cache_dtype",
+        "element type of the latent KV cache: f32 or bf16 (latents rounded where produced)",
+    ),
+    (
         "engine.split_size_tokens",
         "split-KV size of the decode kernel, a multiple of page_size (tokens)",
     ),

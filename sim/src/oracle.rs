@@ -3,7 +3,7 @@
 //! attention form. Everything the batched f32 backend computes is judged against it, so it
 //! shares no code path with the backend beyond the RoPE angle.
 
-use specmla_core::config::ModelDims;
+use specmla_core::config::{KvCacheDtype, ModelDims};
 
 use crate::model::{rope_angle, MlaLayer, TargetModel};
 
@@ -104,7 +104,13 @@ impl Layer64 {
     /// Runs the token at `pos` (the next row of `cache`) through the layer, appending its
     /// latent row (and that row's per-head K nope / V expansion) to `cache` first so it
     /// attends to itself.
-    fn forward(&self, d: &ModelDims, x: &[f64], pos: usize, cache: &mut LayerCache) -> Vec<f64> {
+    fn forward(
+        &self,
+        (d, kv_dtype): (&ModelDims, KvCacheDtype),
+        x: &[f64],
+        pos: usize,
+        cache: &mut LayerCache,
+    ) -> Vec<f64> {
         let (lora, nope, v, qk) = (
             d.kv_lora_rank,
             d.qk_nope_head_dim,
@@ -120,11 +126,14 @@ impl Layer64 {
         let c_kv = rms_norm(&latent[..lora], &self.kv_norm);
         latent[..lora].copy_from_slice(&c_kv);
         apply_rope(&mut latent[lora..], pos, d.rope_theta);
+        // As the cache stores it (rounded where produced, as the backends do).
+        latent.iter_mut().for_each(|v| *v = kv_dtype.round_f64(*v));
+        let c_kv = &latent[..lora];
         for hd in 0..d.num_heads {
             let w_uk = &self.w_uk[hd * lora * nope..(hd + 1) * lora * nope];
             let w_uv = &self.w_uv[hd * lora * v..(hd + 1) * lora * v];
-            cache.k_nope.extend(matvec(&c_kv, w_uk, nope));
-            cache.v.extend(matvec(&c_kv, w_uv, v));
+            cache.k_nope.extend(matvec(c_kv, w_uk, nope));
+            cache.v.extend(matvec(c_kv, w_uv, v));
         }
         cache.latent.extend_from_slice(&latent);
         let attn: Vec<f64> = (0..d.num_heads)
@@ -194,6 +203,7 @@ impl Layer64 {
 /// The target model's weights in f64, shared (read-only) by any number of [`OracleSeq`]s.
 pub struct Oracle {
     dims: ModelDims,
+    kv_cache_dtype: KvCacheDtype,
     embed_tokens: Vec<f64>,
     layers: Vec<Layer64>,
     final_norm: Vec<f64>,
@@ -201,10 +211,12 @@ pub struct Oracle {
 }
 
 impl Oracle {
-    /// Widens every weight of `model` to f64 once.
-    pub fn new(model: &TargetModel) -> Self {
+    /// Widens every weight of `model` to f64 once; latents are rounded to
+    /// `kv_cache_dtype` where they are produced, as the backends store them.
+    pub fn new(model: &TargetModel, kv_cache_dtype: KvCacheDtype) -> Self {
         Self {
             dims: model.dims.clone(),
+            kv_cache_dtype,
             embed_tokens: widen(&model.embed_tokens),
             layers: model.layers.iter().map(Layer64::new).collect(),
             final_norm: widen(&model.final_norm),
@@ -215,6 +227,11 @@ impl Oracle {
     /// The model's dimensions.
     pub fn dims(&self) -> &ModelDims {
         &self.dims
+    }
+
+    /// The dtype its latents are rounded to.
+    pub fn kv_cache_dtype(&self) -> KvCacheDtype {
+        self.kv_cache_dtype
     }
 
     /// Greedy continuation of `prompt` by `steps` tokens, from a fresh sequence (nothing
@@ -277,7 +294,7 @@ impl OracleSeq {
         );
         let mut x = oracle.embed_tokens[start..start + d.hidden_size].to_vec();
         for (layer, cache) in oracle.layers.iter().zip(&mut self.caches) {
-            x = layer.forward(d, &x, self.len, cache);
+            x = layer.forward((d, oracle.kv_cache_dtype), &x, self.len, cache);
         }
         self.hiddens.extend_from_slice(&x);
         self.len += 1;
@@ -382,7 +399,7 @@ mod tests {
     fn f32_pieces_match_the_f64_oracle() {
         let dims = ModelDims::tiny();
         let model = TargetModel::from_seed(&dims, 31);
-        let oracle = Oracle::new(&model);
+        let oracle = Oracle::new(&model, KvCacheDtype::F32);
         let tokens = random_tokens(32, 40, dims.vocab_size);
         let mut seq = OracleSeq::new(&oracle);
         let want: Vec<Vec<f64>> = tokens.iter().map(|t| seq.push(&oracle, *t)).collect();
@@ -407,7 +424,7 @@ mod tests {
     fn truncate_then_repush_is_bitwise_identical() {
         let dims = ModelDims::tiny();
         let model = TargetModel::from_seed(&dims, 41);
-        let oracle = Oracle::new(&model);
+        let oracle = Oracle::new(&model, KvCacheDtype::F32);
         let tokens = random_tokens(42, 12, dims.vocab_size);
         let mut seq = OracleSeq::new(&oracle);
         let first: Vec<Vec<f64>> = tokens.iter().map(|t| seq.push(&oracle, *t)).collect();
@@ -432,7 +449,7 @@ mod tests {
         // sequence that pushed only the prefix.
         let dims = ModelDims::tiny();
         let model = TargetModel::from_seed(&dims, 51);
-        let oracle = Oracle::new(&model);
+        let oracle = Oracle::new(&model, KvCacheDtype::F32);
         let tokens = random_tokens(52, 300, dims.vocab_size);
         let mut seq = OracleSeq::new(&oracle);
         let mut logits: Vec<Vec<f64>> = tokens[..150]
@@ -473,7 +490,7 @@ mod tests {
         let dims = ModelDims::tiny();
         for seed in [1, 2, 3] {
             let model = TargetModel::from_seed(&dims, seed);
-            let oracle = Oracle::new(&model);
+            let oracle = Oracle::new(&model, KvCacheDtype::F32);
             let prompt = random_tokens(seed + 100, 5, dims.vocab_size);
             let mut seq = OracleSeq::new(&oracle);
             let mut logits = prompt

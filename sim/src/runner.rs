@@ -292,7 +292,7 @@ where
         .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
-    let oracle = Arc::new(Oracle::new(&target));
+    let oracle = Arc::new(Oracle::new(&target, cfg.kv_cache_dtype));
     // Bad input or the environment either way: the run never started.
     let backend = make(&cfg, target, drafter)
         .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;

@@ -101,7 +101,7 @@ fn run_with_lie(s: &Scenario, seed: u64, lie: Lie) -> (SimChecker, Option<u64>) 
     let workload = generate_workload(&s.workload, &cfg, seed);
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
     let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
-    let oracle = Arc::new(Oracle::new(&target));
+    let oracle = Arc::new(Oracle::new(&target, cfg.kv_cache_dtype));
     // Acceptance 0: drafts come from the drafter itself, so a drafter lie changes them.
     let rate = if matches!(lie, Lie::PaddedDrafter) {
         0.0
@@ -161,6 +161,33 @@ fn every_scenario_passes_every_check_under_both_planners() {
                 sum.checks
             );
         }
+    }
+}
+
+/// The cache dtype is part of the math, not a label: with a bf16 cache (latents rounded
+/// where produced, by the backend and by the oracle alike) every scenario passes every
+/// check, and its logits sit much further from the f64 oracle than the f32 run's do.
+#[test]
+fn a_bf16_cache_passes_every_check_and_moves_the_logits() {
+    for s in scenarios::all() {
+        let mut s = s.clone();
+        s.workload.num_requests = s.workload.num_requests.min(6);
+        let f32_run = run(&s, 1, |_| {}).unwrap();
+        s.cfg.kv_cache_dtype = KvCacheDtype::Bf16;
+        let bf16_run = run(&s, 1, |_| {}).unwrap();
+        assert!(bf16_run.passed(), "{}: {:?}", s.name, bf16_run.failures);
+        assert!(!bf16_run.hit_step_limit, "{} did not finish", s.name);
+        assert_eq!(
+            bf16_run.tolerances.logit_abs,
+            specmla_sim::checks::BF16_LOGIT_ABS_TOLERANCE
+        );
+        assert!(
+            bf16_run.max_logit_error > 10.0 * f32_run.max_logit_error,
+            "{}: bf16 {:e} vs f32 {:e}",
+            s.name,
+            bf16_run.max_logit_error,
+            f32_run.max_logit_error
+        );
     }
 }
 
@@ -288,6 +315,7 @@ prop_compose! {
             cuda_graphs: graphs,
             max_capture_size_tokens: 24,
             split_size_tokens: 16usize.div_ceil(page) * page,
+            kv_cache_dtype: Default::default(),
             faults: Default::default(),
             split_override: Default::default(),
         };

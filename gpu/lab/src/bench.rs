@@ -15,8 +15,8 @@ use specmla_core::split::invariant_split_plan;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
-    mapped_kv_tokens, DecodeBufs, DecodeShape, FlashKernels, FlashShape, FlashWorkspace, Kernels, KeyBufs, MlaDims,
-    State, WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
+    mapped_kv_tokens, DecodeBufs, DecodeShape, FlashKernels, FlashShape, FlashWorkspace, Kernels,
+    KeyBufs, MlaDims, State, WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).

@@ -6,7 +6,7 @@ use rand_chacha::ChaCha8Rng;
 use specmla_model::{apply_rope, matvec, rms_norm, silu, RMS_EPS};
 
 use crate::checks::CaseResult;
-use specmla_core::config::ModelDims;
+use specmla_core::config::{KvCacheDtype, ModelDims};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{Kernels, MlaDims};
@@ -223,8 +223,47 @@ pub fn check_rope_mlp_absorb(
 }
 
 /// Every dense check over tiny and DeepSeek-V3 attention shapes.
+/// The bf16 rounding of a latent against the core's (`KvCacheDtype::round`, which is
+/// `half`'s): bit for bit on random values of every magnitude and on the edges: exact
+/// ties to even and to odd, NaN, infinities, the largest float (rounds to infinity),
+/// subnormals, -0. The output buffer is the input (the kernel works in place).
+pub fn check_round_bf16(dev: &GpuDevice, k: &Kernels, seed: u64) -> Result<CaseResult, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut x: Vec<f32> = (0..4096)
+        .map(|_| f32::from_bits(rng.gen::<u32>()))
+        .collect();
+    x.extend((0..4096).map(|_| rng.gen_range(-4.0f32..4.0)));
+    x.extend([
+        f32::from_bits(0x3f80_8000), // tie, even below: stays 0x3f80
+        f32::from_bits(0x3f81_8000), // tie, odd below: up to 0x3f82
+        f32::from_bits(0xbf81_8000),
+        f32::NAN,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::from_bits(1),
+        f32::from_bits(0x0000_8000),
+        -0.0,
+    ]);
+    let want: Vec<f32> = x.iter().map(|&v| KvCacheDtype::Bf16.round(v)).collect();
+    let buf = Buf::from_host(dev, &x, "round input")?;
+    k.round_bf16(dev, buf.ptr(), x.len())?;
+    let got = buf.read(dev, x.len())?;
+    let wrong = got
+        .iter()
+        .zip(&want)
+        .filter(|(g, w)| g.to_bits() != w.to_bits() && !(g.is_nan() && w.is_nan()))
+        .count();
+    Ok(CaseResult {
+        kernel: "round_bf16",
+        case: format!("{} values: random bits, [-4, 4), ties, NaN, inf, f32::MAX, subnormals; {wrong} differ from half::bf16", x.len()),
+        max_rel_err: if wrong == 0 { 0.0 } else { 1.0 },
+        passed: wrong == 0,
+    })
+}
+
 pub fn run_dense(dev: &GpuDevice, k: &Kernels) -> Result<Vec<CaseResult>, GpuError> {
-    let mut results = Vec::new();
+    let mut results = vec![check_round_bf16(dev, k, 450)?];
     for (i, shape) in [(1, 64, 512), (37, 64, 96), (5, 128, 64), (3, 7168, 576)]
         .into_iter()
         .enumerate()

@@ -1,6 +1,8 @@
 //! The dense layer body shared by the target and the drafter: projections, norms,
-//! RoPE, the MLP, the LM head, and one absorbed decode launch.
+//! RoPE, the latent's rounding to the cache dtype, the MLP, the LM head, and one absorbed
+//! decode launch.
 
+use specmla_core::config::KvCacheDtype;
 use specmla_model::RMS_EPS;
 
 use super::{DecodeLaunch, GpuBackend, Result};
@@ -75,6 +77,11 @@ impl GpuBackend {
             rope,
             d.rope_theta,
         )?;
+        // Rounded where produced, as the CPU backend does (`KvCacheDtype`): a prefill row's
+        // own keys then equal what the cache returns.
+        if self.cfg.kv_cache_dtype == KvCacheDtype::Bf16 {
+            k.round_bf16(dev, ws.latent.ptr(), n * lat)?;
+        }
         Ok(())
     }
 

@@ -149,6 +149,18 @@ impl Kernels {
         unsafe { self.go(dev, "silu_mul", (blocks(n), 1), &args) }
     }
 
+    /// Rounds `n` values to bf16 in place (to nearest even, widened back to f32): a
+    /// latent as a bf16 cache holds it. Matches `half::bf16::from_f32`.
+    pub fn round_bf16(&self, dev: &GpuDevice, x: DPtr<f32>, n: usize) -> Result<(), GpuError> {
+        if n == 0 {
+            return Ok(());
+        }
+        x.need(n);
+        let args = [x.into(), n.into()];
+        // SAFETY: argument list matches round_bf16; size checked above.
+        unsafe { self.go(dev, "round_bf16", (blocks(n), 1), &args) }
+    }
+
     /// `q_lat [n, H, kv_lora + rope]` from `q [n, H, nope + rope]` and `w_uk`.
     pub fn absorb_q(
         &self,

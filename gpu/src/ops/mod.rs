@@ -30,7 +30,7 @@ pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../../kernels/dense.cu"),
 ];
 
-const NAMES: [&str; 18] = [
+const NAMES: [&str; 19] = [
     "fill_bf16_hash",
     "scrub_l2",
     "kv_write",
@@ -44,6 +44,7 @@ const NAMES: [&str; 18] = [
     "matmul",
     "rope",
     "silu_mul",
+    "round_bf16",
     "absorb_q",
     "apply_uv",
     "gather_rows",

@@ -201,6 +201,8 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         cuda_graphs: true,
         max_capture_size_tokens: a.max_capture_size,
         split_size_tokens: page,
+        // DeepSeek-V3 served as engines do by default: the cache in the model's bf16.
+        kv_cache_dtype: specmla_core::config::KvCacheDtype::Bf16,
         faults: Default::default(),
         split_override: SplitOverride {
             reorder_batch_threshold: a.reorder_batch_threshold.map(|t| t as usize),

@@ -5,7 +5,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
-use specmla_core::config::{BackendProfile, DrafterBatch, Planner, RowLayout, SpecMethod};
+use specmla_core::config::{
+    BackendProfile, DrafterBatch, KvCacheDtype, Planner, RowLayout, SpecMethod,
+};
 use specmla_core::fault::Fault;
 
 use std::sync::Arc;
@@ -69,6 +71,22 @@ impl PlannerArg {
         match self {
             PlannerArg::Vllm => Planner::Vllm,
             PlannerArg::Vllm3Region => Planner::Vllm3Region,
+        }
+    }
+}
+
+/// Latent KV cache element type on the command line.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+pub enum KvCacheDtypeArg {
+    F32,
+    Bf16,
+}
+
+impl KvCacheDtypeArg {
+    pub fn dtype(self) -> KvCacheDtype {
+        match self {
+            KvCacheDtypeArg::F32 => KvCacheDtype::F32,
+            KvCacheDtypeArg::Bf16 => KvCacheDtype::Bf16,
         }
     }
 }
@@ -137,6 +155,9 @@ pub struct RunArgs {
     /// Reorder-and-split rule (vLLM's current four-region one by default).
     #[arg(long, value_enum)]
     pub planner: Option<PlannerArg>,
+    /// Element type of the latent KV cache (f32 by default).
+    #[arg(long, value_enum)]
+    pub kv_cache_dtype: Option<KvCacheDtypeArg>,
     /// Sampling temperature (0 = greedy verification).
     #[arg(long)]
     pub temperature: Option<f32>,
@@ -310,6 +331,9 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
     }
     if let Some(p) = a.planner {
         s.cfg.scheduler.planner = p.planner();
+    }
+    if let Some(d) = a.kv_cache_dtype {
+        s.cfg.kv_cache_dtype = d.dtype();
     }
     if let Some(t) = a.temperature {
         s.cfg.spec.temperature = t;

@@ -57,6 +57,15 @@ impl CpuBackend {
         }
     }
 
+    /// A freshly projected latent as the cache holds it: rounded to the cache's dtype
+    /// where it is produced, so this step's prefill rows see the same values a later read
+    /// of the cache does (`KvCacheDtype`).
+    fn as_stored(&self, mut latent: Vec<f32>) -> Vec<f32> {
+        let dtype = self.cfg.kv_cache_dtype;
+        latent.iter_mut().for_each(|v| *v = dtype.round(*v));
+        latent
+    }
+
     fn page(&self) -> usize {
         self.cfg.scheduler.page_size
     }
@@ -119,7 +128,10 @@ impl Backend for CpuBackend {
         let mut attn_outputs = Vec::with_capacity(dims.num_layers);
         for (l, layer) in model.layers.iter().enumerate() {
             let (q, latent): (Vec<_>, Vec<_>) = (0..n)
-                .map(|t| layer.qkv(&dims, &x[t], c.positions[t] as usize))
+                .map(|t| {
+                    let (q, latent) = layer.qkv(&dims, &x[t], c.positions[t] as usize);
+                    (q, self.as_stored(latent))
+                })
                 .unzip();
             for t in 0..n {
                 self.target_cache.write(l, c.slot_mapping[t], &latent[t]);
@@ -170,7 +182,7 @@ impl Backend for CpuBackend {
                     .hidden_row(r as usize),
             };
             let xt = dr.fuse(pass.token_ids[t], hidden_in);
-            let latent = layer.latent_only(dims, &xt, pass.positions[t] as usize);
+            let latent = self.as_stored(layer.latent_only(dims, &xt, pass.positions[t] as usize));
             self.drafter_cache.write(0, pass.slot_mapping[t], &latent);
             x.push(xt);
         }
@@ -205,7 +217,8 @@ impl Backend for CpuBackend {
         let (layer, dims) = (&dr.layer, &dr.dims);
         for (e, &i) in pass.context_token_indices.iter().enumerate() {
             let xc = dr.context_x(target.hidden_row(i as usize));
-            let latent = layer.latent_only(dims, &xc, pass.context_positions[e] as usize);
+            let latent =
+                self.as_stored(layer.latent_only(dims, &xc, pass.context_positions[e] as usize));
             self.drafter_cache.write(0, pass.context_slots[e], &latent);
         }
         let b = pass.block_len;
@@ -213,6 +226,7 @@ impl Backend for CpuBackend {
         for (j, tok) in pass.block_tokens.iter().enumerate() {
             let xb = dr.block_x(*tok);
             let (q, latent) = layer.qkv(dims, &xb, pass.block_positions[j] as usize);
+            let latent = self.as_stored(latent);
             self.drafter_cache.write(0, pass.block_slots[j], &latent);
             block.push((xb, q, latent));
         }
