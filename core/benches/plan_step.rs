@@ -36,6 +36,7 @@ fn config() -> EngineConfig {
         split_size_tokens: 512,
         kv_cache_dtype: Default::default(),
         faults: Default::default(),
+        poison_stale_buffers: false,
         split_override: Default::default(),
     }
 }

@@ -454,6 +454,11 @@ pub struct EngineConfig {
     /// Known-bug switches (RULES §9); all off unless asked for.
     #[serde(default)]
     pub faults: crate::fault::Faults,
+    /// Fills every region of the graphs' persistent buffers that a step does not write
+    /// with garbage before the step (`graph_buffers`), so a stale read gives a wrong
+    /// output. A correct engine never reads those regions: every check still passes.
+    #[serde(default)]
+    pub poison_stale_buffers: bool,
     /// Raw threshold and uniformity that replace the capability matrix's (for an engine
     /// whose attention backend is not one of the five profiles).
     #[serde(default)]
@@ -494,6 +499,7 @@ impl EngineConfig {
             split_size_tokens: 64,
             kv_cache_dtype: KvCacheDtype::F32,
             faults: Default::default(),
+            poison_stale_buffers: false,
             split_override: Default::default(),
         }
     }

@@ -10,6 +10,7 @@ use crate::config::{DrafterBatch, EngineConfig, RowLayout, SpecMethod};
 use crate::cudagraph::{capture_sizes, graph_shapes};
 use crate::drafter::{dflash_pass, first_pass, next_pass, DFlashPass, DrafterPass, RowOutcome};
 use crate::grammar::{masked_argmax, GrammarState, TokenAutomaton};
+use crate::graph_buffers::GraphBuffers;
 use crate::invariants::{self, Violation};
 use crate::plan::{build_step_plan, PlanError, StepPlan};
 use crate::request::RequestSpec;
@@ -132,6 +133,8 @@ pub struct Executor<B: Backend> {
     opts: EngineOptions,
     backend: B,
     capture_sizes: Vec<usize>,
+    /// What the captured graphs read, persistent across steps.
+    graph_buffers: GraphBuffers,
 }
 
 /// The engine: one scheduler feeding one executor.
@@ -145,11 +148,13 @@ type StepResult<T, B> = Result<T, EngineError<<B as Backend>::Error>>;
 impl<B: Backend> Executor<B> {
     /// Captures the graphs of `cfg` on `backend`. `cfg` must have passed validation.
     pub fn new(cfg: EngineConfig, opts: EngineOptions, mut backend: B) -> StepResult<Self, B> {
+        let shapes = graph_shapes(&cfg);
         backend
-            .capture_graphs(&graph_shapes(&cfg))
+            .capture_graphs(&shapes)
             .map_err(EngineError::Backend)?;
         let capture_sizes = capture_sizes(&cfg);
         Ok(Self {
+            graph_buffers: GraphBuffers::captured(&cfg, &shapes),
             cfg,
             opts,
             backend,
@@ -177,12 +182,16 @@ impl<B: Backend> Executor<B> {
         ctx: &dyn BatchContext,
         oracle: &mut dyn DraftOracle,
     ) -> StepResult<StepOutcome, B> {
-        let plan = self.plan(&batch, self.cfg.scheduler.row_layout, ctx)?;
+        let mut plan = self.plan(&batch, self.cfg.scheduler.row_layout, ctx)?;
         if batch.rows.is_empty() {
             return Ok(empty_outcome(batch, plan));
         }
+        // The other layout replays from the same buffer contents.
+        let buffers_before = self.graph_buffers.clone();
+        self.graph_buffers
+            .replay(&self.cfg, &mut plan, self.opts.seed);
         let mut violations = self.check_plan(&batch, &plan, ctx);
-        let shadow = self.shadow_layout(&batch, &plan, ctx, &mut violations)?;
+        let shadow = self.shadow_layout(&batch, &plan, buffers_before, ctx, &mut violations)?;
         let target = self
             .backend
             .forward_target(&plan)
@@ -257,6 +266,7 @@ impl<B: Backend> Executor<B> {
         &mut self,
         batch: &ScheduledBatch,
         plan: &StepPlan,
+        mut buffers: GraphBuffers,
         ctx: &dyn BatchContext,
         violations: &mut Vec<Violation>,
     ) -> StepResult<Option<(StepPlan, TargetOutput)>, B> {
@@ -267,7 +277,8 @@ impl<B: Backend> Executor<B> {
             RowLayout::DecodeFirst => RowLayout::ExtendFirst,
             RowLayout::ExtendFirst => RowLayout::DecodeFirst,
         };
-        let alt = self.plan(batch, other, ctx)?;
+        let mut alt = self.plan(batch, other, ctx)?;
+        buffers.replay(&self.cfg, &mut alt, self.opts.seed);
         violations.extend(self.check_plan(batch, &alt, ctx));
         let alt_out = self
             .backend

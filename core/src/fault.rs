@@ -30,10 +30,16 @@ pub enum Fault {
     /// Non-uniform decode rows sent to a uniform kernel (core: plan, through the split it
     /// asks reorder for).
     F10,
+    /// The split-KV schedule not copied into the graph's persistent buffer: a replay reads
+    /// the capture-time schedule (core: `graph_buffers`).
+    F12,
+    /// The padding rows' seq_lens not zeroed in the graph's persistent buffer: they keep
+    /// an earlier step's lengths (core: `graph_buffers`).
+    F13,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 10] = [
+    pub const ALL: [Fault; 12] = [
         Fault::F1,
         Fault::F2,
         Fault::F3,
@@ -44,6 +50,8 @@ impl Fault {
         Fault::F8,
         Fault::F9,
         Fault::F10,
+        Fault::F12,
+        Fault::F13,
     ];
 
     /// The catalog id, e.g. "F1".
@@ -59,10 +67,12 @@ impl Fault {
             Fault::F8 => "F8",
             Fault::F9 => "F9",
             Fault::F10 => "F10",
+            Fault::F12 => "F12",
+            Fault::F13 => "F13",
         }
     }
 
-    /// Parses "F1".."F10" (case-insensitive).
+    /// Parses a catalog id such as "F1" (case-insensitive).
     pub fn from_id(id: &str) -> Option<Fault> {
         Self::ALL
             .into_iter()
@@ -89,6 +99,14 @@ impl Fault {
             Fault::F8 => "TokenSpeed mixed batching part 3: FlashMLA planner over all rows",
             Fault::F9 => "TokenSpeed mixed batching part 3: grammar masks from a decode layout",
             Fault::F10 => "FlashInfer-MLA fallback: non-uniform decode rows on a uniform kernel",
+            Fault::F12 => {
+                "vLLM #33638 (fixed in #35175): FlashMLA's split schedule computed into fresh \
+                 tensors, not the graph's buffers; replay used the capture-time schedule"
+            }
+            Fault::F13 => {
+                "vllm-ascend #7290: padded seq_lens not zeroed in the persistent buffer; the \
+                 padding entry keeps an earlier step's length"
+            }
         }
     }
 }
@@ -110,7 +128,7 @@ impl<'de> Deserialize<'de> for Faults {
         ids.iter()
             .map(|id| {
                 Fault::from_id(id).ok_or_else(|| {
-                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10)"))
+                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10, F12, F13)"))
                 })
             })
             .collect()

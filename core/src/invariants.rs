@@ -38,6 +38,9 @@ pub enum Rule {
     DrafterInputs,
     /// DFlash block positions and slots (section 6).
     DFlashSlots,
+    /// What a replayed graph reads from its persistent buffers is this step's: padding
+    /// rows see no key, and the split schedule is the one the current seq_lens give.
+    GraphBuffers,
 }
 
 impl Rule {
@@ -54,6 +57,7 @@ impl Rule {
             Rule::Sampling => "sampling",
             Rule::DrafterInputs => "drafter-inputs",
             Rule::DFlashSlots => "dflash-slots",
+            Rule::GraphBuffers => "graph-buffers",
         }
     }
 }
@@ -117,6 +121,7 @@ pub fn check_plan(
     check_decode_rows(plan, &mut s);
     check_chunks(cfg, plan, &mut s);
     check_graph(cfg, plan, capture_sizes, &mut s);
+    check_graph_buffers(plan, &mut s);
     check_sampling(batch, plan, &mut s);
     s.out
 }
@@ -523,6 +528,42 @@ fn check_chunks(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
     }
 }
 
+/// A replay reads the graph's persistent buffers whole: the padding rows' seq_lens must
+/// be this step's zeros, and the split schedule must be recomputed from the seq_lens the
+/// replay reads (the reference recomputes it here, as vLLM #35175 copies it).
+fn check_graph_buffers(plan: &StepPlan, s: &mut Sink) {
+    if plan.cudagraph.is_none() {
+        return;
+    }
+    let c = &plan.common;
+    for r in plan.rows.len()..c.num_rows() {
+        s.check(c.seq_lens[r] == 0, Rule::GraphBuffers, Some(r), || {
+            format!(
+                "padding row reads seq_len {} from the graph's buffer (must be 0: a stale length)",
+                c.seq_lens[r]
+            )
+        });
+    }
+    let Some(d) = &plan.mla.decode else { return };
+    let want: Vec<u32> = c
+        .seq_lens
+        .iter()
+        .map(|&l| (l as usize).div_ceil(d.split_size_tokens).max(1) as u32)
+        .collect();
+    let stale = (0..want.len()).find(|&r| d.num_splits.get(r) != Some(&want[r]));
+    if let Some(r) = stale {
+        s.check(false, Rule::GraphBuffers, Some(r), || {
+            format!(
+                "replay reads {:?} splits for seq_len {}; the current seq_lens give {} (a \
+                 schedule left in the graph's buffer)",
+                d.num_splits.get(r),
+                c.seq_lens[r],
+                want[r]
+            )
+        });
+    }
+}
+
 fn check_graph(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize], s: &mut Sink) {
     let q = cfg.spec.uniform_decode_query_len();
     for &size in sizes {
@@ -871,6 +912,7 @@ mod tests {
             split_size_tokens: 64,
             kv_cache_dtype: Default::default(),
             faults: Default::default(),
+            poison_stale_buffers: false,
             split_override: Default::default(),
         }
     }

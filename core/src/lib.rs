@@ -15,6 +15,7 @@ pub mod engine;
 pub mod error;
 pub mod fault;
 pub mod grammar;
+pub mod graph_buffers;
 pub mod invariants;
 pub mod metadata;
 pub mod plan;

@@ -16,6 +16,8 @@ pub enum Stream {
     Verify = 12,
     DraftSample = 13,
     Grammar = 14,
+    /// Garbage for the graph buffers' unwritten regions (poison mode).
+    Poison = 15,
 }
 
 /// An RNG for one decision about `req_id` at `position`.

@@ -70,7 +70,7 @@ struct RunArgs {
     /// Shorthand for --backend gpu.
     #[arg(long, conflicts_with = "backend")]
     gpu: bool,
-    /// Turn on a known-bug switch while replaying (F1..F10, repeatable).
+    /// Turn on a known-bug switch while replaying (F1..F16 as modelled, repeatable).
     #[arg(long = "fault", value_name = "ID", value_parser = clap::builder::PossibleValuesParser::new(Fault::ALL.map(|f| f.id())))]
     faults: Vec<String>,
     /// Shrink a diverging trace to a minimal reproducer (needs -o).

@@ -136,6 +136,10 @@ pub const FIELD_DOCS: &[(&str, &str)] = &[
         "largest captured graph (tokens)",
     ),
     (
+        "engine.poison_stale_buffers",
+        "fill what a step leaves unwritten in the graphs' persistent buffers with garbage",
+    ),
+    (
         "engine.kv_cache_dtype",
         "element type of the latent KV cache: f32 or bf16 (latents rounded where produced)",
     ),

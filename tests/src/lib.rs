@@ -75,6 +75,7 @@ pub fn engine_config(profile: BackendProfile, k: usize, page_size: usize) -> Eng
         split_size_tokens: page_size * (64 / page_size).max(1),
         kv_cache_dtype: Default::default(),
         faults: Default::default(),
+        poison_stale_buffers: false,
         split_override: Default::default(),
     })
 }

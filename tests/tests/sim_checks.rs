@@ -317,6 +317,7 @@ prop_compose! {
             split_size_tokens: 16usize.div_ceil(page) * page,
             kv_cache_dtype: Default::default(),
             faults: Default::default(),
+            poison_stale_buffers: false,
             split_override: Default::default(),
         };
         Scenario {

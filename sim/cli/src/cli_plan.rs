@@ -204,6 +204,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         // DeepSeek-V3 served as engines do by default: the cache in the model's bf16.
         kv_cache_dtype: specmla_core::config::KvCacheDtype::Bf16,
         faults: Default::default(),
+        poison_stale_buffers: false,
         split_override: SplitOverride {
             reorder_batch_threshold: a.reorder_batch_threshold.map(|t| t as usize),
             require_uniform: a.require_uniform,

@@ -176,7 +176,11 @@ pub struct RunArgs {
     /// Disable (emulated) CUDA graphs.
     #[arg(long)]
     pub no_graphs: bool,
-    /// Turn on a known-bug switch (F1..F10, repeatable; see README).
+    /// Fill what each step leaves unwritten in the graphs' persistent buffers with
+    /// garbage, so a stale read gives a wrong output (every check still passes).
+    #[arg(long)]
+    pub poison: bool,
+    /// Turn on a known-bug switch (F1..F16 as modelled, repeatable; see README).
     #[arg(long = "fault", value_name = "ID", value_parser = fault_ids())]
     pub faults: Vec<String>,
     /// Record every step into a trace file (replay it with `replay`).
@@ -362,6 +366,7 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
     }
     s.cfg.scheduler.mixed_batches &= !a.no_mixed;
     s.cfg.cuda_graphs &= !a.no_graphs;
+    s.cfg.poison_stale_buffers |= a.poison;
     let page = s.cfg.scheduler.page_size;
     if page > 0 && !page.is_power_of_two() {
         // The core's rules hold for any page size (its property tests use them all), but
