@@ -506,9 +506,26 @@ impl EngineConfig {
 
     /// `reorder_batch_threshold`: the override, or the minimum over attention groups.
     pub fn reorder_batch_threshold(&self) -> usize {
+        let derived = || {
+            if self.faults.has(crate::fault::Fault::F14) {
+                let t = |p| crate::reorder::f14_profile_threshold(p, &self.spec);
+                self.backends.iter().map(|&p| t(p)).min().unwrap_or(1)
+            } else {
+                crate::reorder::reorder_batch_threshold(&self.backends, &self.spec)
+            }
+        };
         self.split_override
             .reorder_batch_threshold
-            .unwrap_or_else(|| crate::reorder::reorder_batch_threshold(&self.backends, &self.spec))
+            .unwrap_or_else(derived)
+    }
+
+    /// Whether the decode kernel takes one token per row and reads `seq_lens` and the
+    /// block table by its row (program) index: a SingleOnly profile's (TritonMLA's and
+    /// CutlassMLA's decode before vLLM #51065 made Triton's uniform).
+    pub fn single_token_decode_kernel(&self) -> bool {
+        self.backends
+            .iter()
+            .any(|p| p.capabilities().query_len_support == QueryLenSupport::SingleOnly)
     }
 
     /// `require_uniform`: the override, or whether any group needs uniform decodes.

@@ -30,6 +30,9 @@ pub enum Fault {
     /// Non-uniform decode rows sent to a uniform kernel (core: plan, through the split it
     /// asks reorder for).
     F10,
+    /// A non-causal drafter raises the reorder threshold on a SingleOnly profile, so
+    /// verify rows reach the single-token decode kernel unexpanded (core: the threshold).
+    F14,
     /// The split-KV schedule not copied into the graph's persistent buffer: a replay reads
     /// the capture-time schedule (core: `graph_buffers`).
     F12,
@@ -39,7 +42,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 12] = [
+    pub const ALL: [Fault; 13] = [
         Fault::F1,
         Fault::F2,
         Fault::F3,
@@ -52,6 +55,7 @@ impl Fault {
         Fault::F10,
         Fault::F12,
         Fault::F13,
+        Fault::F14,
     ];
 
     /// The catalog id, e.g. "F1".
@@ -69,6 +73,7 @@ impl Fault {
             Fault::F10 => "F10",
             Fault::F12 => "F12",
             Fault::F13 => "F13",
+            Fault::F14 => "F14",
         }
     }
 
@@ -107,6 +112,10 @@ impl Fault {
                 "vllm-ascend #7290: padded seq_lens not zeroed in the persistent buffer; the \
                  padding entry keeps an earlier step's length"
             }
+            Fault::F14 => {
+                "vLLM #51848 (fixed in #51065): a non-causal drafter raised the threshold on \
+                 TritonMLA (SingleOnly); verify rows met its single-token kernel unexpanded"
+            }
         }
     }
 }
@@ -128,7 +137,7 @@ impl<'de> Deserialize<'de> for Faults {
         ids.iter()
             .map(|id| {
                 Fault::from_id(id).ok_or_else(|| {
-                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10, F12, F13)"))
+                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10, F12..F14)"))
                 })
             })
             .collect()

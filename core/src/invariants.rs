@@ -432,6 +432,23 @@ fn check_decode_rows(plan: &StepPlan, s: &mut Sink) {
     if !rows_ok {
         return;
     }
+    // Query rows equal block-table rows: each row the kernel runs is a decode row with
+    // its own seq_len and table row (a single-token kernel given verify rows runs a row
+    // per token against one table row per request: F14).
+    s.check(
+        d.kernel_rows == d.rows.len(),
+        Rule::DecodeRows,
+        None,
+        || {
+            format!(
+                "the decode kernel runs {} query rows of {:?} tokens against {} block-table rows \
+             (verify rows not expanded per token)",
+                d.kernel_rows,
+                d.uniform_query_len,
+                d.rows.len()
+            )
+        },
+    );
     s.check(
         d.plan_seq_lens == c.seq_lens[d.rows.clone()],
         Rule::DecodeRows,

@@ -60,9 +60,14 @@ pub struct MlaDecodeMetadata {
     pub tokens: Range<usize>,
     /// The uniform q_len the kernel is launched with; `None` for a varlen kernel.
     pub uniform_query_len: Option<usize>,
-    /// seq_lens the split planner was built from, one per decode row.
+    /// Rows the kernel launches over, `uniform_query_len` tokens each, reading row
+    /// `rows.start + i`'s seq_len and block table for its row `i`: the decode rows, or
+    /// every decode token for a single-token kernel (one row per token, as vLLM's Triton
+    /// MLA decode indexes them). Past the metadata's rows a kernel row reads seq_len 0.
+    pub kernel_rows: usize,
+    /// seq_lens the split planner was built from, one per kernel row.
     pub plan_seq_lens: Vec<u32>,
-    /// Split-KV plan: number of fixed-size splits per decode row.
+    /// Split-KV plan: number of fixed-size splits per kernel row.
     pub num_splits: Vec<u32>,
     pub split_size_tokens: usize,
 }

@@ -222,16 +222,28 @@ fn build_mla(
         dec.clone()
     };
     let decode = (!dec_rows.is_empty()).then(|| {
+        let tokens = qsl[dec_rows.start] as usize..qsl[dec_rows.end] as usize;
+        // A single-token kernel runs a row per token; a verify row reaches it only under
+        // F14, unexpanded, so its tokens read the rows after it.
+        let single = cfg.single_token_decode_kernel() && graph.is_none();
+        let kernel_rows = if single { tokens.len() } else { dec_rows.len() };
         // F8: the split planner sees every row's seq_len, not the decode rows'.
         let planned = if cfg.faults.has(Fault::F8) {
             0..n_rows
         } else {
-            dec_rows.clone()
+            dec_rows.start..dec_rows.start + kernel_rows
         };
-        let plan_seq_lens = common.seq_lens[planned].to_vec();
+        let plan_seq_lens: Vec<u32> = planned
+            .map(|r| common.seq_lens.get(r).copied().unwrap_or(0))
+            .collect();
         MlaDecodeMetadata {
-            tokens: qsl[dec_rows.start] as usize..qsl[dec_rows.end] as usize,
-            uniform_query_len: uniform.then(|| common.query_len(dec_rows.start)),
+            tokens,
+            uniform_query_len: if single {
+                Some(1)
+            } else {
+                uniform.then(|| common.query_len(dec_rows.start))
+            },
+            kernel_rows,
             num_splits: decode_split_plan(&plan_seq_lens, cfg.split_size_tokens),
             plan_seq_lens,
             split_size_tokens: cfg.split_size_tokens,

@@ -23,7 +23,7 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::config::{BackendProfile, Planner, QueryLenSupport, RowLayout, SpecConfig};
+use crate::config::{BackendProfile, Planner, QueryLenSupport, RowLayout, SpecConfig, SpecMethod};
 
 /// The region a row is reordered into, in the order regions are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
@@ -84,6 +84,28 @@ pub fn profile_threshold(profile: BackendProfile, spec: &SpecConfig) -> usize {
         1 + k
     };
     caps.base_threshold.max(verify_len)
+}
+
+/// [`profile_threshold`] with F14 on: vLLM's TritonMLA builder (SingleOnly) asserted a
+/// threshold of 1, then re-derived it as if spec-as-decode were supported whenever its
+/// group carried `non_causal_multi_token_decode`, which a non-causal drafter's layers set
+/// for the whole group (`MLAAttentionSpec.merge` ORs it): vLLM #51848, before #51065
+/// (`vllm/v1/attention/backends/mla/triton_mla.py`). Our non-causal drafter is DFlash; a
+/// profile without non-causal attention cannot host it and keeps 1.
+pub fn f14_profile_threshold(profile: BackendProfile, spec: &SpecConfig) -> usize {
+    let caps = profile.capabilities();
+    let raised = caps.query_len_support == QueryLenSupport::SingleOnly
+        && caps.non_causal
+        && spec.method == SpecMethod::DFlash;
+    if !raised {
+        return profile_threshold(profile, spec);
+    }
+    let k = spec.k();
+    1.max(if spec.parallel_drafting {
+        1 + 2 * k
+    } else {
+        1 + k
+    })
 }
 
 /// `reorder_batch_threshold`: the minimum over attention groups.

@@ -150,16 +150,17 @@ impl GpuBackend {
         let n = plan.num_tokens();
         let c = &plan.common;
         let width = c.block_table_width;
-        // A uniform launch may address past the real tokens (F10); give it room.
+        // A uniform launch may address past the real tokens (F10) and a single-token
+        // kernel past the metadata's rows (F14); give both room.
         let decode_end = plan
             .mla
             .decode
             .as_ref()
             .map_or(0, |d| match d.uniform_query_len {
-                Some(q) => d.tokens.start + d.rows.len() * q,
+                Some(q) => d.tokens.start + d.kernel_rows * q,
                 None => 0,
             });
-        self.ensure_eager(n.max(decode_end).max(1), c.num_rows().max(1), width)?;
+        self.ensure_eager(n.max(decode_end).max(1), kernel_table_rows(plan), width)?;
         let scratch_need = prefill_scratch_tokens(plan);
         self.ensure_scratch(scratch_need)?;
         let mut ws = self.eager.take().expect("ensured above");
@@ -173,12 +174,16 @@ impl GpuBackend {
         let c = &plan.common;
         self.write_token_inputs(ws, plan, n)?;
         let dev = Arc::clone(&self.dev);
-        ws.block_table
-            .write(&dev, &self.block_ids(&c.block_table)?)?;
-        let seq: Vec<i32> = c.seq_lens.iter().map(|&s| s as i32).collect();
+        // Rows a kernel reads past the metadata's hold seq_len 0 and no block.
+        let rows = kernel_table_rows(plan);
+        let mut table = self.block_ids(&c.block_table)?;
+        table.resize(rows * c.block_table_width, -1);
+        ws.block_table.write(&dev, &table)?;
+        let mut seq: Vec<i32> = c.seq_lens.iter().map(|&s| s as i32).collect();
+        seq.resize(rows, 0);
         ws.seq_lens.write(&dev, &seq)?;
         if let Some(d) = &plan.mla.decode {
-            let splits: Vec<i32> = (0..d.rows.len())
+            let splits: Vec<i32> = (0..d.kernel_rows)
                 .map(|i| d.num_splits.get(i).copied().unwrap_or(1) as i32)
                 .collect();
             ws.num_splits.write(&dev, &splits)?;
@@ -214,7 +219,7 @@ impl GpuBackend {
         let width = c.block_table_width;
         let base = DecodeLaunch {
             token_start: d.tokens.start,
-            rows: d.rows.len(),
+            rows: d.kernel_rows,
             q_len: 1,
             split_size_tokens: d.split_size_tokens,
             block_table: ws.block_table.ptr().offset(d.rows.start * width),
@@ -366,4 +371,16 @@ fn prefill_scratch_tokens(plan: &StepPlan) -> usize {
         .max()
         .unwrap_or(0);
     rows.max(chunks)
+}
+
+/// Block-table and seq_len rows an eager step's kernels read: the metadata's, and for a
+/// single-token decode kernel every kernel row (F14 runs more than the metadata has).
+fn kernel_table_rows(plan: &StepPlan) -> usize {
+    let c = &plan.common;
+    let kernel = plan
+        .mla
+        .decode
+        .as_ref()
+        .map_or(0, |d| d.rows.start + d.kernel_rows);
+    c.num_rows().max(kernel).max(1)
 }

@@ -293,7 +293,7 @@ impl CpuBackend {
         let n_real = plan.num_tokens();
         let rows = match graph {
             Some(g) => 0..g.num_rows,
-            None => d.rows.clone(),
+            None => d.rows.start..d.rows.start + d.kernel_rows,
         };
         for (i, r) in rows.enumerate() {
             let (start, q_len) = match (graph, d.uniform_query_len) {
