@@ -35,6 +35,7 @@ fn config() -> EngineConfig {
         max_capture_size_tokens: 1024,
         split_size_tokens: 512,
         kv_cache_dtype: Default::default(),
+        dp_peer_num_tokens: 0,
         faults: Default::default(),
         poison_stale_buffers: false,
         split_override: Default::default(),

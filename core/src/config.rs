@@ -451,6 +451,11 @@ pub struct EngineConfig {
     /// Element type of the paged latent cache (target and drafter).
     #[serde(default)]
     pub kv_cache_dtype: KvCacheDtype,
+    /// Data parallelism: the token count of the busiest other rank each step (0: one
+    /// rank). DP sync pads this rank's drafter passes to at least it, as vLLM's
+    /// `num_tokens_across_dp` does.
+    #[serde(default)]
+    pub dp_peer_num_tokens: usize,
     /// Known-bug switches (RULES §9); all off unless asked for.
     #[serde(default)]
     pub faults: crate::fault::Faults,
@@ -498,6 +503,7 @@ impl EngineConfig {
             max_capture_size_tokens: 64,
             split_size_tokens: 64,
             kv_cache_dtype: KvCacheDtype::F32,
+            dp_peer_num_tokens: 0,
             faults: Default::default(),
             poison_stale_buffers: false,
             split_override: Default::default(),

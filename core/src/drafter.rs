@@ -57,6 +57,13 @@ pub struct DrafterPass {
     /// The drafter's split-KV plan: the split size and each row's split count.
     pub split_size_tokens: usize,
     pub num_splits: Vec<u32>,
+    /// Input rows after data-parallel padding: this pass's tokens, or the busiest
+    /// rank's count if larger (`dp_peer_num_tokens`). The rows past the tokens are
+    /// padding: no slot, no sample.
+    pub num_padded_tokens: usize,
+    /// The attention metadata's token count: `query_start_loc`'s last entry, never the
+    /// padded count (F16 uses the padded count).
+    pub num_actual_tokens: usize,
 }
 
 impl DrafterPass {
@@ -79,6 +86,21 @@ impl DrafterPass {
             })
             .collect();
         self.num_splits = split_counts(&self.kv_lens, self.split_size_tokens);
+        self.pad_for_data_parallel(cfg);
+    }
+
+    /// DP sync pads the pass's input rows to the busiest rank's token count. The
+    /// attention metadata keeps the real count: vLLM #55458 fixed the draft decode
+    /// passes (1..K-1), which took the padded count; F16 brings that back.
+    fn pad_for_data_parallel(&mut self, cfg: &EngineConfig) {
+        let tokens = self.token_ids.len();
+        self.num_padded_tokens = tokens.max(cfg.dp_peer_num_tokens);
+        let leak = self.pass > 0 && cfg.faults.has(Fault::F16);
+        self.num_actual_tokens = if leak {
+            self.num_padded_tokens
+        } else {
+            tokens
+        };
     }
     pub fn block_row(&self, r: usize) -> &[u32] {
         &self.block_table[r * self.block_table_width..(r + 1) * self.block_table_width]
@@ -115,6 +137,8 @@ pub fn first_pass(
         kv_lens: Vec::new(),
         split_size_tokens: 0,
         num_splits: Vec::new(),
+        num_padded_tokens: 0,
+        num_actual_tokens: 0,
     };
     p.query_start_loc.push(0);
     for (r, o) in outcomes.iter().enumerate() {
@@ -183,6 +207,8 @@ pub fn next_pass(cfg: &EngineConfig, prev: &DrafterPass, proposals: &[u32]) -> D
         kv_lens: Vec::new(),
         split_size_tokens: 0,
         num_splits: Vec::new(),
+        num_padded_tokens: 0,
+        num_actual_tokens: 0,
     };
     for r in 0..n {
         let pos = prev.positions[prev.token_indices_to_sample[r] as usize] + 1;

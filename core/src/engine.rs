@@ -708,6 +708,8 @@ impl UnwrapPass for Option<DrafterPass> {
             kv_lens: Vec::new(),
             split_size_tokens: 0,
             num_splits: Vec::new(),
+            num_padded_tokens: 0,
+            num_actual_tokens: 0,
         })
     }
 }

@@ -33,6 +33,9 @@ pub enum Fault {
     /// A non-causal drafter raises the reorder threshold on a SingleOnly profile, so
     /// verify rows reach the single-token decode kernel unexpanded (core: the threshold).
     F14,
+    /// Data-parallel padding leaks into the draft decode passes' attention metadata: their
+    /// `num_actual_tokens` is the padded count (core: drafter).
+    F16,
     /// The split-KV schedule not copied into the graph's persistent buffer: a replay reads
     /// the capture-time schedule (core: `graph_buffers`).
     F12,
@@ -42,7 +45,7 @@ pub enum Fault {
 }
 
 impl Fault {
-    pub const ALL: [Fault; 13] = [
+    pub const ALL: [Fault; 14] = [
         Fault::F1,
         Fault::F2,
         Fault::F3,
@@ -56,6 +59,7 @@ impl Fault {
         Fault::F12,
         Fault::F13,
         Fault::F14,
+        Fault::F16,
     ];
 
     /// The catalog id, e.g. "F1".
@@ -74,6 +78,7 @@ impl Fault {
             Fault::F12 => "F12",
             Fault::F13 => "F13",
             Fault::F14 => "F14",
+            Fault::F16 => "F16",
         }
     }
 
@@ -112,6 +117,10 @@ impl Fault {
                 "vllm-ascend #7290: padded seq_lens not zeroed in the persistent buffer; the \
                  padding entry keeps an earlier step's length"
             }
+            Fault::F16 => {
+                "vLLM #55458: DP sync's padded token count used as the draft decode's \
+                 num_actual_tokens"
+            }
             Fault::F14 => {
                 "vLLM #51848 (fixed in #51065): a non-causal drafter raised the threshold on \
                  TritonMLA (SingleOnly); verify rows met its single-token kernel unexpanded"
@@ -137,7 +146,7 @@ impl<'de> Deserialize<'de> for Faults {
         ids.iter()
             .map(|id| {
                 Fault::from_id(id).ok_or_else(|| {
-                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10, F12..F14)"))
+                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10, F12..F14, F16)"))
                 })
             })
             .collect()

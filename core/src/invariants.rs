@@ -711,6 +711,20 @@ pub fn check_drafter_pass(
         out: Vec::new(),
     };
     let sc = &cfg.scheduler;
+    let tokens = p.query_start_loc.last().map_or(0, |&t| t as usize);
+    s.check(p.num_actual_tokens == tokens, Rule::DrafterInputs, None, || {
+        format!(
+            "drafter pass {} attention metadata counts {} tokens; query_start_loc ends at \
+             {tokens} (the data-parallel padded count leaked in)",
+            p.pass, p.num_actual_tokens
+        )
+    });
+    s.check(
+        p.num_padded_tokens == tokens.max(cfg.dp_peer_num_tokens),
+        Rule::DrafterInputs,
+        None,
+        || format!("drafter pass {} padded to {} input rows", p.pass, p.num_padded_tokens),
+    );
     for r in 0..p.num_rows() {
         let b = &batch.rows[plan.order[r]];
         let o = outcomes[r];
@@ -928,6 +942,7 @@ mod tests {
             max_capture_size_tokens: 64,
             split_size_tokens: 64,
             kv_cache_dtype: Default::default(),
+            dp_peer_num_tokens: 0,
             faults: Default::default(),
             poison_stale_buffers: false,
             split_override: Default::default(),
@@ -946,6 +961,7 @@ mod tests {
             samples: q == 4,
             next_prompt_token: (q != 4).then_some(2),
             block_ids: (first_block..first_block + 16).collect(),
+            req_state_idx: id as usize,
         }
     }
 

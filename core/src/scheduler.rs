@@ -282,7 +282,7 @@ impl Scheduler {
 
     fn push_row(&mut self, batch: &mut ScheduledBatch, slot: usize, q: usize, nd: usize) {
         self.step_tokens += q;
-        batch.rows.push(make_row(self.req(slot), q, nd));
+        batch.rows.push(make_row(self.req(slot), slot, q, nd));
     }
 
     /// Applies verification results: advances progress, appends tokens, advances grammar
@@ -349,7 +349,7 @@ impl Scheduler {
     }
 }
 
-fn make_row(req: &Request, q: usize, nd: usize) -> ScheduledRow {
+fn make_row(req: &Request, req_state_idx: usize, q: usize, nd: usize) -> ScheduledRow {
     let start = req.num_computed_tokens;
     let committed = q - nd;
     let mut token_ids = Vec::with_capacity(q);
@@ -367,6 +367,7 @@ fn make_row(req: &Request, q: usize, nd: usize) -> ScheduledRow {
         samples,
         next_prompt_token: (!samples).then(|| req.token_at(end)),
         block_ids: req.block_ids.clone(),
+        req_state_idx,
     }
 }
 

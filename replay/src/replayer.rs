@@ -377,6 +377,7 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
             samples: r.samples,
             next_prompt_token: r.next_prompt_token,
             block_ids: r.block_ids.clone(),
+            req_state_idx: r.req_state_idx as usize,
         });
     }
     let mut ids: Vec<u64> = rows.iter().map(|r| r.req_id).collect();

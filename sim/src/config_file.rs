@@ -136,6 +136,10 @@ pub const FIELD_DOCS: &[(&str, &str)] = &[
         "largest captured graph (tokens)",
     ),
     (
+        "engine.dp_peer_num_tokens",
+        "data parallelism: the busiest other rank's token count; drafter passes are padded to it (0: one rank)",
+    ),
+    (
         "engine.poison_stale_buffers",
         "fill what a step leaves unwritten in the graphs' persistent buffers with garbage",
     ),

@@ -73,6 +73,7 @@ pub fn step_record(o: &StepOutcome, forced: &[(u64, usize, u32)], tensors: bool)
                 samples: r.samples,
                 next_prompt_token: r.next_prompt_token,
                 block_ids: r.block_ids.clone(),
+                req_state_idx: r.req_state_idx as u32,
                 grammar_state: grammar_state_id(o.grammar_states.get(i).copied().flatten()),
                 path: if plan.rows[planned].is_decode {
                     RowPath::Decode

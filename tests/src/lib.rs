@@ -74,6 +74,7 @@ pub fn engine_config(profile: BackendProfile, k: usize, page_size: usize) -> Eng
         // A positive multiple of the page size near 64 tokens.
         split_size_tokens: page_size * (64 / page_size).max(1),
         kv_cache_dtype: Default::default(),
+        dp_peer_num_tokens: 0,
         faults: Default::default(),
         poison_stale_buffers: false,
         split_override: Default::default(),
@@ -199,6 +200,7 @@ pub fn build_batch(
                 next_prompt_token: (!r.samples)
                     .then(|| token_at(id, r.num_computed + committed, vocab)),
                 block_ids,
+                req_state_idx: i,
             }
         })
         .collect();

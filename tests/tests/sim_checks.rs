@@ -316,6 +316,7 @@ prop_compose! {
             max_capture_size_tokens: 24,
             split_size_tokens: 16usize.div_ceil(page) * page,
             kv_cache_dtype: Default::default(),
+            dp_peer_num_tokens: 0,
             faults: Default::default(),
             poison_stale_buffers: false,
             split_override: Default::default(),

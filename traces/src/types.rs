@@ -79,6 +79,8 @@ pub struct TraceRow {
     pub next_prompt_token: Option<u32>,
     /// The row's KV block ids.
     pub block_ids: Vec<u32>,
+    /// The request's slot in the worker's per-request state (`req_state_idx`).
+    pub req_state_idx: u32,
     /// Committed grammar state before this step (`None`: unconstrained or dead).
     pub grammar_state: Option<u32>,
     /// Which kernel path the row took.

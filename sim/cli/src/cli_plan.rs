@@ -203,6 +203,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         split_size_tokens: page,
         // DeepSeek-V3 served as engines do by default: the cache in the model's bf16.
         kv_cache_dtype: specmla_core::config::KvCacheDtype::Bf16,
+        dp_peer_num_tokens: 0,
         faults: Default::default(),
         poison_stale_buffers: false,
         split_override: SplitOverride {
@@ -245,6 +246,7 @@ fn synth_batch(cfg: &EngineConfig, f: &BatchFile) -> ScheduledBatch {
                 samples,
                 next_prompt_token: (!samples).then_some(0),
                 block_ids,
+                req_state_idx: i,
             }
         })
         .collect();

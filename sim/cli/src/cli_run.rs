@@ -155,6 +155,10 @@ pub struct RunArgs {
     /// Reorder-and-split rule (vLLM's current four-region one by default).
     #[arg(long, value_enum)]
     pub planner: Option<PlannerArg>,
+    /// Data parallelism: the busiest other rank's token count each step; DP sync pads
+    /// this rank's drafter passes to it (0: one rank).
+    #[arg(long, value_name = "TOKENS")]
+    pub dp_peer_tokens: Option<usize>,
     /// Element type of the latent KV cache (f32 by default).
     #[arg(long, value_enum)]
     pub kv_cache_dtype: Option<KvCacheDtypeArg>,
@@ -335,6 +339,9 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
     }
     if let Some(p) = a.planner {
         s.cfg.scheduler.planner = p.planner();
+    }
+    if let Some(t) = a.dp_peer_tokens {
+        s.cfg.dp_peer_num_tokens = t;
     }
     if let Some(d) = a.kv_cache_dtype {
         s.cfg.kv_cache_dtype = d.dtype();

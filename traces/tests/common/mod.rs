@@ -46,6 +46,7 @@ pub fn sample_record(step: u64) -> StepRecord {
             samples: true,
             next_prompt_token: None,
             block_ids: vec![s, 9],
+            req_state_idx: s % 3,
             grammar_state: Some(s % 5),
             path: if step & 1 == 0 {
                 RowPath::Decode
@@ -249,6 +250,7 @@ fn row() -> impl Strategy<Value = TraceRow> {
                     samples,
                     next_prompt_token: next,
                     block_ids: blocks,
+                    req_state_idx: req_id as u32,
                     grammar_state: g,
                     path,
                 }
