@@ -96,11 +96,7 @@ impl DrafterPass {
         let tokens = self.token_ids.len();
         self.num_padded_tokens = tokens.max(cfg.dp_peer_num_tokens);
         let leak = self.pass > 0 && cfg.faults.has(Fault::F16);
-        self.num_actual_tokens = if leak {
-            self.num_padded_tokens
-        } else {
-            tokens
-        };
+        self.num_actual_tokens = if leak { self.num_padded_tokens } else { tokens };
     }
     pub fn block_row(&self, r: usize) -> &[u32] {
         &self.block_table[r * self.block_table_width..(r + 1) * self.block_table_width]

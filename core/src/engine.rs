@@ -10,7 +10,7 @@ use crate::config::{DrafterBatch, EngineConfig, RowLayout, SpecMethod};
 use crate::cudagraph::{capture_sizes, graph_shapes};
 use crate::drafter::{dflash_pass, first_pass, next_pass, DFlashPass, DrafterPass, RowOutcome};
 use crate::grammar::{masked_argmax, GrammarState, TokenAutomaton};
-use crate::graph_buffers::GraphBuffers;
+use crate::graph_buffers::{dummy_step, DummyStep, GraphBuffers, RequestStateTables};
 use crate::invariants::{self, Violation};
 use crate::plan::{build_step_plan, PlanError, StepPlan};
 use crate::request::RequestSpec;
@@ -82,6 +82,8 @@ pub struct StepOutcome {
     /// and hidden states, before any draft was forced.
     pub drafter_outputs: Vec<DrafterOutput>,
     pub dflash: Option<DFlashPass>,
+    /// The dummy step an idle data-parallel rank ran instead (an empty batch).
+    pub dummy: Option<DummyStep>,
     pub violations: Vec<Violation>,
     /// Requests whose outputs differed under the other row layout.
     pub layout_mismatches: Vec<u64>,
@@ -135,6 +137,8 @@ pub struct Executor<B: Backend> {
     capture_sizes: Vec<usize>,
     /// What the captured graphs read, persistent across steps.
     graph_buffers: GraphBuffers,
+    /// Per-request block tables by request-state slot, persistent across steps.
+    state_tables: RequestStateTables,
 }
 
 /// The engine: one scheduler feeding one executor.
@@ -155,6 +159,7 @@ impl<B: Backend> Executor<B> {
         let capture_sizes = capture_sizes(&cfg);
         Ok(Self {
             graph_buffers: GraphBuffers::captured(&cfg, &shapes),
+            state_tables: RequestStateTables::new(&cfg),
             cfg,
             opts,
             backend,
@@ -184,12 +189,18 @@ impl<B: Backend> Executor<B> {
     ) -> StepResult<StepOutcome, B> {
         let mut plan = self.plan(&batch, self.cfg.scheduler.row_layout, ctx)?;
         if batch.rows.is_empty() {
-            return Ok(empty_outcome(batch, plan));
+            let mut out = empty_outcome(batch, plan);
+            out.dummy = dummy_step(&self.cfg, &self.state_tables);
+            if let Some(d) = &out.dummy {
+                out.violations = invariants::check_dummy_step(&self.cfg, out.plan.step, d);
+            }
+            return Ok(out);
         }
+        self.state_tables.write(&batch);
         // The other layout replays from the same buffer contents.
         let buffers_before = self.graph_buffers.clone();
         self.graph_buffers
-            .replay(&self.cfg, &mut plan, self.opts.seed);
+            .write_step(&self.cfg, &mut plan, self.opts.seed);
         let mut violations = self.check_plan(&batch, &plan, ctx);
         let shadow = self.shadow_layout(&batch, &plan, buffers_before, ctx, &mut violations)?;
         let target = self
@@ -228,6 +239,7 @@ impl<B: Backend> Executor<B> {
             drafter_passes: drafts.passes,
             drafter_outputs: drafts.outputs,
             dflash: drafts.dflash,
+            dummy: None,
             violations,
             layout_mismatches,
             drafter_mismatches: drafts.mismatches,
@@ -278,7 +290,7 @@ impl<B: Backend> Executor<B> {
             RowLayout::ExtendFirst => RowLayout::DecodeFirst,
         };
         let mut alt = self.plan(batch, other, ctx)?;
-        buffers.replay(&self.cfg, &mut alt, self.opts.seed);
+        buffers.write_step(&self.cfg, &mut alt, self.opts.seed);
         violations.extend(self.check_plan(batch, &alt, ctx));
         let alt_out = self
             .backend
@@ -440,6 +452,7 @@ fn empty_outcome(batch: ScheduledBatch, plan: StepPlan) -> StepOutcome {
         drafter_passes: Vec::new(),
         drafter_outputs: Vec::new(),
         dflash: None,
+        dummy: None,
         violations: Vec::new(),
         layout_mismatches: Vec::new(),
         drafter_mismatches: Vec::new(),

@@ -30,22 +30,28 @@ pub enum Fault {
     /// Non-uniform decode rows sent to a uniform kernel (core: plan, through the split it
     /// asks reorder for).
     F10,
-    /// A non-causal drafter raises the reorder threshold on a SingleOnly profile, so
-    /// verify rows reach the single-token decode kernel unexpanded (core: the threshold).
-    F14,
-    /// Data-parallel padding leaks into the draft decode passes' attention metadata: their
-    /// `num_actual_tokens` is the padded count (core: drafter).
-    F16,
+    /// Graph padding rows keep earlier steps' request-state slots in `idx_mapping`, and
+    /// draft sampling writes through them (core: `graph_buffers`).
+    F11,
     /// The split-KV schedule not copied into the graph's persistent buffer: a replay reads
     /// the capture-time schedule (core: `graph_buffers`).
     F12,
     /// The padding rows' seq_lens not zeroed in the graph's persistent buffer: they keep
     /// an earlier step's lengths (core: `graph_buffers`).
     F13,
+    /// A non-causal drafter raises the reorder threshold on a SingleOnly profile, so
+    /// verify rows reach the single-token decode kernel unexpanded (core: the threshold).
+    F14,
+    /// An idle rank's dummy step maps its rows to live request-state slots, so its drafter
+    /// writes KV through stale block tables (core: `graph_buffers::dummy_step`).
+    F15,
+    /// Data-parallel padding leaks into the draft decode passes' attention metadata: their
+    /// `num_actual_tokens` is the padded count (core: drafter).
+    F16,
 }
 
 impl Fault {
-    pub const ALL: [Fault; 14] = [
+    pub const ALL: [Fault; 16] = [
         Fault::F1,
         Fault::F2,
         Fault::F3,
@@ -56,9 +62,11 @@ impl Fault {
         Fault::F8,
         Fault::F9,
         Fault::F10,
+        Fault::F11,
         Fault::F12,
         Fault::F13,
         Fault::F14,
+        Fault::F15,
         Fault::F16,
     ];
 
@@ -75,9 +83,11 @@ impl Fault {
             Fault::F8 => "F8",
             Fault::F9 => "F9",
             Fault::F10 => "F10",
+            Fault::F11 => "F11",
             Fault::F12 => "F12",
             Fault::F13 => "F13",
             Fault::F14 => "F14",
+            Fault::F15 => "F15",
             Fault::F16 => "F16",
         }
     }
@@ -117,6 +127,14 @@ impl Fault {
                 "vllm-ascend #7290: padded seq_lens not zeroed in the persistent buffer; the \
                  padding entry keeps an earlier step's length"
             }
+            Fault::F11 => {
+                "vLLM #47066: FULL-graph padding rows keep stale idx_mapping entries; draft \
+                 sampling writes draft logits through them"
+            }
+            Fault::F15 => {
+                "vLLM #56734: an idle DP rank's dummy batch maps to live request-state slots; \
+                 the drafter writes KV through their stale block tables"
+            }
             Fault::F16 => {
                 "vLLM #55458: DP sync's padded token count used as the draft decode's \
                  num_actual_tokens"
@@ -146,7 +164,7 @@ impl<'de> Deserialize<'de> for Faults {
         ids.iter()
             .map(|id| {
                 Fault::from_id(id).ok_or_else(|| {
-                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F10, F12..F14, F16)"))
+                    serde::de::Error::custom(format!("unknown fault {id:?} (F1..F16)"))
                 })
             })
             .collect()

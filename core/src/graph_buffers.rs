@@ -5,7 +5,7 @@
 //! a buffer region the engine forgets to write is read stale by the padding rows, or by
 //! every row.
 //!
-//! What the engine writes each graph step (vLLM's `gpu_model_runner.py`):
+//! What the engine writes each step, eager or replayed (vLLM's `gpu_model_runner.py`):
 //! - `seq_lens`: the real rows', then 0 for the padding rows (`seq_lens[num_reqs:]` is
 //!   filled with 0 in `_prepare_inputs` and in `_dummy_run`). F13 skips the fill.
 //! - the block table: the real rows only (the block table commits the first `num_reqs`
@@ -13,6 +13,17 @@
 //! - the split-KV schedule: recomputed from the current seq_lens and copied into the
 //!   graph's buffer (vLLM #35175 for FlashMLA's FP8 path). F12 leaves the buffer as the
 //!   capture wrote it, the bug of vLLM #33638: the replay reads the capture-time schedule.
+//!
+//! - `idx_mapping` (each row's request-state slot, through which draft sampling writes a
+//!   row's draft logits): the real rows', then -1 for the padding rows (vLLM #47066, so
+//!   sampling skips them). F11 leaves the padding rows' entries as an earlier step left
+//!   them: a padding row then samples into a request's slot.
+//!
+//! The per-request block tables (`RequestStateTables`, indexed by `req_state_idx`) keep a
+//! finished request's row until the slot's next owner writes it. An idle data-parallel
+//! rank runs a dummy step whose drafter decode reads them (vLLM #56734): the fixed engine
+//! maps every dummy row to -1, so nothing is written; F15 maps them to slots
+//! `0..num_reqs`, and the drafter writes into the stale rows' blocks.
 //!
 //! The capture's dummy run writes `seq_lens = max_query_len` for the captured rows (vLLM
 //! `_dummy_run`) and the schedule computed from them. With poison on, every region a step
@@ -23,7 +34,9 @@
 use rand::Rng;
 use serde::{Deserialize, Serialize};
 
-use crate::config::EngineConfig;
+use crate::batch::ScheduledBatch;
+use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
+use crate::config::{EngineConfig, SpecMethod};
 use crate::cudagraph::GraphShape;
 use crate::fault::Fault;
 use crate::metadata::decode_split_plan;
@@ -37,19 +50,23 @@ pub struct GraphBuffers {
     seq_lens: Vec<u32>,
     block_table: Vec<u32>,
     num_splits: Vec<u32>,
+    idx_mapping: Vec<i64>,
 }
 
 impl GraphBuffers {
-    /// Zeroed buffers for the largest of `shapes`, then each capture's dummy run, in
-    /// capture order (vLLM captures the largest size first).
+    /// Zeroed buffers for `max_num_seqs` rows (or the largest of `shapes`), then each
+    /// capture's dummy run, in capture order (vLLM captures the largest size first).
     pub fn captured(cfg: &EngineConfig, shapes: &[GraphShape]) -> Self {
-        let rows = shapes.iter().map(|s| s.num_rows).max().unwrap_or(0);
+        let graph_rows = shapes.iter().map(|s| s.num_rows).max().unwrap_or(0);
+        let rows = graph_rows.max(cfg.scheduler.max_num_seqs);
         let width = cfg.scheduler.max_blocks_per_seq();
         let mut b = Self {
             width,
             seq_lens: vec![0; rows],
             block_table: vec![0; rows * width],
             num_splits: vec![0; rows],
+            // Never written is -1: only an earlier step's entries can be stale.
+            idx_mapping: vec![-1; rows],
         };
         for s in shapes.iter().rev() {
             b.seq_lens[..s.num_rows].fill(s.max_query_len as u32);
@@ -60,26 +77,35 @@ impl GraphBuffers {
         b
     }
 
-    /// One replayed step: with poison, garbage first in every region this step will not
-    /// write; then the engine's writes (what `plan` holds for its real rows, the padding
-    /// rows' zero seq_lens, the recomputed schedule), each unless its fault is on; then
-    /// `plan`'s padded rows and schedule become what the replay reads from the buffers.
-    pub fn replay(&mut self, cfg: &EngineConfig, plan: &mut StepPlan, seed: u64) {
-        let Some(g) = plan.cudagraph else { return };
-        let (n, rows, w) = (plan.rows.len(), g.shape.num_rows, self.width);
-        let c = &mut plan.common;
+    /// One step: with poison, garbage first in every region this step will not write;
+    /// then the engine's writes, eager step or graph replay alike (the real rows'
+    /// seq_lens, table rows and slots, the tail's zero seq_lens and -1 slots), each
+    /// unless its fault is on. A replay also copies the recomputed schedule (unless F12),
+    /// and `plan`'s padded rows and schedule become what it reads from the buffers; an
+    /// eager step reads its real rows only, so its plan is left as built.
+    pub fn write_step(&mut self, cfg: &EngineConfig, plan: &mut StepPlan, seed: u64) {
+        let (n, w) = (plan.rows.len(), self.width);
         if cfg.poison_stale_buffers {
-            self.poison(cfg, plan.step, seed, n, rows);
+            self.poison(cfg, plan.step, seed, n);
         }
+        let c = &plan.common;
         self.seq_lens[..n].copy_from_slice(&c.seq_lens[..n]);
-        if !cfg.faults.has(Fault::F13) {
-            self.seq_lens[n..rows].fill(0);
-        }
         self.block_table[..n * w].copy_from_slice(&c.block_table[..n * w]);
+        self.idx_mapping[..n].copy_from_slice(&plan.idx_mapping[..n]);
+        if !cfg.faults.has(Fault::F13) {
+            self.seq_lens[n..].fill(0);
+        }
+        if !cfg.faults.has(Fault::F11) {
+            self.idx_mapping[n..].fill(-1);
+        }
+        let Some(g) = plan.cudagraph else { return };
+        let rows = g.shape.num_rows;
         let fresh = decode_split_plan(&self.seq_lens[..rows], cfg.split_size_tokens);
         if !cfg.faults.has(Fault::F12) {
             self.num_splits[..rows].copy_from_slice(&fresh);
         }
+        plan.idx_mapping = self.idx_mapping[..rows].to_vec();
+        let c = &mut plan.common;
         c.seq_lens.copy_from_slice(&self.seq_lens[..rows]);
         c.block_table.copy_from_slice(&self.block_table[..rows * w]);
         c.max_seq_len = c.seq_lens.iter().max().map_or(0, |&s| s as usize);
@@ -89,26 +115,119 @@ impl GraphBuffers {
         }
     }
 
-    /// Garbage in what a step of `n` real rows padded to `rows` will not write: the
-    /// padding rows' seq_lens when F13 skips their fill, the padding rows' block table,
-    /// and the schedule when F12 skips its copy. Lengths up to `max_model_len` and block
-    /// ids inside the pool, so a stale read computes a wrong value rather than failing.
-    fn poison(&mut self, cfg: &EngineConfig, step: u64, seed: u64, n: usize, rows: usize) {
+    /// Garbage in what a step of `n` real rows will not write: the tail's seq_lens when
+    /// F13 skips their fill, the tail's block table, the tail's slots when F11 skips
+    /// theirs, and the schedule when F12 skips its copy. Lengths up to `max_model_len`,
+    /// block ids inside the pool and slots below `max_num_seqs`, so a stale read computes
+    /// a wrong value rather than failing.
+    fn poison(&mut self, cfg: &EngineConfig, step: u64, seed: u64, n: usize) {
         let mut rng = keyed_rng(seed, Stream::Poison, 0, step);
         let s = &cfg.scheduler;
-        let w = self.width;
         if cfg.faults.has(Fault::F13) {
-            for v in &mut self.seq_lens[n..rows] {
+            for v in &mut self.seq_lens[n..] {
                 *v = rng.gen_range(1..=s.max_model_len as u32);
             }
         }
-        for v in &mut self.block_table[n * w..rows * w] {
+        for v in &mut self.block_table[n * self.width..] {
             *v = rng.gen_range(0..s.num_gpu_blocks as u32);
         }
+        if cfg.faults.has(Fault::F11) {
+            for v in &mut self.idx_mapping[n..] {
+                *v = rng.gen_range(0..s.max_num_seqs as i64);
+            }
+        }
         if cfg.faults.has(Fault::F12) {
-            for v in &mut self.num_splits[..rows] {
-                *v = rng.gen_range(1..=s.max_model_len.div_ceil(cfg.split_size_tokens) as u32);
+            let most = s.max_model_len.div_ceil(cfg.split_size_tokens) as u32;
+            for v in &mut self.num_splits {
+                *v = rng.gen_range(1..=most);
             }
         }
     }
+}
+
+/// The worker's per-request block tables, indexed by `req_state_idx` (vLLM Model Runner
+/// V2's `BlockTables.block_tables`): a scheduled row writes its slot's table; nothing
+/// clears a slot when its request finishes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestStateTables {
+    width: usize,
+    tables: Vec<u32>,
+}
+
+impl RequestStateTables {
+    pub fn new(cfg: &EngineConfig) -> Self {
+        Self {
+            width: cfg.scheduler.max_blocks_per_seq(),
+            tables: Vec::new(),
+        }
+    }
+
+    /// Each row of `batch` writes its block ids into its slot's table (a slot never
+    /// written maps no block).
+    pub fn write(&mut self, batch: &ScheduledBatch) {
+        let w = self.width;
+        for r in &batch.rows {
+            let end = (r.req_state_idx + 1) * w;
+            if self.tables.len() < end {
+                self.tables.resize(end, NO_BLOCK);
+            }
+            let row = &mut self.tables[r.req_state_idx * w..end];
+            let n = r.block_ids.len().min(w);
+            row[..n].copy_from_slice(&r.block_ids[..n]);
+        }
+    }
+
+    fn row(&self, slot: usize) -> Vec<u32> {
+        let w = self.width;
+        match self.tables.get(slot * w..(slot + 1) * w) {
+            Some(t) => t.to_vec(),
+            None => vec![NO_BLOCK; w],
+        }
+    }
+}
+
+/// The dummy batch an idle data-parallel rank runs so the busy ranks' collectives
+/// complete (vLLM's `InputBatch.make_dummy`: positions from 0, the target's slots PAD).
+/// What matters here is where its drafter decode passes write.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DummyStep {
+    /// Dummy rows: one per padded token, at most `max_num_seqs` (assumed: a decode-only
+    /// dummy batch).
+    pub num_reqs: usize,
+    /// The request-state slot each dummy row reads: -1 (vLLM #56734), or its row index
+    /// under F15 (`arange`).
+    pub idx_mapping: Vec<i64>,
+    /// Per drafter decode pass (1..K-1), each dummy row's KV slot: PAD where its slot is
+    /// -1, else the slot of its position in that request-state slot's (stale) table.
+    pub drafter_slot_mapping: Vec<Vec<i64>>,
+}
+
+/// The dummy step of an idle rank, or `None` when it has nothing to write: a single rank,
+/// or no drafter decode pass (a multi-step drafter with K >= 2 has them).
+pub fn dummy_step(cfg: &EngineConfig, tables: &RequestStateTables) -> Option<DummyStep> {
+    let k = cfg.spec.k();
+    if cfg.dp_peer_num_tokens == 0 || cfg.spec.method != SpecMethod::MultiStep || k < 2 {
+        return None;
+    }
+    let s = &cfg.scheduler;
+    let num_reqs = cfg.dp_peer_num_tokens.min(s.max_num_seqs);
+    let idx_mapping: Vec<i64> = (0..num_reqs as i64)
+        .map(|i| if cfg.faults.has(Fault::F15) { i } else { -1 })
+        .collect();
+    let drafter_slot_mapping = (1..k)
+        .map(|pos| {
+            idx_mapping
+                .iter()
+                .map(|&i| match usize::try_from(i) {
+                    Ok(slot) => slot_for(&tables.row(slot), pos, s.page_size, s.max_model_len),
+                    Err(_) => PAD_SLOT,
+                })
+                .collect()
+        })
+        .collect();
+    Some(DummyStep {
+        num_reqs,
+        idx_mapping,
+        drafter_slot_mapping,
+    })
 }

@@ -8,6 +8,7 @@ use crate::batch::ScheduledBatch;
 use crate::block_pool::PAD_SLOT;
 use crate::config::{DrafterBatch, EngineConfig, Planner, QueryLenSupport};
 use crate::drafter::{DFlashPass, DrafterPass, RowOutcome};
+use crate::graph_buffers::DummyStep;
 use crate::plan::StepPlan;
 use crate::reorder::Region;
 
@@ -561,6 +562,20 @@ fn check_graph_buffers(plan: &StepPlan, s: &mut Sink) {
             )
         });
     }
+    for r in plan.rows.len()..plan.idx_mapping.len() {
+        let slot = plan.idx_mapping[r];
+        let owner = plan.idx_mapping[..plan.rows.len()]
+            .iter()
+            .position(|&s| s == slot)
+            .map(|o| format!(", live request {}'s", plan.rows[o].req_id))
+            .unwrap_or_default();
+        s.check(slot == -1, Rule::GraphBuffers, Some(r), || {
+            format!(
+                "padding row samples drafts into request-state slot {slot}{owner} (must be \
+                 -1: a padding row writes nothing)"
+            )
+        });
+    }
     let Some(d) = &plan.mla.decode else { return };
     let want: Vec<u32> = c
         .seq_lens
@@ -579,6 +594,29 @@ fn check_graph_buffers(plan: &StepPlan, s: &mut Sink) {
             )
         });
     }
+}
+
+/// An idle rank's dummy step writes no KV: every drafter slot it computes is PAD.
+pub fn check_dummy_step(cfg: &EngineConfig, step: u64, d: &DummyStep) -> Vec<Violation> {
+    let mut s = Sink {
+        step,
+        out: Vec::new(),
+    };
+    let page = cfg.scheduler.page_size as i64;
+    for (p, slots) in d.drafter_slot_mapping.iter().enumerate() {
+        for (r, &slot) in slots.iter().enumerate() {
+            s.check(slot == PAD_SLOT, Rule::SlotMapping, None, || {
+                format!(
+                    "dummy step: drafter pass {} row {r} writes slot {slot} (block {}, through \
+                     request-state slot {}'s table)",
+                    p + 1,
+                    slot / page,
+                    d.idx_mapping[r]
+                )
+            });
+        }
+    }
+    s.out
 }
 
 fn check_graph(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize], s: &mut Sink) {
@@ -712,18 +750,28 @@ pub fn check_drafter_pass(
     };
     let sc = &cfg.scheduler;
     let tokens = p.query_start_loc.last().map_or(0, |&t| t as usize);
-    s.check(p.num_actual_tokens == tokens, Rule::DrafterInputs, None, || {
-        format!(
-            "drafter pass {} attention metadata counts {} tokens; query_start_loc ends at \
+    s.check(
+        p.num_actual_tokens == tokens,
+        Rule::DrafterInputs,
+        None,
+        || {
+            format!(
+                "drafter pass {} attention metadata counts {} tokens; query_start_loc ends at \
              {tokens} (the data-parallel padded count leaked in)",
-            p.pass, p.num_actual_tokens
-        )
-    });
+                p.pass, p.num_actual_tokens
+            )
+        },
+    );
     s.check(
         p.num_padded_tokens == tokens.max(cfg.dp_peer_num_tokens),
         Rule::DrafterInputs,
         None,
-        || format!("drafter pass {} padded to {} input rows", p.pass, p.num_padded_tokens),
+        || {
+            format!(
+                "drafter pass {} padded to {} input rows",
+                p.pass, p.num_padded_tokens
+            )
+        },
     );
     for r in 0..p.num_rows() {
         let b = &batch.rows[plan.order[r]];

@@ -47,6 +47,10 @@ pub struct StepPlan {
     /// Token ids, padded to the graph size when a graph replays.
     pub token_ids: Vec<u32>,
     pub common: CommonAttentionMetadata,
+    /// Each row's request-state slot (vLLM's `idx_mapping`), through which draft sampling
+    /// writes the row's draft logits; -1 for a padding row. A replayed graph's entries are
+    /// what its persistent buffer holds (`graph_buffers`).
+    pub idx_mapping: Vec<i64>,
     pub mla: MlaMetadata,
     pub cudagraph: Option<GraphDispatch>,
     /// Flat token indices whose logits are sampled (the last 1 + drafts of each
@@ -123,6 +127,12 @@ pub fn build_step_plan(
     let (common, token_ids) = build_common(cfg, batch, &split.order, cudagraph.as_ref());
     let mla = build_mla(cfg, &common, &split, cudagraph.as_ref(), uniform)?;
     let (logits_indices, sample_start) = logits_layout(&rows, &common);
+    let idx_mapping = split
+        .order
+        .iter()
+        .map(|&i| batch.rows[i].req_state_idx as i64)
+        .chain(std::iter::repeat_n(-1, common.num_rows() - rows.len()))
+        .collect();
     let decode_layout_q = cfg
         .faults
         .has(Fault::F9)
@@ -139,6 +149,7 @@ pub fn build_step_plan(
         rows,
         token_ids,
         common,
+        idx_mapping,
         mla,
         cudagraph,
         logits_indices,
