@@ -403,7 +403,13 @@ fn check_common(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, s: 
             c.query_len(r) == 0 && c.seq_lens[r] == 0,
             Rule::CudaGraph,
             Some(r),
-            || "padding row with q or seq_len".into(),
+            || {
+                format!(
+                    "padding row with q {} or seq_len {}",
+                    c.query_len(r),
+                    c.seq_lens[r]
+                )
+            },
         );
     }
     for t in c.num_actual_tokens..c.slot_mapping.len() {

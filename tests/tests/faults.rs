@@ -5,10 +5,9 @@
 
 mod common;
 
-use std::fmt::Debug;
+use common::shrunk;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestError, TestRng, TestRunner};
 use specmla_core::config::*;
 use specmla_core::cudagraph::capture_sizes;
 use specmla_core::drafter::{dflash_pass, first_pass, next_pass};
@@ -21,34 +20,6 @@ use specmla_core::plan::build_step_plan;
 use specmla_sim::scenarios::{Scenario, WorkloadShape};
 use specmla_tests::run;
 use specmla_tests::{build_batch, engine_config, outcomes_for, validated, RowResult, RowSpec};
-
-/// Runs `property` (true = holds) with proptest and returns the shrunk failing input;
-/// panics if no case fails (the fault went unnoticed).
-fn shrunk<S: Strategy>(strategy: S, property: impl Fn(&S::Value) -> bool) -> S::Value
-where
-    S::Value: Debug,
-{
-    let config = Config {
-        cases: 512,
-        failure_persistence: None,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new_with_rng(
-        config.clone(),
-        TestRng::deterministic_rng(config.rng_algorithm),
-    );
-    let result = runner.run(&strategy, |v| {
-        prop_assert!(property(&v));
-        Ok(())
-    });
-    match result {
-        Err(TestError::Fail(_, v)) => {
-            eprintln!("shrunk to {v:?}");
-            v
-        }
-        other => panic!("the fault was not caught: {other:?}"),
-    }
-}
 
 fn with_fault(mut cfg: EngineConfig, f: Fault) -> EngineConfig {
     cfg.faults = Faults::none().with(f);

@@ -2,7 +2,10 @@
 //! cannot live in `src/lib.rs`). Each suite uses a subset, hence the dead_code allow.
 #![allow(dead_code)]
 
+use std::fmt::Debug;
+
 use proptest::prelude::*;
+use proptest::test_runner::{Config, TestError, TestRng, TestRunner};
 use specmla_core::config::{BackendProfile, RowLayout};
 use specmla_tests::RowSpec;
 
@@ -50,4 +53,32 @@ pub fn mixed_row(k: usize, max_ctx: usize, vocab: u32) -> impl Strategy<Value = 
         5 => verify_row(k, max_ctx, vocab),
         1 => Just(RowSpec::chunk(0, 1 + k, true)),
     ]
+}
+
+/// Runs `property` (true = holds) with proptest and returns the shrunk failing input;
+/// panics if no case fails (the fault went unnoticed).
+pub fn shrunk<S: Strategy>(strategy: S, property: impl Fn(&S::Value) -> bool) -> S::Value
+where
+    S::Value: Debug,
+{
+    let config = Config {
+        cases: 512,
+        failure_persistence: None,
+        ..Config::default()
+    };
+    let mut runner = TestRunner::new_with_rng(
+        config.clone(),
+        TestRng::deterministic_rng(config.rng_algorithm),
+    );
+    let result = runner.run(&strategy, |v| {
+        prop_assert!(property(&v));
+        Ok(())
+    });
+    match result {
+        Err(TestError::Fail(_, v)) => {
+            eprintln!("shrunk to {v:?}");
+            v
+        }
+        other => panic!("the fault was not caught: {other:?}"),
+    }
 }
