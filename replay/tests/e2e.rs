@@ -3,6 +3,7 @@
 //! and path (or the violated invariant); bisection shrinks it to a small trace that
 //! replays on its own.
 
+use specmla_core::config::{BackendProfile, SpecConfig};
 use specmla_core::fault::{Fault, Faults};
 use specmla_cpu::cpu_backend;
 use specmla_replay::bisect::{bisect, Trace};
@@ -10,7 +11,7 @@ use specmla_replay::compare::Divergence;
 use specmla_replay::replay_records;
 use specmla_sim::record::TraceSink;
 use specmla_sim::runner::run_with;
-use specmla_sim::scenarios;
+use specmla_sim::scenarios::{self, Scenario};
 
 /// Records `scenario` (with at most `requests` requests) into memory.
 fn record(scenario: &str, requests: usize, seed: u64) -> (Trace, Vec<u8>) {
@@ -21,8 +22,14 @@ fn record(scenario: &str, requests: usize, seed: u64) -> (Trace, Vec<u8>) {
 fn record_with(scenario: &str, requests: usize, seed: u64, tensors: bool) -> (Trace, Vec<u8>) {
     let mut s = scenarios::by_name(scenario).unwrap();
     s.workload.num_requests = s.workload.num_requests.min(requests);
+    record_scenario(&s, seed, tensors)
+}
+
+/// Records `s` into memory; the run must pass.
+fn record_scenario(s: &Scenario, seed: u64, tensors: bool) -> (Trace, Vec<u8>) {
+    let scenario = &s.name;
     let mut sink = TraceSink::new(Vec::new(), tensors);
-    let sum = run_with(&s, seed, cpu_backend, Some(&mut sink), |_| {}).unwrap();
+    let sum = run_with(s, seed, cpu_backend, Some(&mut sink), |_| {}).unwrap();
     assert!(sum.passed(), "{scenario}: {:?}", sum.failures);
     let bytes = sink.into_inner().unwrap();
     let (header, records, _) =
@@ -89,6 +96,39 @@ fn plan_and_drafter_faults_name_their_invariant() {
         let d = diverge(&t, f);
         assert!(has_invariant(&d, rule), "{f:?} on {scenario}: {d:?}");
     }
+}
+
+/// The stale-state faults: F12's stale schedule reaches the decode rows' outputs on a
+/// graph; the others name the invariant of the buffer or metadata they leave stale.
+#[test]
+fn stale_state_faults_are_named_on_replay() {
+    let (t, _) = record("mixed_mtp", 14, 0);
+    let d = diverge(&t, Fault::F12);
+    assert!(has_invariant(&d, "graph-buffers"), "{d:?}");
+    assert!(
+        d.first_layer.is_some() && d.layer_rows.iter().all(|r| r.path == "decode"),
+        "{d:?}"
+    );
+    for f in [Fault::F11, Fault::F13] {
+        assert!(has_invariant(&diverge(&t, f), "graph-buffers"), "{f:?}");
+    }
+    // TritonMLA with a DFlash drafter.
+    let mut s = scenarios::by_name("dflash").unwrap();
+    s.workload.num_requests = 4;
+    s.cfg.backends = vec![BackendProfile::TritonMla];
+    s.cfg.spec = SpecConfig::dflash(2);
+    // The raised threshold is named at the first step, before any verify row reaches
+    // the single-token kernel.
+    let d = diverge(&record_scenario(&s, 0, false).0, Fault::F14);
+    assert!(has_invariant(&d, "threshold"), "{d:?}");
+    // A data-parallel rank: a busier peer pads its drafter, and it idles between arrivals.
+    let mut s = scenarios::by_name("mixed_mtp").unwrap();
+    s.workload.num_requests = 3;
+    s.workload.arrival_steps = 120;
+    s.cfg.dp_peer_num_tokens = 6;
+    let (t, _) = record_scenario(&s, 0, false);
+    assert!(has_invariant(&diverge(&t, Fault::F15), "slot-mapping"));
+    assert!(has_invariant(&diverge(&t, Fault::F16), "drafter-inputs"));
 }
 
 #[test]
