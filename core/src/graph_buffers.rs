@@ -8,6 +8,8 @@
 //! What the engine writes each step, eager or replayed (vLLM's `gpu_model_runner.py`):
 //! - `seq_lens`: the real rows', then 0 for the padding rows (`seq_lens[num_reqs:]` is
 //!   filled with 0 in `_prepare_inputs` and in `_dummy_run`). F13 skips the fill.
+//! - `query_start_loc`: the real rows' offsets, then the last one repeated, so the
+//!   padding rows have q = 0 (`query_start_loc[num_reqs + 1:]` is filled).
 //! - the block table: the real rows only (the block table commits the first `num_reqs`
 //!   rows); a padding row's entries stay stale, harmless while its seq_len is 0.
 //! - the split-KV schedule: recomputed from the current seq_lens and copied into the
@@ -48,6 +50,8 @@ use crate::rng::{keyed_rng, Stream};
 pub struct GraphBuffers {
     width: usize,
     seq_lens: Vec<u32>,
+    /// `[max_rows + 1]`.
+    query_start_loc: Vec<u32>,
     block_table: Vec<u32>,
     num_splits: Vec<u32>,
     idx_mapping: Vec<i64>,
@@ -63,6 +67,7 @@ impl GraphBuffers {
         let mut b = Self {
             width,
             seq_lens: vec![0; rows],
+            query_start_loc: vec![0; rows + 1],
             block_table: vec![0; rows * width],
             num_splits: vec![0; rows],
             // Never written is -1: only an earlier step's entries can be stale.
@@ -90,6 +95,9 @@ impl GraphBuffers {
         }
         let c = &plan.common;
         self.seq_lens[..n].copy_from_slice(&c.seq_lens[..n]);
+        // vLLM fills the tail with the last offset, so padding rows have q = 0.
+        self.query_start_loc[..=n].copy_from_slice(&c.query_start_loc[..=n]);
+        self.query_start_loc[n + 1..].fill(c.query_start_loc[n]);
         self.block_table[..n * w].copy_from_slice(&c.block_table[..n * w]);
         self.idx_mapping[..n].copy_from_slice(&plan.idx_mapping[..n]);
         if !cfg.faults.has(Fault::F13) {
@@ -107,6 +115,8 @@ impl GraphBuffers {
         plan.idx_mapping = self.idx_mapping[..rows].to_vec();
         let c = &mut plan.common;
         c.seq_lens.copy_from_slice(&self.seq_lens[..rows]);
+        c.query_start_loc
+            .copy_from_slice(&self.query_start_loc[..=rows]);
         c.block_table.copy_from_slice(&self.block_table[..rows * w]);
         c.max_seq_len = c.seq_lens.iter().max().map_or(0, |&s| s as usize);
         if let Some(d) = plan.mla.decode.as_mut() {

@@ -4,6 +4,8 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use specmla_traces::FORMAT_VERSION;
+
 fn bin(name: &str, args: &[&str]) -> Output {
     assert_eq!(name, "replay");
     Command::new(env!("CARGO_BIN_EXE_replay"))
@@ -68,7 +70,8 @@ fn show_prints_steps_and_json() {
     assert_eq!(o.status.code(), Some(0));
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("step     0:"), "{out}");
-    assert!(out.contains("format 3, written by specmla"), "{out}");
+    let format = format!("format {FORMAT_VERSION}, written by specmla");
+    assert!(out.contains(&format), "{out}");
     assert!(out.contains("on the cpu backend,"), "{out}");
     let o = bin(
         "replay",
@@ -124,12 +127,13 @@ fn damaged_files_are_one_line_errors() {
         "not a specmla trace",
     );
     // A version-1 trace (before the header named its backend) and a future one.
-    for (v, name) in [(1u8, "v1.bin"), (4, "v4.bin")] {
+    let future = FORMAT_VERSION as u8 + 1;
+    for (v, name) in [(1u8, "v1.bin"), (future, "future.bin")] {
         let mut old = bytes.clone();
         old[8] = v;
         assert_exit2(
             &[&write(name, &old)],
-            &format!("written by format {v}, this reads 3"),
+            &format!("written by format {v}, this reads {FORMAT_VERSION}"),
         );
     }
     let mut flip = bytes.clone();
