@@ -117,19 +117,20 @@ fn wrong_magic_is_not_a_trace() {
 #[test]
 fn a_future_version_gets_the_version_message() {
     let (mut bytes, _) = encode(&sample_header(), &sample_records(1));
-    bytes[8..12].copy_from_slice(&4u32.to_le_bytes());
+    let future = FORMAT_VERSION + 1;
+    bytes[8..12].copy_from_slice(&future.to_le_bytes());
     let err = read_all_from(&bytes[..], None).unwrap_err();
     assert!(matches!(
         err,
-        TraceError::Version {
-            written: 4,
-            reads: 3
-        }
+        TraceError::Version { written, reads: FORMAT_VERSION } if written == future
     ));
-    assert_eq!(err.to_string(), "trace written by format 4, this reads 3");
+    assert_eq!(
+        err.to_string(),
+        format!("trace written by format {future}, this reads {FORMAT_VERSION}")
+    );
     // Only the prefix up to the version is needed to tell.
     let err = read_all_from(&bytes[..12], None).unwrap_err();
-    assert!(matches!(err, TraceError::Version { written: 4, .. }));
+    assert!(matches!(err, TraceError::Version { written, .. } if written == future));
 }
 
 /// The header as format 1 wrote it: no `backend` field.
@@ -148,8 +149,8 @@ struct HeaderV1 {
 
 #[test]
 fn a_version_1_trace_without_a_backend_is_refused_by_version() {
-    // A real format-1 header block: its payload lacks `backend`, so read as version 3
-    // it would misparse; the version check must stop it first, in one line.
+    // A real format-1 header block: its payload lacks `backend`, so read as the current
+    // version it would misparse; the version check must stop it first, in one line.
     let h = sample_header();
     let v1 = HeaderV1 {
         format_version: 1,
@@ -169,13 +170,16 @@ fn a_version_1_trace_without_a_backend_is_refused_by_version() {
         err,
         TraceError::Version {
             written: 1,
-            reads: 3
+            reads: FORMAT_VERSION
         }
     ));
-    assert_eq!(err.to_string(), "trace written by format 1, this reads 3");
+    assert_eq!(
+        err.to_string(),
+        format!("trace written by format 1, this reads {FORMAT_VERSION}")
+    );
     // The same bytes stamped with the current version are not a valid header: the
     // check is what makes the message clear.
-    bytes[8..12].copy_from_slice(&3u32.to_le_bytes());
+    bytes[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
     let err = read_all_from(&bytes[..], None).unwrap_err();
     assert!(!matches!(err, TraceError::Version { .. }), "{err}");
 }
