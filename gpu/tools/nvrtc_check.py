@@ -19,7 +19,7 @@ import tempfile
 
 ROOT = os.environ.get("CUDA_WHEELS", "/tmp/cuda/x/nvidia/cu13")
 # The order ops/flash.rs concatenates them in (after common.cuh, which the device prepends).
-SOURCES = ["common.cuh", "flash_decode.cu", "flash_wgmma.cu", "flash_seesaw.cu"]
+SOURCES = ["common.cuh", "flash_decode.cu", "flash_wgmma.cu", "flash_seesaw.cu", "flash_prefill.cu"]
 
 
 def nvrtc_ptx(src: str) -> bytes:

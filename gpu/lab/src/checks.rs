@@ -24,11 +24,14 @@ pub struct CaseResult {
 /// Relative tolerance of f32 kernels against f64 references.
 pub const F32_TOL: f64 = 2e-4;
 
-fn upload<T: cudarc::driver::DeviceRepr>(dev: &GpuDevice, v: &[T]) -> Result<Buf<T>, GpuError> {
+pub(crate) fn upload<T: cudarc::driver::DeviceRepr>(
+    dev: &GpuDevice,
+    v: &[T],
+) -> Result<Buf<T>, GpuError> {
     Buf::from_host(dev, v, "check input")
 }
 
-fn download<T: cudarc::driver::DeviceRepr>(
+pub(crate) fn download<T: cudarc::driver::DeviceRepr>(
     dev: &GpuDevice,
     d: &Buf<T>,
 ) -> Result<Vec<T>, GpuError> {
@@ -592,7 +595,7 @@ fn merge_label(wide: WideKernel, merge: SplitMerge) -> &'static str {
 /// Largest |got - want| / max(1, |want|); NaN (an unwritten output) counts as infinite.
 /// Largest relative error; a NaN is right only where the reference has one (a row that
 /// read a missing block).
-fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
+pub(crate) fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
         .zip(want)
         .map(|(&g, &w)| {
@@ -713,6 +716,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         }
     }
     missing_block_checks(dev, &k, &fk, &mut results)?;
+    results.extend(crate::checks_prefill::run_prefill(dev, &fk)?);
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
         .into_iter()
         .enumerate()

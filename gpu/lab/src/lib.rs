@@ -4,7 +4,9 @@
 //! `gpu-bench` times the MLA decode kernels against measured ceilings and peers.
 
 pub mod bench;
+pub mod bench_prefill;
 pub mod checks;
 pub mod checks_dense;
+pub mod checks_prefill;
 pub mod invariance;
 pub mod reference;

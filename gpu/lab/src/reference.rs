@@ -115,9 +115,79 @@ pub fn prefill_f64(
     (out, lse)
 }
 
+/// Reference varlen attention over materialized per-head K and V (the layout of the
+/// bf16 prefill kernel): q [tokens, H, dqk], k [keys, H, dqk], v [keys, H, dv]; row b's
+/// queries `q_loc[b]..q_loc[b + 1]`, keys `k_loc[b]..k_loc[b + 1]`. Causal: query i of q
+/// over k keys sees keys below `k - q + i + 1`. Returns out [tokens, H, dv] and lse
+/// [H, tokens]; a query that sees no key gets 0 and -inf.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_f64(
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (q_loc, k_loc): (&[i32], &[i32]),
+    (heads, dqk, dv): (usize, usize, usize),
+    causal: bool,
+    scale: f64,
+) -> (Vec<f64>, Vec<f64>) {
+    let total_q = *q_loc.last().unwrap_or(&0) as usize;
+    let mut out = vec![0.0; total_q * heads * dv];
+    let mut lse = vec![f64::NEG_INFINITY; heads * total_q];
+    for b in 0..q_loc.len().saturating_sub(1) {
+        let (q0, q_len) = (q_loc[b] as usize, (q_loc[b + 1] - q_loc[b]) as usize);
+        let (k0, k_len) = (k_loc[b] as usize, (k_loc[b + 1] - k_loc[b]) as usize);
+        for i in 0..q_len {
+            let visible = if causal {
+                (k_len + i + 1).saturating_sub(q_len)
+            } else {
+                k_len
+            };
+            for h in 0..heads {
+                let qv = &q[((q0 + i) * heads + h) * dqk..][..dqk];
+                let scores: Vec<f64> = (0..visible)
+                    .map(|j| {
+                        let kv = &k[((k0 + j) * heads + h) * dqk..][..dqk];
+                        qv.iter()
+                            .zip(kv)
+                            .map(|(&a, &b)| a as f64 * b as f64)
+                            .sum::<f64>()
+                            * scale
+                    })
+                    .collect();
+                if scores.is_empty() {
+                    continue;
+                }
+                let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let w: Vec<f64> = scores.iter().map(|s| (s - mx).exp()).collect();
+                let sum: f64 = w.iter().sum();
+                lse[h * total_q + q0 + i] = mx + sum.ln();
+                let o = &mut out[((q0 + i) * heads + h) * dv..][..dv];
+                for (j, wj) in w.iter().enumerate() {
+                    let vv = &v[((k0 + j) * heads + h) * dv..][..dv];
+                    for (oe, &ve) in o.iter_mut().zip(vv) {
+                        *oe += wj / sum * ve as f64;
+                    }
+                }
+            }
+        }
+    }
+    (out, lse)
+}
+
 #[cfg(test)]
 mod tests {
     use super::decode_f64;
+
+    /// Two rows of one head (dqk 1, dv 1): row 0 causal, 2 queries over 3 keys, the first
+    /// seeing keys 0..2; row 1 no keys at all. Equal scores give plain averages.
+    #[test]
+    fn attention_reference_masks_the_tail_and_empty_rows() {
+        let (q, k, v) = ([0.0f32, 0.0, 0.0], [0.0f32, 0.0, 0.0], [1.0f32, 2.0, 3.0]);
+        let (out, lse) =
+            super::attention_f64((&q, &k, &v), (&[0, 2, 3], &[0, 3, 3]), (1, 1, 1), true, 1.0);
+        assert_eq!(&out[..2], &[1.5, 2.0]);
+        assert_eq!(out[2], 0.0);
+        assert!((lse[0] - 2f64.ln()).abs() < 1e-12 && (lse[1] - 3f64.ln()).abs() < 1e-12);
+        assert_eq!(lse[2], f64::NEG_INFINITY);
+    }
 
     /// One request of seq_len 3 and q_len 2, page 2, one head of width 1, keys 1..4 on
     /// blocks [0, 1]: the first token sees positions 0..2 (block 0 only), the second

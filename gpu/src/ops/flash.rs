@@ -390,7 +390,7 @@ impl SplitMerge {
 /// The compiled tensor-core decode kernels.
 pub struct FlashKernels {
     _module: Arc<CudaModule>,
-    fns: BTreeMap<&'static str, CudaFunction>,
+    pub(super) fns: BTreeMap<&'static str, CudaFunction>,
     /// The tile configuration `flash_decode` was compiled with.
     pub flash: FlashConfig,
     /// The kernel [`Self::flash_decode`] gives more than 16 query rows: the seesaw wgmma
@@ -415,9 +415,10 @@ impl FlashKernels {
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let flash_src = format!(
-            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}",
+            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}",
             flash.defines(),
-            diagnostic_defines()?
+            diagnostic_defines()?,
+            super::FLASH_PREFILL_SRC
         );
         let module = dev.compile("flash_decode.cu", &flash_src)?;
         let mut fns = BTreeMap::new();
@@ -427,6 +428,7 @@ impl FlashKernels {
             "flash_decode_wgmma",
             "flash_decode_seesaw",
             "flash_combine",
+            "flash_prefill",
         ] {
             let f = module
                 .load_function(name)
@@ -443,6 +445,7 @@ impl FlashKernels {
             ("flash_decode_narrow", flash.smem_bytes()),
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
             ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
+            ("flash_prefill", super::PREFILL_SMEM_BYTES),
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()

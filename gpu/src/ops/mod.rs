@@ -19,9 +19,11 @@ use crate::launch::{launch, Arg, THREADS};
 pub mod attention;
 pub mod dense;
 pub mod flash;
+pub mod prefill_flash;
 
 pub use attention::*;
 pub use flash::*;
+pub use prefill_flash::*;
 
 /// The kernels' CUDA C sources, compiled as one module after `common.cuh`.
 pub const KERNEL_SRC: [&str; 3] = [

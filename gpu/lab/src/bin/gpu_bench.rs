@@ -14,6 +14,7 @@ use specmla_gpu_lab::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, BenchShape, Ceilings,
     DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
 };
+use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, PrefillCase};
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
 #[derive(Parser)]
@@ -43,6 +44,13 @@ struct Cli {
     /// Also time the spec-step comparison with our prefill path (B 16, L 2048, q 2..4).
     #[arg(long)]
     spec: bool,
+    /// Also time the bf16 prefill attention at the prefill shapes (causal B 1 x 4096,
+    /// B 1 x 8192, B 4 x 2048; non-causal 64 queries over 2048 keys; 128 and 16 heads).
+    #[arg(long)]
+    prefill: bool,
+    /// Only the prefill shapes (no decode sweep).
+    #[arg(long)]
+    prefill_only: bool,
     /// Instead of the two plans, time the default kernel at 1, 2, 3, 4, 6 and 8 splits
     /// per request (mode `splits=N`): the data the plans are chosen from.
     #[arg(long)]
@@ -168,7 +176,21 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         cli.reps
     };
     let invariant = |s: &BenchShape| invariant_split_plan(s.q_len * s.heads, FLASH_ROWS).into();
-    for s in shapes(cli) {
+    if cli.prefill || cli.prefill_only || (!cli.quick && !cli.sweep_splits) {
+        for heads in [128, 16] {
+            for case in PrefillCase::standard(heads) {
+                let m = bench_flash_prefill(&dev, &k, &fk, case, reps)?;
+                print_row(&m, &c);
+                rows.push(m);
+            }
+        }
+    }
+    let decode_shapes = if cli.prefill_only {
+        Vec::new()
+    } else {
+        shapes(cli)
+    };
+    for s in decode_shapes {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
         let v = |wide, plan, mode| FlashVariant { wide, plan, mode };
         let mut variants = Vec::new();
@@ -198,7 +220,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             rows.push(m);
         }
     }
-    if cli.spec || (!cli.quick && !cli.sweep_splits) {
+    if !cli.prefill_only && (cli.spec || (!cli.quick && !cli.sweep_splits)) {
         for q_len in 2..=4 {
             let s = BenchShape {
                 heads: 128,

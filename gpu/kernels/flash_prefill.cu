@@ -1,0 +1,195 @@
+// Materialized MLA prefill attention at DeepSeek-V3 widths (qk 192 = 128 nope + 64 rope,
+// v 128), bf16 in, f32 accumulate: FlashAttention-2 on mma.sync (m16n8k16), appended to
+// the flash module so it shares its copy, ldmatrix and mma helpers (flash_decode.cu).
+//
+// One launch runs every row of a batch (varlen): row b's queries are tokens
+// [q_start_loc[b], q_start_loc[b + 1]) and its keys [k_start_loc[b], k_start_loc[b + 1]).
+// causal != 0: query i of a row of q queries over k keys sees keys j < k - q + i + 1 (the
+// queries are the keys' tail: a prefill row's new tokens over themselves); causal == 0:
+// every query sees every key (a context chunk, a DFlash block). A CTA takes 64 queries of
+// one (row, head); each of its 4 warps owns 16 of them and streams 64-key tiles of K and
+// V through shared memory (cp.async, double buffered), the scores and the 16 x 128
+// output staying in registers. A row's bits depend on its own queries and keys alone.
+//
+// q [tokens, heads, 192], k [keys, heads, 192], v [keys, heads, 128] bf16;
+// out [tokens, heads, 128] f32; lse [heads, total_q] f32 (natural log, -inf for a query
+// that sees no key, whose output is 0).
+
+#define FP_DQK 192
+#define FP_DV 128
+#define FP_ROWS 64
+#define FP_KEYS 64
+#define FP_THREADS 128
+#define FP_QCH (FP_DQK / 8)  // 16-byte chunks per Q or K row
+#define FP_VCH (FP_DV / 8)
+#define FP_SMEM_BYTES ((FP_ROWS * FP_DQK + 2 * FP_KEYS * (FP_DQK + FP_DV)) * 2)
+
+// Element offset of chunk `ch` of row `r` in a tile of `chunks`-chunk rows, swizzled
+// within each group of 8 chunks by the row's low three bits (as swz in flash_decode.cu).
+__device__ __forceinline__ int fp_swz(int r, int ch, int chunks) {
+    return r * chunks * 8 + ((ch ^ (r & 7)) << 3);
+}
+
+// Copies `rows` rows of `chunks` 16-byte chunks starting at global row `from` (stride
+// `stride` elements) into a swizzled tile; rows at or past `valid` are zero-filled.
+__device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned short* src,
+                                        long long stride, int rows, int chunks, int valid) {
+    for (int c = threadIdx.x; c < rows * chunks; c += FP_THREADS) {
+        const int r = c / chunks, ch = c % chunks;
+        const bool ok = r < valid;
+        cp_async16(tile + fp_swz(r, ch, chunks), src + (ok ? r * stride : 0) + ch * 8, ok);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
+    flash_prefill(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+                  const unsigned short* __restrict__ v, const int* __restrict__ q_start_loc,
+                  const int* __restrict__ k_start_loc, float* __restrict__ out,
+                  float* __restrict__ lse, int heads, int total_q, int causal, float scale_log2) {
+    extern __shared__ __align__(16) unsigned short smem[];
+    unsigned short* qs = smem;                                // [64][192]
+    unsigned short* ks = qs + FP_ROWS * FP_DQK;               // [2][64][192]
+    unsigned short* vs = ks + 2 * FP_KEYS * FP_DQK;           // [2][64][128]
+    const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FP_ROWS;
+    const int qb = q_start_loc[b], q_len = q_start_loc[b + 1] - qb;
+    const int kb = k_start_loc[b], k_len = k_start_loc[b + 1] - kb;
+    if (q0 >= q_len) return;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    // Keys the CTA's last query sees: nothing past them is loaded.
+    const int shift = causal ? k_len - q_len : 0;
+    const int kv_end = causal ? max(0, min(k_len, shift + q0 + FP_ROWS)) : k_len;
+    const int tiles = (kv_end + FP_KEYS - 1) / FP_KEYS;
+    const long long qk_stride = (long long)heads * FP_DQK, v_stride = (long long)heads * FP_DV;
+
+    fp_load(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, qk_stride, FP_ROWS, FP_QCH,
+            q_len - q0);
+    auto load_kv = [&](int stage, int t0) {
+        fp_load(ks + stage * FP_KEYS * FP_DQK, k + ((long long)(kb + t0) * heads + h) * FP_DQK,
+                qk_stride, FP_KEYS, FP_QCH, kv_end - t0);
+        fp_load(vs + stage * FP_KEYS * FP_DV, v + ((long long)(kb + t0) * heads + h) * FP_DV,
+                v_stride, FP_KEYS, FP_VCH, kv_end - t0);
+    };
+    if (tiles > 0) load_kv(0, 0);
+    cp_commit();
+
+    // This lane's two query rows (of the warp's 16) and the keys each sees.
+    const int g = lane / 4, r0 = warp * 16 + g;
+    int limit[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) limit[i] = causal ? shift + q0 + r0 + 8 * i + 1 : k_len;
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float o[FP_DV / 8][4];
+#pragma unroll
+    for (int n = 0; n < FP_DV / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    unsigned qf[FP_DQK / 16][4];
+
+    for (int it = 0; it < tiles; ++it) {
+        const int t0 = it * FP_KEYS, stage = it & 1;
+        if (it + 1 < tiles) load_kv(stage ^ 1, t0 + FP_KEYS);
+        cp_commit();
+        asm volatile("cp.async.wait_group 1;\n" ::);
+        __syncthreads();
+        if (it == 0) {
+#pragma unroll
+            for (int kk = 0; kk < FP_DQK / 16; ++kk)
+                ldsm_x4(qf[kk], qs + fp_swz(warp * 16 + lane % 16, 2 * kk + lane / 16, FP_QCH));
+        }
+        const unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
+        const unsigned short* vt = vs + stage * FP_KEYS * FP_DV;
+        // S = Q K^T over this tile: 16 x 64 per warp, 8 n-tiles of 8 keys.
+        float s[FP_KEYS / 8][4];
+#pragma unroll
+        for (int n = 0; n < FP_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < FP_DQK / 16; ++kk) {
+#pragma unroll
+            for (int np = 0; np < FP_KEYS / 16; ++np) {
+                unsigned bf[4];
+                const int key = np * 16 + lane % 8 + 8 * (lane / 16);
+                ldsm_x4(bf, kt + fp_swz(key, 2 * kk + (lane / 8) % 2, FP_QCH));
+                mma16816(s[2 * np], qf[kk], bf[0], bf[1]);
+                mma16816(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+            }
+        }
+        // Online softmax in base 2; keys past a row's limit are masked.
+        float corr[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            float mx = m[i];
+#pragma unroll
+            for (int n = 0; n < FP_KEYS / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = t0 + n * 8 + (lane % 4) * 2 + e;
+                    float x = s[n][2 * i + e] * scale_log2;
+                    x = key < limit[i] ? x : NEG_INF;
+                    s[n][2 * i + e] = x;
+                    mx = fmaxf(mx, x);
+                }
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+            const float base = mx == NEG_INF ? 0.f : mx;
+            corr[i] = exp2f(m[i] - base);
+            float sum = 0.f;
+#pragma unroll
+            for (int n = 0; n < FP_KEYS / 8; ++n) {
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const float p = exp2f(s[n][2 * i + e] - base);
+                    s[n][2 * i + e] = p;
+                    sum += p;
+                }
+            }
+            l[i] = l[i] * corr[i] + sum;  // this lane's share; the quad sums at the end
+            m[i] = mx;
+        }
+#pragma unroll
+        for (int n = 0; n < FP_DV / 8; ++n) {
+            o[n][0] *= corr[0];
+            o[n][1] *= corr[0];
+            o[n][2] *= corr[1];
+            o[n][3] *= corr[1];
+        }
+        // O += P V: P's score fragments are the A operand, 16 keys per k-step.
+#pragma unroll
+        for (int kk = 0; kk < FP_KEYS / 16; ++kk) {
+            const unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                                   pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                   pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < FP_DV / 16; ++dp) {
+                unsigned bf[4];
+                const int key = kk * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+                ldsm_x4_t(bf, vt + fp_swz(key, 2 * dp + lane / 16, FP_VCH));
+                mma16816(o[2 * dp], a, bf[0], bf[1]);
+                mma16816(o[2 * dp + 1], a, bf[2], bf[3]);
+            }
+        }
+        __syncthreads();  // the stage is overwritten by the load two tiles on
+    }
+    cp_wait_0();
+
+    // The quad's row sums, then the output and the LSE.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int qi = q0 + r0 + 8 * i;
+        if (qi >= q_len) continue;
+        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        float* dst = out + ((long long)(qb + qi) * heads + h) * FP_DV + (lane % 4) * 2;
+#pragma unroll
+        for (int n = 0; n < FP_DV / 8; ++n) {
+            dst[n * 8] = o[n][2 * i] * inv;
+            dst[n * 8 + 1] = o[n][2 * i + 1] * inv;
+        }
+        if (lane % 4 == 0)
+            lse[(long long)h * total_q + qb + qi] =
+                l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
+    }
+}

@@ -1,0 +1,160 @@
+//! The bf16 tensor-core prefill attention at DeepSeek-V3 widths (qk 192, v 128):
+//! varlen rows in one launch, causal (a prefill row's new tokens over themselves) or not
+//! (queries over a gathered context chunk, a DFlash block), returning the LSE
+//! `[heads, tokens]` the merge reads. Compiled into the flash module
+//! ([`FlashKernels::load`]), whose helpers it shares.
+
+use cudarc::driver::LaunchConfig;
+
+use super::FlashKernels;
+use crate::device::{GpuDevice, GpuError};
+use crate::launch::{launch_cfg, Arg, DPtr};
+
+/// CUDA source of the prefill kernel, compiled after the decode kernels.
+pub const FLASH_PREFILL_SRC: &str = include_str!("../../kernels/flash_prefill.cu");
+
+/// Query/key width (128 nope + 64 rope) and value width the prefill kernel is built for.
+pub const PREFILL_DQK: usize = 192;
+pub const PREFILL_DV: usize = 128;
+/// Queries per CTA.
+pub const PREFILL_ROWS: usize = 64;
+/// Its shared memory (the kernel's FP_SMEM_BYTES): the Q tile and two stages of 64-key
+/// K and V tiles, bf16.
+pub const PREFILL_SMEM_BYTES: usize =
+    (PREFILL_ROWS * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2;
+
+/// One prefill attention launch: `batch` rows of up to `max_q_len` queries each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillShape {
+    pub batch: usize,
+    pub heads: usize,
+    pub max_q_len: usize,
+    /// Queries over all rows (`q_start_loc[batch]`).
+    pub total_q: usize,
+    /// Keys over all rows (`k_start_loc[batch]`).
+    pub total_k: usize,
+    /// Query i of a row of q queries over k keys sees keys below `k - q + i + 1`; else
+    /// every key of its row.
+    pub causal: bool,
+}
+
+/// Device buffers of one prefill attention launch.
+#[derive(Clone, Copy, Debug)]
+pub struct PrefillBufs {
+    /// `[total_q, heads, 192]` bf16.
+    pub q: DPtr<u16>,
+    /// `[total_k, heads, 192]` bf16.
+    pub k: DPtr<u16>,
+    /// `[total_k, heads, 128]` bf16.
+    pub v: DPtr<u16>,
+    /// `[batch + 1]` prefix sums of the rows' query counts.
+    pub q_start_loc: DPtr<i32>,
+    /// `[batch + 1]` prefix sums of the rows' key counts.
+    pub k_start_loc: DPtr<i32>,
+    /// `[total_q, heads, 128]`.
+    pub out: DPtr<f32>,
+    /// `[heads, total_q]`, natural log; -inf (output 0) for a query that sees no key.
+    pub lse: DPtr<f32>,
+}
+
+/// Whether `q_start_loc` and `k_start_loc` describe `s`: both start at 0, never
+/// decrease, end at the totals; no row has more than `max_q_len` queries; a causal row
+/// has at least as many keys as queries. What [`FlashKernels::flash_prefill`] trusts.
+pub fn prefill_rows_valid(s: &PrefillShape, q_start_loc: &[i32], k_start_loc: &[i32]) -> bool {
+    let ok = |loc: &[i32], total: usize| {
+        loc.len() == s.batch + 1
+            && loc[0] == 0
+            && loc.windows(2).all(|w| w[0] <= w[1])
+            && loc[s.batch] as usize == total
+    };
+    ok(q_start_loc, s.total_q)
+        && ok(k_start_loc, s.total_k)
+        && (0..s.batch).all(|b| {
+            let q = (q_start_loc[b + 1] - q_start_loc[b]) as usize;
+            let k = (k_start_loc[b + 1] - k_start_loc[b]) as usize;
+            q <= s.max_q_len && (!s.causal || q <= k)
+        })
+}
+
+impl FlashKernels {
+    /// Prefill attention of every row of `s` in one launch; `scale` is the softmax scale.
+    ///
+    /// # Safety
+    /// The device copies of `q_start_loc` and `k_start_loc` pass [`prefill_rows_valid`]
+    /// for `s`: the kernel reads the rows they name, unchecked.
+    pub unsafe fn flash_prefill(
+        &self,
+        dev: &GpuDevice,
+        s: PrefillShape,
+        b: PrefillBufs,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        assert!(scale.is_finite() && scale > 0.0, "softmax scale {scale}");
+        b.q.need(s.total_q * s.heads * PREFILL_DQK);
+        b.k.need(s.total_k * s.heads * PREFILL_DQK);
+        b.v.need(s.total_k * s.heads * PREFILL_DV);
+        b.q_start_loc.need(s.batch + 1);
+        b.k_start_loc.need(s.batch + 1);
+        b.out.need(s.total_q * s.heads * PREFILL_DV);
+        b.lse.need(s.total_q * s.heads);
+        if s.batch == 0 || s.max_q_len == 0 {
+            return Ok(());
+        }
+        let args: [Arg; 11] = [
+            b.q.into(),
+            b.k.into(),
+            b.v.into(),
+            b.q_start_loc.into(),
+            b.k_start_loc.into(),
+            b.out.into(),
+            b.lse.into(),
+            s.heads.into(),
+            s.total_q.into(),
+            usize::from(s.causal).into(),
+            (scale * std::f32::consts::LOG2_E).into(),
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (
+                s.max_q_len.div_ceil(PREFILL_ROWS) as u32,
+                s.heads as u32,
+                s.batch as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: PREFILL_SMEM_BYTES as u32,
+        };
+        // SAFETY: argument list matches flash_prefill; sizes checked above; the caller's
+        // start locations name rows inside them.
+        unsafe { launch_cfg(dev, &self.fns["flash_prefill"], "flash_prefill", cfg, &args) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_prefill_kernel_fits_in_shared_memory() {
+        assert!(FLASH_PREFILL_SRC.contains(
+            "#define FP_SMEM_BYTES ((FP_ROWS * FP_DQK + 2 * FP_KEYS * (FP_DQK + FP_DV)) * 2)"
+        ));
+        assert_eq!(PREFILL_SMEM_BYTES, 106_496);
+    }
+
+    #[test]
+    fn start_locations_are_validated() {
+        let s = PrefillShape {
+            batch: 2,
+            heads: 1,
+            max_q_len: 3,
+            total_q: 5,
+            total_k: 7,
+            causal: true,
+        };
+        assert!(prefill_rows_valid(&s, &[0, 2, 5], &[0, 3, 7]));
+        // A causal row with fewer keys than queries, a row past max_q_len, a bad total.
+        assert!(!prefill_rows_valid(&s, &[0, 2, 5], &[0, 1, 7]));
+        assert!(!prefill_rows_valid(&s, &[0, 1, 5], &[0, 3, 7]));
+        assert!(!prefill_rows_valid(&s, &[0, 2, 4], &[0, 3, 7]));
+        assert!(!prefill_rows_valid(&s, &[1, 2, 5], &[0, 3, 7]));
+    }
+}

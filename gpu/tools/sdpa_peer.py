@@ -1,0 +1,76 @@
+#!/usr/bin/env python3
+"""The peer of gpu-bench's prefill rows: PyTorch's scaled_dot_product_attention with the
+cuDNN backend (its flash backend refuses qk 192 / v 128), bf16, at exactly the shapes
+`gpu-bench --prefill` times flash_prefill at. Run it in the same device call as
+gpu-bench so the two compare on one machine.
+
+    python3 gpu/tools/sdpa_peer.py [--reps 20] [--csv sdpa.csv]
+
+Prints, per shape, the median time of `reps` launches (CUDA events) and TFLOP/s with
+gpu-bench's FLOP count (QK over 192 and PV over 128 for every visible pair).
+"""
+import argparse
+import statistics
+import sys
+
+# (heads, batch, queries, keys, causal): PrefillCase::standard in bench_prefill.rs.
+def cases():
+    for heads in (128, 16):
+        yield heads, 1, 4096, 4096, True
+        yield heads, 1, 8192, 8192, True
+        yield heads, 4, 2048, 2048, True
+        yield heads, 1, 64, 2048, False
+
+
+def flops(heads, batch, q, k, causal):
+    pairs = sum(k - q + i + 1 for i in range(q)) if causal else q * k
+    return batch * heads * pairs * 2.0 * 320.0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--csv", default=None)
+    args = ap.parse_args()
+    try:
+        import torch
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError as e:
+        print(f"sdpa_peer: no PyTorch here ({e})", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("sdpa_peer: no CUDA device", file=sys.stderr)
+        return 2
+    f = torch.nn.functional.scaled_dot_product_attention
+    rows = []
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
+    for heads, batch, q, k, causal in cases():
+        g = torch.Generator(device="cuda").manual_seed(0)
+        qq = torch.randn(batch, heads, q, 192, device="cuda", dtype=torch.bfloat16, generator=g)
+        kk = torch.randn(batch, heads, k, 192, device="cuda", dtype=torch.bfloat16, generator=g)
+        vv = torch.randn(batch, heads, k, 128, device="cuda", dtype=torch.bfloat16, generator=g)
+        times = []
+        with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+            for _ in range(3):
+                f(qq, kk, vv, is_causal=causal)
+            for _ in range(args.reps):
+                a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                a.record()
+                f(qq, kk, vv, is_causal=causal)
+                b.record()
+                torch.cuda.synchronize()
+                times.append(a.elapsed_time(b) * 1e3)
+        us = statistics.median(times)
+        tf = flops(heads, batch, q, k, causal) / us / 1e6
+        mode = "causal" if causal else "noncausal"
+        print(f"sdpa_cudnn {mode:<9} H {heads:>3} B {batch} q {q:>5} k {k:>5}: {us:10.1f} us {tf:7.1f} TFLOP/s")
+        rows.append(f"sdpa_cudnn,{mode},{heads},{q},{batch},{k},{us:.3f},{tf:.3f}")
+    if args.csv:
+        with open(args.csv, "w") as out:
+            out.write("kernel,mode,heads,q_len,batch,k_len,time_us,tflop_per_s\n")
+            out.write("\n".join(rows) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
