@@ -25,9 +25,9 @@ pub struct ScheduledRow {
     /// The request's block ids (target and drafter caches share them).
     pub block_ids: Vec<u32>,
     /// The request's slot in the worker's persistent per-request state (vLLM's
-    /// `req_state_idx`): taken when the request is admitted, given back when it
-    /// finishes, reused by the next admission. Per-slot tables keep what the last owner
-    /// left (`graph_buffers`).
+    /// `req_state_idx`): the scheduler's slot, taken when the request arrives, kept
+    /// across preemption (vLLM frees it there), given back when it finishes, reused by
+    /// the next arrival. Per-slot tables keep what the last owner left (`graph_buffers`).
     pub req_state_idx: usize,
 }
 

@@ -459,9 +459,10 @@ pub struct EngineConfig {
     /// Known-bug switches (RULES §9); all off unless asked for.
     #[serde(default)]
     pub faults: crate::fault::Faults,
-    /// Fills every region of the graphs' persistent buffers that a step does not write
-    /// with garbage before the step (`graph_buffers`), so a stale read gives a wrong
-    /// output. A correct engine never reads those regions: every check still passes.
+    /// Fills every region of the persistent step buffers that a step does not write with
+    /// garbage before the step (`graph_buffers`: the buffers' tails, the split schedule
+    /// where no copy lands, unscheduled slots' block tables), so a stale read gives a
+    /// wrong output. A correct engine never reads those regions: every check passes.
     #[serde(default)]
     pub poison_stale_buffers: bool,
     /// Raw threshold and uniformity that replace the capability matrix's (for an engine
@@ -528,10 +529,14 @@ impl EngineConfig {
     /// Whether the decode kernel takes one token per row and reads `seq_lens` and the
     /// block table by its row (program) index: a SingleOnly profile's (TritonMLA's and
     /// CutlassMLA's decode before vLLM #51065 made Triton's uniform).
+    /// An override threshold stands for an engine outside the five profiles: its kernel
+    /// takes the rows the threshold lets through, so none is single-token.
     pub fn single_token_decode_kernel(&self) -> bool {
-        self.backends
-            .iter()
-            .any(|p| p.capabilities().query_len_support == QueryLenSupport::SingleOnly)
+        self.split_override.reorder_batch_threshold.is_none()
+            && self
+                .backends
+                .iter()
+                .any(|p| p.capabilities().query_len_support == QueryLenSupport::SingleOnly)
     }
 
     /// `require_uniform`: the override, or whether any group needs uniform decodes.

@@ -159,7 +159,7 @@ impl<B: Backend> Executor<B> {
         let capture_sizes = capture_sizes(&cfg);
         Ok(Self {
             graph_buffers: GraphBuffers::captured(&cfg, &shapes),
-            state_tables: RequestStateTables::new(&cfg),
+            state_tables: RequestStateTables::default(),
             cfg,
             opts,
             backend,
@@ -196,9 +196,9 @@ impl<B: Backend> Executor<B> {
             }
             return Ok(out);
         }
-        self.state_tables.write(&batch);
+        self.state_tables.write(&self.cfg, &batch, self.opts.seed);
         // The other layout replays from the same buffer contents.
-        let buffers_before = self.graph_buffers.clone();
+        let buffers_before = self.opts.check_layouts.then(|| self.graph_buffers.clone());
         self.graph_buffers
             .write_step(&self.cfg, &mut plan, self.opts.seed);
         let mut violations = self.check_plan(&batch, &plan, ctx);
@@ -278,13 +278,13 @@ impl<B: Backend> Executor<B> {
         &mut self,
         batch: &ScheduledBatch,
         plan: &StepPlan,
-        mut buffers: GraphBuffers,
+        buffers: Option<GraphBuffers>,
         ctx: &dyn BatchContext,
         violations: &mut Vec<Violation>,
     ) -> StepResult<Option<(StepPlan, TargetOutput)>, B> {
-        if !self.opts.check_layouts {
+        let Some(mut buffers) = buffers else {
             return Ok(None);
-        }
+        };
         let other = match plan.layout {
             RowLayout::DecodeFirst => RowLayout::ExtendFirst,
             RowLayout::ExtendFirst => RowLayout::DecodeFirst,

@@ -30,8 +30,9 @@ pub enum Fault {
     /// Non-uniform decode rows sent to a uniform kernel (core: plan, through the split it
     /// asks reorder for).
     F10,
-    /// Graph padding rows keep earlier steps' request-state slots in `idx_mapping`, and
-    /// draft sampling writes through them (core: `graph_buffers`).
+    /// Graph padding rows keep earlier steps' request-state slots in `idx_mapping`, which
+    /// draft sampling writes through (core: `graph_buffers`; the write itself is not
+    /// modelled, the invariant names it).
     F11,
     /// The split-KV schedule not copied into the graph's persistent buffer: a replay reads
     /// the capture-time schedule (core: `graph_buffers`).
@@ -42,8 +43,9 @@ pub enum Fault {
     /// A non-causal drafter raises the reorder threshold on a SingleOnly profile, so
     /// verify rows reach the single-token decode kernel unexpanded (core: the threshold).
     F14,
-    /// An idle rank's dummy step maps its rows to live request-state slots, so its drafter
-    /// writes KV through stale block tables (core: `graph_buffers::dummy_step`).
+    /// An idle rank's dummy step maps its rows to request-state slots, so its drafter
+    /// decode computes KV slots through their stale block tables (core:
+    /// `graph_buffers::dummy_step`; planned and checked, not executed).
     F15,
     /// Data-parallel padding leaks into the draft decode passes' attention metadata: their
     /// `num_actual_tokens` is the padded count (core: drafter).
@@ -150,7 +152,10 @@ impl Fault {
 /// A set of fault switches (all off by default). In a config it reads and writes as a
 /// list of catalog ids, `["F1", "F7"]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct Faults(u16);
+pub struct Faults(u32);
+
+// One bit per catalog entry.
+const _: () = assert!(Fault::ALL.len() <= u32::BITS as usize);
 
 impl Serialize for Faults {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
@@ -179,12 +184,12 @@ impl Faults {
 
     /// Whether `f` is on.
     pub fn has(self, f: Fault) -> bool {
-        self.0 >> (f as u16) & 1 == 1
+        self.0 >> (f as u32) & 1 == 1
     }
 
     /// The set with `f` turned on.
     pub fn with(self, f: Fault) -> Self {
-        Self(self.0 | 1 << (f as u16))
+        Self(self.0 | 1 << (f as u32))
     }
 
     /// The switches that are on, in catalog order.

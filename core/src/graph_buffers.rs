@@ -37,7 +37,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 
 use crate::batch::ScheduledBatch;
-use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
+use crate::block_pool::{slot_for, PAD_SLOT};
 use crate::config::{EngineConfig, SpecMethod};
 use crate::cudagraph::GraphShape;
 use crate::fault::Fault;
@@ -58,11 +58,11 @@ pub struct GraphBuffers {
 }
 
 impl GraphBuffers {
-    /// Zeroed buffers for `max_num_seqs` rows (or the largest of `shapes`), then each
-    /// capture's dummy run, in capture order (vLLM captures the largest size first).
+    /// Zeroed buffers for the largest of `shapes` (none without graphs: nothing would read
+    /// them), then each capture's dummy run, in capture order (vLLM captures the largest
+    /// size first). Rows past the largest capture are never read, so they are not kept.
     pub fn captured(cfg: &EngineConfig, shapes: &[GraphShape]) -> Self {
-        let graph_rows = shapes.iter().map(|s| s.num_rows).max().unwrap_or(0);
-        let rows = graph_rows.max(cfg.scheduler.max_num_seqs);
+        let rows = shapes.iter().map(|s| s.num_rows).max().unwrap_or(0);
         let width = cfg.scheduler.max_blocks_per_seq();
         let mut b = Self {
             width,
@@ -89,9 +89,14 @@ impl GraphBuffers {
     /// and `plan`'s padded rows and schedule become what it reads from the buffers; an
     /// eager step reads its real rows only, so its plan is left as built.
     pub fn write_step(&mut self, cfg: &EngineConfig, plan: &mut StepPlan, seed: u64) {
-        let (n, w) = (plan.rows.len(), self.width);
+        let cap = self.seq_lens.len();
+        let (n, w) = (plan.rows.len().min(cap), self.width);
+        if cap == 0 {
+            return;
+        }
+        let replayed = plan.cudagraph.map(|g| g.shape.num_rows);
         if cfg.poison_stale_buffers {
-            self.poison(cfg, plan.step, seed, n);
+            self.poison(cfg, (plan.step, seed), n, replayed);
         }
         let c = &plan.common;
         self.seq_lens[..n].copy_from_slice(&c.seq_lens[..n]);
@@ -127,10 +132,17 @@ impl GraphBuffers {
 
     /// Garbage in what a step of `n` real rows will not write: the tail's seq_lens when
     /// F13 skips their fill, the tail's block table, the tail's slots when F11 skips
-    /// theirs, and the schedule when F12 skips its copy. Lengths up to `max_model_len`,
-    /// block ids inside the pool and slots below `max_num_seqs`, so a stale read computes
-    /// a wrong value rather than failing.
-    fn poison(&mut self, cfg: &EngineConfig, step: u64, seed: u64, n: usize) {
+    /// theirs, and the schedule wherever no copy lands (all of it on an eager step or
+    /// under F12, past the replayed rows otherwise). Lengths up to `max_model_len`, block
+    /// ids inside the pool and slots below `max_num_seqs`, so a stale read computes a
+    /// wrong value rather than failing.
+    fn poison(
+        &mut self,
+        cfg: &EngineConfig,
+        (step, seed): (u64, u64),
+        n: usize,
+        replayed: Option<usize>,
+    ) {
         let mut rng = keyed_rng(seed, Stream::Poison, 0, step);
         let s = &cfg.scheduler;
         if cfg.faults.has(Fault::F13) {
@@ -146,53 +158,46 @@ impl GraphBuffers {
                 *v = rng.gen_range(0..s.max_num_seqs as i64);
             }
         }
-        if cfg.faults.has(Fault::F12) {
-            let most = s.max_model_len.div_ceil(cfg.split_size_tokens) as u32;
-            for v in &mut self.num_splits {
-                *v = rng.gen_range(1..=most);
-            }
+        let copied = match replayed {
+            Some(rows) if !cfg.faults.has(Fault::F12) => rows,
+            _ => 0,
+        };
+        let most = s.max_model_len.div_ceil(cfg.split_size_tokens) as u32;
+        for v in &mut self.num_splits[copied..] {
+            *v = rng.gen_range(1..=most);
         }
     }
 }
 
 /// The worker's per-request block tables, indexed by `req_state_idx` (vLLM Model Runner
-/// V2's `BlockTables.block_tables`): a scheduled row writes its slot's table; nothing
-/// clears a slot when its request finishes.
+/// V2's `BlockTables.block_tables`): a scheduled row rewrites its slot's row; nothing
+/// clears a slot when its request finishes. Kept sparse, so a slot number from a trace
+/// costs one row however large it is.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestStateTables {
-    width: usize,
-    tables: Vec<u32>,
+    rows: std::collections::BTreeMap<usize, Vec<u32>>,
 }
 
 impl RequestStateTables {
-    pub fn new(cfg: &EngineConfig) -> Self {
-        Self {
-            width: cfg.scheduler.max_blocks_per_seq(),
-            tables: Vec::new(),
-        }
-    }
-
-    /// Each row of `batch` writes its block ids into its slot's table (a slot never
-    /// written maps no block).
-    pub fn write(&mut self, batch: &ScheduledBatch) {
-        let w = self.width;
-        for r in &batch.rows {
-            let end = (r.req_state_idx + 1) * w;
-            if self.tables.len() < end {
-                self.tables.resize(end, NO_BLOCK);
+    /// Each row of `batch` rewrites its slot's row with its block ids. With poison, every
+    /// other slot's row becomes garbage first: no clean read reaches a slot whose
+    /// request is not scheduled.
+    pub fn write(&mut self, cfg: &EngineConfig, batch: &ScheduledBatch, seed: u64) {
+        if cfg.poison_stale_buffers {
+            let mut rng = keyed_rng(seed, Stream::Poison, 1, batch.step);
+            let blocks = cfg.scheduler.num_gpu_blocks as u32;
+            for row in self.rows.values_mut() {
+                row.iter_mut().for_each(|b| *b = rng.gen_range(0..blocks));
             }
-            let row = &mut self.tables[r.req_state_idx * w..end];
-            let n = r.block_ids.len().min(w);
-            row[..n].copy_from_slice(&r.block_ids[..n]);
+        }
+        for r in &batch.rows {
+            self.rows.insert(r.req_state_idx, r.block_ids.clone());
         }
     }
 
-    fn row(&self, slot: usize) -> Vec<u32> {
-        let w = self.width;
-        match self.tables.get(slot * w..(slot + 1) * w) {
-            Some(t) => t.to_vec(),
-            None => vec![NO_BLOCK; w],
-        }
+    /// Slot `slot`'s row (no block where never written).
+    fn row(&self, slot: usize) -> &[u32] {
+        self.rows.get(&slot).map_or(&[], Vec::as_slice)
     }
 }
 
@@ -229,7 +234,7 @@ pub fn dummy_step(cfg: &EngineConfig, tables: &RequestStateTables) -> Option<Dum
             idx_mapping
                 .iter()
                 .map(|&i| match usize::try_from(i) {
-                    Ok(slot) => slot_for(&tables.row(slot), pos, s.page_size, s.max_model_len),
+                    Ok(slot) => slot_for(tables.row(slot), pos, s.page_size, s.max_model_len),
                     Err(_) => PAD_SLOT,
                 })
                 .collect()

@@ -11,7 +11,7 @@ use specmla_core::fault::Faults;
 use specmla_cpu::CpuBackend;
 use specmla_traces::{StepRecord, TraceHeader};
 
-use crate::replayer::{ReplayError, Replayer};
+use crate::replayer::{parse_config, ReplayError, Replayer};
 use crate::{replay_records, ReplayReport};
 
 /// A trace in memory.
@@ -37,8 +37,12 @@ impl Trace {
 }
 
 /// The trace restricted to `keep` requests and its first `steps` records; empty steps
-/// are dropped. Expected values are stale until [`re_record`].
+/// are dropped, except on a data-parallel rank (they are its dummy steps). Expected values
+/// are stale until [`re_record`].
 fn restrict(t: &Trace, keep: &BTreeSet<u64>, steps: usize) -> Trace {
+    // A data-parallel rank runs a dummy step when it has nothing scheduled: an emptied
+    // step stays, or the dummy steps (F15's) would vanish with the requests.
+    let keep_idle = parse_config(&t.header).is_ok_and(|c| c.dp_peer_num_tokens > 0);
     let mut header = t.header.clone();
     header.workload.retain(|r| keep.contains(&r.id));
     let records = t.records[..steps.min(t.records.len())]
@@ -48,7 +52,7 @@ fn restrict(t: &Trace, keep: &BTreeSet<u64>, steps: usize) -> Trace {
             rec.rows.retain(|r| keep.contains(&r.req_id));
             rec.forced_drafts.retain(|f| keep.contains(&f.req_id));
             rec.preempted.retain(|id| keep.contains(id));
-            (!rec.rows.is_empty()).then_some(rec)
+            (keep_idle || !rec.rows.is_empty()).then_some(rec)
         })
         .collect();
     Trace { header, records }

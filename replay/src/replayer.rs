@@ -385,6 +385,11 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
     if ids.windows(2).any(|w| w[0] == w[1]) || rows.len() > s.max_num_seqs {
         return Err(bad("a request appears twice, or too many rows".into()));
     }
+    let mut slots: Vec<usize> = rows.iter().map(|r| r.req_state_idx).collect();
+    slots.sort_unstable();
+    if slots.windows(2).any(|w| w[0] == w[1]) {
+        return Err(bad("two rows share a request-state slot".into()));
+    }
     Ok(ScheduledBatch {
         step: rec.step,
         rows,

@@ -208,6 +208,26 @@ fn hand_edited_records_are_errors_not_panics() {
         std::fs::write(&p, w.finish().unwrap()).unwrap();
         assert_exit2(&[p.to_str().unwrap()], "step");
     }
+    // Two rows sharing a request-state slot; and a slot as large as a u32 goes, which
+    // must cost nothing (the per-slot tables are sparse): it replays.
+    let i = records.iter().position(|r| r.rows.len() >= 2).unwrap();
+    for (name, dup) in [("slot-dup", true), ("slot-huge", false)] {
+        let mut recs = records.clone();
+        let slot = recs[i].rows[0].req_state_idx;
+        recs[i].rows[1].req_state_idx = if dup { slot } else { u32::MAX };
+        let mut w = specmla_traces::TraceWriter::new(Vec::new(), &header).unwrap();
+        for r in &recs {
+            w.write_step(r).unwrap();
+        }
+        let p = dir().join(format!("edited-{name}.bin"));
+        std::fs::write(&p, w.finish().unwrap()).unwrap();
+        if dup {
+            assert_exit2(&[p.to_str().unwrap()], "request-state slot");
+        } else {
+            let o = bin("replay", &[p.to_str().unwrap()]);
+            assert_eq!(o.status.code(), Some(0), "{o:?}");
+        }
+    }
 }
 
 #[test]

@@ -163,6 +163,25 @@ fn bisect_shrinks_f1_to_a_reproducer_that_replays_on_its_own() {
         .is_some_and(|d| d.layer_rows.iter().any(|r| r.path == "prefill+context")));
 }
 
+/// F15 shows only on an idle step: bisection keeps a data-parallel rank's emptied steps
+/// (its dummy steps), so it shrinks to one request and the idle step after it.
+#[test]
+fn bisect_keeps_the_idle_steps_of_a_data_parallel_rank() {
+    let mut s = scenarios::by_name("mixed_mtp").unwrap();
+    s.workload.num_requests = 3;
+    s.workload.arrival_steps = 120;
+    s.cfg.dp_peer_num_tokens = 6;
+    let (t, _) = record_scenario(&s, 0, false);
+    let min = bisect(&t, Faults::none().with(Fault::F15))
+        .unwrap()
+        .expect("F15 diverges");
+    assert_eq!(min.requests().len(), 1, "one request, then an idle step");
+    let d = replay_records(&min.header, &min.records, Faults::none().with(Fault::F15)).unwrap();
+    assert!(d
+        .divergence
+        .is_some_and(|d| d.violations.iter().any(|v| v.contains("dummy step"))));
+}
+
 #[test]
 fn bisect_of_a_clean_trace_finds_nothing() {
     let (t, _) = record("graphs", 4, 0);
