@@ -11,7 +11,10 @@
 // V through shared memory (cp.async, double buffered), the scores and the 16 x 128
 // output staying in registers. A row's bits depend on its own queries and keys alone.
 //
-// q [tokens, heads, 192], k [keys, heads, 192], v [keys, heads, 128] bf16;
+// q [tokens, heads, 192] bf16. Keys as MLA has them, never materialized per head: key j
+// of head h is k_nope[j * kn_row + h * kn_head .. + 128] then the head-shared
+// k_rope[j * kr_row .. + 64]; its value v[j * v_row + h * v_head .. + 128] (strides in
+// elements: the up-projection's output and the gathered latent rows as they are).
 // out [tokens, heads, 128] f32; lse [heads, total_q] f32 (natural log, -inf for a query
 // that sees no key, whose output is 0).
 
@@ -41,11 +44,27 @@ __device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned sho
     }
 }
 
+// The K tile: 16 nope chunks per key from its head's row, then 8 rope chunks shared by
+// every head; keys at or past `valid` are zero-filled.
+__device__ __forceinline__ void fp_load_k(unsigned short* tile, const unsigned short* nope,
+                                          const unsigned short* rope, long long kn_row,
+                                          long long kr_row, int valid) {
+    for (int c = threadIdx.x; c < FP_KEYS * FP_QCH; c += FP_THREADS) {
+        const int r = c / FP_QCH, ch = c % FP_QCH;
+        const bool ok = r < valid, is_nope = ch < 16;
+        const unsigned short* src =
+            is_nope ? nope + (ok ? r * kn_row : 0) + ch * 8 : rope + (ok ? r * kr_row : 0) + (ch - 16) * 8;
+        cp_async16(tile + fp_swz(r, ch, FP_QCH), src, ok);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
-    flash_prefill(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-                  const unsigned short* __restrict__ v, const int* __restrict__ q_start_loc,
-                  const int* __restrict__ k_start_loc, float* __restrict__ out,
-                  float* __restrict__ lse, int heads, int total_q, int causal, float scale_log2) {
+    flash_prefill(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k_nope,
+                  const unsigned short* __restrict__ k_rope, const unsigned short* __restrict__ v,
+                  const int* __restrict__ q_start_loc, const int* __restrict__ k_start_loc,
+                  float* __restrict__ out, float* __restrict__ lse, int heads, int total_q,
+                  int causal, float scale_log2, long long kn_row, int kn_head, long long kr_row,
+                  long long v_row, int v_head) {
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* qs = smem;                                // [64][192]
     unsigned short* ks = qs + FP_ROWS * FP_DQK;               // [2][64][192]
@@ -59,15 +78,16 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
     const int shift = causal ? k_len - q_len : 0;
     const int kv_end = causal ? max(0, min(k_len, shift + q0 + FP_ROWS)) : k_len;
     const int tiles = (kv_end + FP_KEYS - 1) / FP_KEYS;
-    const long long qk_stride = (long long)heads * FP_DQK, v_stride = (long long)heads * FP_DV;
+    const long long q_stride = (long long)heads * FP_DQK;
 
-    fp_load(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, qk_stride, FP_ROWS, FP_QCH,
+    fp_load(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, q_stride, FP_ROWS, FP_QCH,
             q_len - q0);
     auto load_kv = [&](int stage, int t0) {
-        fp_load(ks + stage * FP_KEYS * FP_DQK, k + ((long long)(kb + t0) * heads + h) * FP_DQK,
-                qk_stride, FP_KEYS, FP_QCH, kv_end - t0);
-        fp_load(vs + stage * FP_KEYS * FP_DV, v + ((long long)(kb + t0) * heads + h) * FP_DV,
-                v_stride, FP_KEYS, FP_VCH, kv_end - t0);
+        const long long j = kb + t0;
+        fp_load_k(ks + stage * FP_KEYS * FP_DQK, k_nope + j * kn_row + (long long)h * kn_head,
+                  k_rope + j * kr_row, kn_row, kr_row, kv_end - t0);
+        fp_load(vs + stage * FP_KEYS * FP_DV, v + j * v_row + (long long)h * v_head, v_row,
+                FP_KEYS, FP_VCH, kv_end - t0);
     };
     if (tiles > 0) load_kv(0, 0);
     cp_commit();
@@ -192,4 +212,20 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
             lse[(long long)h * total_q + qb + qi] =
                 l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
     }
+}
+
+// out[k_start_loc[b] + j] = the latent row of position j of row b (j < its key count),
+// gathered from the paged bf16 cache [slots, 576] through the row's block table
+// [batch, width]: the context a prefill row up-projects. One block per (position, row),
+// one thread per 16-byte chunk.
+extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__ cache,
+                                              const int* __restrict__ block_table,
+                                              const int* __restrict__ k_start_loc, int width,
+                                              int page, unsigned short* __restrict__ out) {
+    const int j = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
+    const int k0 = k_start_loc[b];
+    if (j >= k_start_loc[b + 1] - k0 || c >= 576 / 8) return;
+    const long long slot = (long long)block_table[(long long)b * width + j / page] * page + j % page;
+    reinterpret_cast<uint4*>(out + (long long)(k0 + j) * 576)[c] =
+        reinterpret_cast<const uint4*>(cache + slot * 576)[c];
 }

@@ -62,6 +62,20 @@ impl<T> DPtr<T> {
         );
         self
     }
+    /// The same memory as elements of `U`, which must have `T`'s size (bf16 values as
+    /// the `u16` bits the kernels take, say).
+    pub fn cast<U>(self) -> DPtr<U> {
+        assert_eq!(
+            std::mem::size_of::<T>(),
+            std::mem::size_of::<U>(),
+            "a cast must keep the element size"
+        );
+        DPtr {
+            addr: self.addr,
+            len: self.len,
+            _t: PhantomData,
+        }
+    }
     pub fn addr(&self) -> u64 {
         self.addr
     }
@@ -125,6 +139,15 @@ impl<T: DeviceRepr> Buf<T> {
         dev.stream
             .clone_dtoh(&self.slice.slice(from..from + n))
             .map_err(GpuError::driver("copying results back"))
+    }
+
+    /// The cudarc slice, for a library call (cuBLAS) that takes one.
+    pub fn slice(&self) -> &CudaSlice<T> {
+        &self.slice
+    }
+    /// The cudarc slice, mutable.
+    pub fn slice_mut(&mut self) -> &mut CudaSlice<T> {
+        &mut self.slice
     }
 
     pub fn ptr(&self) -> DPtr<T> {

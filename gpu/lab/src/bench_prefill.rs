@@ -1,12 +1,21 @@
 //! Timing of the bf16 prefill attention (`flash_prefill`) at DeepSeek-V3 widths: causal
 //! self-attention of whole prompts and non-causal queries over a context chunk, the
-//! shapes `gpu/tools/sdpa_peer.py` times PyTorch's SDPA (cuDNN) at.
+//! shapes `gpu/tools/sdpa_peer.py` times PyTorch's SDPA (cuDNN) at; and the whole bf16
+//! prefill path of a spec step (gather from the paged cache, up-projection, attention),
+//! the honest peer of the decode path.
 
-use crate::bench::{time_us, BenchShape, Measurement};
+use std::sync::Arc;
+
+use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
+use half::bf16;
+
+use crate::bench::{time_us, BenchShape, DecodeInputs, Measurement};
 use crate::checks_prefill::start_locs;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
-use specmla_gpu::ops::{FlashKernels, Kernels, PrefillBufs, PrefillShape, PREFILL_DQK, PREFILL_DV};
+use specmla_gpu::ops::{
+    FlashKernels, Kernels, PrefillBufs, PrefillKeyLayout, PrefillShape, PREFILL_DQK, PREFILL_DV,
+};
 
 /// One prefill shape: `batch` rows of `q_len` queries over `k_len` keys each.
 #[derive(Clone, Copy, Debug)]
@@ -74,7 +83,8 @@ pub fn bench_flash_prefill(
         Ok(b)
     };
     let q = bf16(tq * c.heads * PREFILL_DQK, 21, "prefill bench q")?;
-    let kk = bf16(tk * c.heads * PREFILL_DQK, 22, "prefill bench k")?;
+    let k_nope = bf16(tk * c.heads * 128, 22, "prefill bench k_nope")?;
+    let k_rope = bf16(tk * 64, 24, "prefill bench k_rope")?;
     let v = bf16(tk * c.heads * PREFILL_DV, 23, "prefill bench v")?;
     let out = Buf::<f32>::uninit(dev, (tq * c.heads * PREFILL_DV).max(1), "prefill bench out")?;
     let lse = Buf::<f32>::uninit(dev, (tq * c.heads).max(1), "prefill bench lse")?;
@@ -98,8 +108,10 @@ pub fn bench_flash_prefill(
     };
     let bufs = PrefillBufs {
         q: q.ptr(),
-        k: kk.ptr(),
+        k_nope: k_nope.ptr(),
+        k_rope: k_rope.ptr(),
         v: v.ptr(),
+        layout: PrefillKeyLayout::separate(c.heads),
         q_start_loc: ql.ptr(),
         k_start_loc: kl.ptr(),
         out: out.ptr(),
@@ -123,5 +135,116 @@ pub fn bench_flash_prefill(
         time_us: t,
         bytes: c.bytes(),
         flops: c.flops(),
+    })
+}
+
+/// The bf16 prefill path a SingleOnly backend runs a spec step's verify rows through, at
+/// `s` (q_len verify tokens per request, `context` keys each, the new ones included):
+/// gather every row's latent rows from the paged cache, up-project them to per-head K
+/// nope and V with cuBLAS (`[keys, 512] x [512, heads * 256]`, bf16, f32 accumulate), then
+/// one causal `flash_prefill` (each row's queries are its keys' tail). Times the three
+/// together; FLOPs count the up-projection and the attention.
+pub fn bench_prefill_spec_step(
+    dev: &GpuDevice,
+    (kernels, fk): (&Kernels, &FlashKernels),
+    inp: &DecodeInputs,
+    reps: usize,
+) -> Result<Measurement, GpuError> {
+    let s = inp.shape;
+    let (h, keys, tq) = (s.heads, s.batch * s.context, s.batch * s.q_len);
+    let blas = CudaBlas::new(Arc::clone(&dev.stream))
+        .map_err(|e| GpuError::NoDevice(format!("cuBLAS could not be loaded: {e:?}")))?;
+    let latent = Buf::<bf16>::uninit(dev, keys * 576, "spec-step gathered latent")?;
+    let w = Buf::<bf16>::from_host(
+        dev,
+        &(0..512 * h * 256)
+            .map(|i| bf16::from_f32(((i % 97) as f32 - 48.0) / 4096.0))
+            .collect::<Vec<_>>(),
+        "spec-step W_UK|W_UV",
+    )?;
+    let mut kv = Buf::<bf16>::uninit(dev, keys * h * 256, "spec-step K nope | V")?;
+    let q = Buf::<u16>::uninit(dev, tq * h * PREFILL_DQK, "spec-step q")?;
+    kernels.fill_bf16_hash(dev, q.ptr(), q.len(), 31)?;
+    let out = Buf::<f32>::uninit(dev, tq * h * PREFILL_DV, "spec-step out")?;
+    let lse = Buf::<f32>::uninit(dev, tq * h, "spec-step lse")?;
+    let ql = Buf::from_host(
+        dev,
+        &start_locs((0..s.batch).map(|_| s.q_len)),
+        "q_start_loc",
+    )?;
+    let kl = Buf::from_host(
+        dev,
+        &start_locs((0..s.batch).map(|_| s.context)),
+        "k_start_loc",
+    )?;
+    let shape = PrefillShape {
+        batch: s.batch,
+        heads: h,
+        max_q_len: s.q_len,
+        total_q: tq,
+        total_k: keys,
+        causal: true,
+    };
+    // Column-major: kv^T [h * 256, keys] = W^T [h * 256, 512] x latent^T [512, keys],
+    // the latent's first 512 of 576 columns.
+    let cfg = GemmConfig {
+        transa: cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+        transb: cudarc::cublas::sys::cublasOperation_t::CUBLAS_OP_N,
+        m: (h * 256) as i32,
+        n: keys as i32,
+        k: 512,
+        alpha: bf16::ONE,
+        lda: (h * 256) as i32,
+        ldb: 576,
+        beta: bf16::ZERO,
+        ldc: (h * 256) as i32,
+    };
+    let lat = latent.ptr().cast::<u16>();
+    let scale = 1.0 / (PREFILL_DQK as f32).sqrt();
+    let t = time_us(dev, 2, reps, || {
+        // SAFETY: DecodeInputs' table covers every row's `context` keys with blocks inside
+        // its cache; the start locations are equal rows' prefix sums.
+        unsafe {
+            fk.gather_latent_bf16(
+                dev,
+                inp.cache.ptr(),
+                inp.block_table.ptr(),
+                kl.ptr(),
+                (s.batch, inp.width, s.page, s.context),
+                lat,
+            )
+        }?;
+        // SAFETY: W, the latent and kv are the sizes cfg names.
+        unsafe { blas.gemm(cfg, w.slice(), latent.slice(), kv.slice_mut()) }
+            .map_err(|e| GpuError::NoDevice(format!("cuBLAS GEMM failed: {e:?}")))?;
+        let kvp = kv.ptr().cast::<u16>();
+        let bufs = PrefillBufs {
+            q: q.ptr(),
+            k_nope: kvp,
+            k_rope: lat.offset(512),
+            v: kvp.offset(128),
+            layout: PrefillKeyLayout::up_projected(h),
+            q_start_loc: ql.ptr(),
+            k_start_loc: kl.ptr(),
+            out: out.ptr(),
+            lse: lse.ptr(),
+        };
+        // SAFETY: equal rows, q_len <= context.
+        unsafe { fk.flash_prefill(dev, shape, bufs, scale) }
+    })?;
+    let case = PrefillCase {
+        heads: h,
+        batch: s.batch,
+        q_len: s.q_len,
+        k_len: s.context,
+        causal: true,
+    };
+    Ok(Measurement {
+        kernel: "prefill_flash_path",
+        mode: "invariant",
+        shape: Some(s),
+        time_us: t,
+        bytes: s.bytes(),
+        flops: case.flops() + 2.0 * (keys * 512 * h * 256) as f64,
     })
 }

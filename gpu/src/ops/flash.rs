@@ -429,6 +429,7 @@ impl FlashKernels {
             "flash_decode_seesaw",
             "flash_combine",
             "flash_prefill",
+            "gather_latent_bf16",
         ] {
             let f = module
                 .load_function(name)

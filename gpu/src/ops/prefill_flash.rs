@@ -38,15 +38,64 @@ pub struct PrefillShape {
     pub causal: bool,
 }
 
+/// Where key j of head h lives, in elements: its 128 nope values at
+/// `j * k_nope_row + h * k_nope_head`, its 64 rope values (shared by every head, as MLA
+/// has them) at `j * k_rope_row`, its 128 values at `j * v_row + h * v_head`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PrefillKeyLayout {
+    pub k_nope_row: usize,
+    pub k_nope_head: usize,
+    pub k_rope_row: usize,
+    pub v_row: usize,
+    pub v_head: usize,
+}
+
+impl PrefillKeyLayout {
+    /// `k_nope [keys, heads, 128]`, `k_rope [keys, 64]`, `v [keys, heads, 128]`.
+    pub fn separate(heads: usize) -> Self {
+        Self {
+            k_nope_row: heads * 128,
+            k_nope_head: 128,
+            k_rope_row: 64,
+            v_row: heads * 128,
+            v_head: 128,
+        }
+    }
+
+    /// The up-projection's output `[keys, heads, 128 nope | 128 v]` (k_nope at offset 0,
+    /// v at offset 128 of the same buffer) and the rope part of gathered latent rows
+    /// `[keys, 576]` (at offset 512).
+    pub fn up_projected(heads: usize) -> Self {
+        Self {
+            k_nope_row: heads * 256,
+            k_nope_head: 256,
+            k_rope_row: 576,
+            v_row: heads * 256,
+            v_head: 256,
+        }
+    }
+
+    /// Elements a buffer must hold for `keys` keys of `heads` heads, given its row and
+    /// head strides and the width read at each.
+    fn span(keys: usize, heads: usize, row: usize, head: usize, width: usize) -> usize {
+        if keys == 0 {
+            0
+        } else {
+            (keys - 1) * row + (heads - 1) * head + width
+        }
+    }
+}
+
 /// Device buffers of one prefill attention launch.
 #[derive(Clone, Copy, Debug)]
 pub struct PrefillBufs {
     /// `[total_q, heads, 192]` bf16.
     pub q: DPtr<u16>,
-    /// `[total_k, heads, 192]` bf16.
-    pub k: DPtr<u16>,
-    /// `[total_k, heads, 128]` bf16.
+    /// Keys and values, bf16, laid out as `layout` says.
+    pub k_nope: DPtr<u16>,
+    pub k_rope: DPtr<u16>,
     pub v: DPtr<u16>,
+    pub layout: PrefillKeyLayout,
     /// `[batch + 1]` prefix sums of the rows' query counts.
     pub q_start_loc: DPtr<i32>,
     /// `[batch + 1]` prefix sums of the rows' key counts.
@@ -90,9 +139,20 @@ impl FlashKernels {
         scale: f32,
     ) -> Result<(), GpuError> {
         assert!(scale.is_finite() && scale > 0.0, "softmax scale {scale}");
+        let (l, keys, heads) = (b.layout, s.total_k, s.heads);
         b.q.need(s.total_q * s.heads * PREFILL_DQK);
-        b.k.need(s.total_k * s.heads * PREFILL_DQK);
-        b.v.need(s.total_k * s.heads * PREFILL_DV);
+        b.k_nope.need(PrefillKeyLayout::span(
+            keys,
+            heads,
+            l.k_nope_row,
+            l.k_nope_head,
+            128,
+        ));
+        b.k_rope
+            .need(PrefillKeyLayout::span(keys, 1, l.k_rope_row, 0, 64));
+        b.v.need(PrefillKeyLayout::span(
+            keys, heads, l.v_row, l.v_head, PREFILL_DV,
+        ));
         b.q_start_loc.need(s.batch + 1);
         b.k_start_loc.need(s.batch + 1);
         b.out.need(s.total_q * s.heads * PREFILL_DV);
@@ -100,9 +160,10 @@ impl FlashKernels {
         if s.batch == 0 || s.max_q_len == 0 {
             return Ok(());
         }
-        let args: [Arg; 11] = [
+        let args: [Arg; 17] = [
             b.q.into(),
-            b.k.into(),
+            b.k_nope.into(),
+            b.k_rope.into(),
             b.v.into(),
             b.q_start_loc.into(),
             b.k_start_loc.into(),
@@ -112,6 +173,11 @@ impl FlashKernels {
             s.total_q.into(),
             usize::from(s.causal).into(),
             (scale * std::f32::consts::LOG2_E).into(),
+            Arg::I64(l.k_nope_row as i64),
+            l.k_nope_head.into(),
+            Arg::I64(l.k_rope_row as i64),
+            Arg::I64(l.v_row as i64),
+            l.v_head.into(),
         ];
         let cfg = LaunchConfig {
             grid_dim: (
@@ -125,6 +191,49 @@ impl FlashKernels {
         // SAFETY: argument list matches flash_prefill; sizes checked above; the caller's
         // start locations name rows inside them.
         unsafe { launch_cfg(dev, &self.fns["flash_prefill"], "flash_prefill", cfg, &args) }
+    }
+}
+
+impl FlashKernels {
+    /// `out[k_start_loc[b] + j]` = the latent row `[576]` of position j of row b, for
+    /// every j below the row's key count, gathered from the paged bf16 `cache` through
+    /// `block_table` `[batch, width]`.
+    ///
+    /// # Safety
+    /// `k_start_loc` (device, `[batch + 1]`) is non-decreasing from 0 to `out`'s row
+    /// count, no row has more than `max_len` keys, and every table entry a row's keys
+    /// reach names a block inside `cache`: the kernel reads and writes where they say.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gather_latent_bf16(
+        &self,
+        dev: &GpuDevice,
+        cache: DPtr<u16>,
+        block_table: DPtr<i32>,
+        k_start_loc: DPtr<i32>,
+        (batch, width, page, max_len): (usize, usize, usize, usize),
+        out: DPtr<u16>,
+    ) -> Result<(), GpuError> {
+        block_table.need(batch * width);
+        k_start_loc.need(batch + 1);
+        if batch == 0 || max_len == 0 {
+            return Ok(());
+        }
+        let args: [Arg; 6] = [
+            cache.into(),
+            block_table.into(),
+            k_start_loc.into(),
+            width.into(),
+            page.into(),
+            out.into(),
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (max_len as u32, batch as u32, 1),
+            block_dim: (96, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = "gather_latent_bf16";
+        // SAFETY: argument list matches the kernel; the caller's promise covers the rows.
+        unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }
     }
 }
 

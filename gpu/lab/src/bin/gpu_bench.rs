@@ -14,7 +14,7 @@ use specmla_gpu_lab::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, BenchShape, Ceilings,
     DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
 };
-use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, PrefillCase};
+use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, bench_prefill_spec_step, PrefillCase};
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
 #[derive(Parser)]
@@ -41,7 +41,9 @@ struct Cli {
     /// Timed repetitions per point (the median is reported).
     #[arg(long, default_value_t = 20, value_parser = positive)]
     reps: usize,
-    /// Also time the spec-step comparison with our prefill path (B 16, L 2048, q 2..4).
+    /// Also time the spec-step comparison: the decode path against the bf16 prefill path
+    /// (gather, up-projection, attention) at B 16, L 2048 and B 64, L 8192, q 2..4, and
+    /// against our f32 prefill path at the small shape.
     #[arg(long)]
     spec: bool,
     /// Also time the bf16 prefill attention at the prefill shapes (causal B 1 x 4096,
@@ -221,32 +223,43 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         }
     }
     if !cli.prefill_only && (cli.spec || (!cli.quick && !cli.sweep_splits)) {
-        for q_len in 2..=4 {
-            let s = BenchShape {
-                heads: 128,
-                q_len,
-                batch: 16,
-                context: 2048,
-                page: cli.page,
-            };
-            let inp = DecodeInputs::new(&dev, &k, s, 12)?;
-            let inv = FlashVariant {
-                wide: fk.wide,
-                plan: invariant(&s),
-                mode: "invariant",
-            };
-            let d = bench_flash(&dev, &fk, &inp, &[inv], reps, &scrub)?.remove(0);
-            drop(inp);
-            let p = bench_prefill_path(&dev, &k, s, 3)?;
-            println!(
-                "spec step q {q_len}: decode {:.1} us, prefill path {:.1} us ({:.1}x)",
-                d.time_us,
-                p.time_us,
-                p.time_us / d.time_us
-            );
-            for m in [d, p] {
-                print_row(&m, &c);
-                rows.push(m);
+        // The decode path against the prefill paths a SingleOnly backend would take: the
+        // bf16 one (gather, up-projection, flash_prefill) at both shapes, our f32 one at
+        // the small shape only (it takes seconds at the large one).
+        for (batch, context) in [(16, 2048), (64, 8192)] {
+            for q_len in 2..=4 {
+                let s = BenchShape {
+                    heads: 128,
+                    q_len,
+                    batch,
+                    context,
+                    page: cli.page,
+                };
+                let inp = DecodeInputs::new(&dev, &k, s, 12)?;
+                let inv = FlashVariant {
+                    wide: fk.wide,
+                    plan: invariant(&s),
+                    mode: "invariant",
+                };
+                let d = bench_flash(&dev, &fk, &inp, &[inv], reps, &scrub)?.remove(0);
+                let b = bench_prefill_spec_step(&dev, (&k, &fk), &inp, reps.min(10))?;
+                drop(inp);
+                println!(
+                    "spec step B {batch} L {context} q {q_len}: decode {:.1} us, bf16 prefill path {:.1} us ({:.1}x)",
+                    d.time_us,
+                    b.time_us,
+                    b.time_us / d.time_us
+                );
+                let mut got = vec![d, b];
+                if batch == 16 {
+                    let p = bench_prefill_path(&dev, &k, s, 3)?;
+                    println!("  f32 prefill path {:.1} us", p.time_us);
+                    got.push(p);
+                }
+                for m in got {
+                    print_row(&m, &c);
+                    rows.push(m);
+                }
             }
         }
         let s = BenchShape {
