@@ -33,28 +33,19 @@ __device__ __forceinline__ int fp_swz(int r, int ch, int chunks) {
     return r * chunks * 8 + ((ch ^ (r & 7)) << 3);
 }
 
-// Copies `rows` rows of `chunks` 16-byte chunks starting at global row `from` (stride
-// `stride` elements) into a swizzled tile; rows at or past `valid` are zero-filled.
+// Copies `rows` rows of CHUNKS 16-byte chunks starting at global row 0 of `src` (stride
+// `stride` elements) into chunks [at, at + CHUNKS) of a swizzled tile of `width`-chunk
+// rows; rows at or past `valid` are zero-filled. CHUNKS is a compile-time constant (a
+// power of two for the per-tile loads), so a copy's row and chunk are a shift and a mask.
+template <int CHUNKS>
 __device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned short* src,
-                                        long long stride, int rows, int chunks, int valid) {
-    for (int c = threadIdx.x; c < rows * chunks; c += FP_THREADS) {
-        const int r = c / chunks, ch = c % chunks;
+                                        long long stride, int rows, int at, int width,
+                                        int valid) {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < rows * CHUNKS; c += FP_THREADS) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
         const bool ok = r < valid;
-        cp_async16(tile + fp_swz(r, ch, chunks), src + (ok ? r * stride : 0) + ch * 8, ok);
-    }
-}
-
-// The K tile: 16 nope chunks per key from its head's row, then 8 rope chunks shared by
-// every head; keys at or past `valid` are zero-filled.
-__device__ __forceinline__ void fp_load_k(unsigned short* tile, const unsigned short* nope,
-                                          const unsigned short* rope, long long kn_row,
-                                          long long kr_row, int valid) {
-    for (int c = threadIdx.x; c < FP_KEYS * FP_QCH; c += FP_THREADS) {
-        const int r = c / FP_QCH, ch = c % FP_QCH;
-        const bool ok = r < valid, is_nope = ch < 16;
-        const unsigned short* src =
-            is_nope ? nope + (ok ? r * kn_row : 0) + ch * 8 : rope + (ok ? r * kr_row : 0) + (ch - 16) * 8;
-        cp_async16(tile + fp_swz(r, ch, FP_QCH), src, ok);
+        cp_async16(tile + fp_swz(r, at + ch, width), src + (ok ? r * stride : 0) + ch * 8, ok);
     }
 }
 
@@ -80,14 +71,17 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
     const int tiles = (kv_end + FP_KEYS - 1) / FP_KEYS;
     const long long q_stride = (long long)heads * FP_DQK;
 
-    fp_load(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, q_stride, FP_ROWS, FP_QCH,
-            q_len - q0);
+    fp_load<FP_QCH>(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, q_stride, FP_ROWS, 0,
+                    FP_QCH, q_len - q0);
     auto load_kv = [&](int stage, int t0) {
         const long long j = kb + t0;
-        fp_load_k(ks + stage * FP_KEYS * FP_DQK, k_nope + j * kn_row + (long long)h * kn_head,
-                  k_rope + j * kr_row, kn_row, kr_row, kv_end - t0);
-        fp_load(vs + stage * FP_KEYS * FP_DV, v + j * v_row + (long long)h * v_head, v_row,
-                FP_KEYS, FP_VCH, kv_end - t0);
+        unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
+        // The K tile's 16 nope chunks from the head's row, its 8 rope chunks shared.
+        fp_load<16>(kt, k_nope + j * kn_row + (long long)h * kn_head, kn_row, FP_KEYS, 0, FP_QCH,
+                    kv_end - t0);
+        fp_load<8>(kt, k_rope + j * kr_row, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
+        fp_load<FP_VCH>(vs + stage * FP_KEYS * FP_DV, v + j * v_row + (long long)h * v_head, v_row,
+                        FP_KEYS, 0, FP_VCH, kv_end - t0);
     };
     if (tiles > 0) load_kv(0, 0);
     cp_commit();
