@@ -716,7 +716,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         }
     }
     missing_block_checks(dev, &k, &fk, &mut results)?;
-    results.extend(crate::checks_prefill::run_prefill(dev, &fk)?);
+    results.extend(crate::checks_prefill::run_prefill_checks(dev, &k, &fk)?);
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
         .into_iter()
         .enumerate()

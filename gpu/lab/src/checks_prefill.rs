@@ -1,5 +1,7 @@
 //! Checks of the bf16 prefill attention (`flash_prefill`) against f64 on the same bf16
-//! inputs: causal and not, varlen rows in one launch, outputs poisoned with NaN first.
+//! inputs: causal and not, varlen rows in one launch, outputs poisoned with NaN first;
+//! batch invariance; the chunked prefill merged by LSE (and its F1 mutant); the gather
+//! from the paged bf16 cache.
 
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -8,8 +10,8 @@ use crate::checks::{bf16_vec, download, max_rel_err, upload, CaseResult, BF16_TO
 use crate::reference::attention_f64;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::ops::{
-    prefill_rows_valid, FlashKernels, PrefillBufs, PrefillKeyLayout, PrefillShape, PREFILL_DQK,
-    PREFILL_DV,
+    prefill_rows_valid, FlashKernels, Kernels, MlaDims, PrefillBufs, PrefillKeyLayout,
+    PrefillShape, State, PREFILL_DQK, PREFILL_DV,
 };
 
 /// Prefix sums of `lens`, as the kernel takes them.
@@ -174,7 +176,11 @@ fn padded(mut v: Vec<u16>) -> Vec<u16> {
 /// The grid: causal self-attention from 1 to 8192 tokens (non-aligned lengths, many rows
 /// in one launch), causal queries over a longer tail-aligned key range, and non-causal
 /// queries over context chunks (empty, short, long, a row with no queries).
-pub fn run_prefill(dev: &GpuDevice, fk: &FlashKernels) -> Result<Vec<CaseResult>, GpuError> {
+pub fn run_prefill_checks(
+    dev: &GpuDevice,
+    k: &Kernels,
+    fk: &FlashKernels,
+) -> Result<Vec<CaseResult>, GpuError> {
     let self_attn = |lens: &[usize]| lens.iter().map(|&l| (l, l)).collect::<Vec<_>>();
     let cases: Vec<Case> = vec![
         (16, self_attn(&[1]), true),
@@ -215,5 +221,269 @@ pub fn run_prefill(dev: &GpuDevice, fk: &FlashKernels) -> Result<Vec<CaseResult>
             950 + i as u64,
         )?);
     }
+    out.push(check_prefill_invariance(dev, fk)?);
+    out.push(check_prefill_merge(dev, k, fk, false)?);
+    out.push(check_prefill_merge(dev, k, fk, true)?);
+    out.push(check_gather_latent(dev, fk)?);
     Ok(out)
+}
+
+/// Rows `rows` of a `[n, width]` array, concatenated.
+fn take_rows<T: Copy>(v: &[T], width: usize, rows: impl Iterator<Item = usize>) -> Vec<T> {
+    rows.flat_map(|r| v[r * width..(r + 1) * width].iter().copied())
+        .collect()
+}
+
+/// Keys and values of `n` keys, separate layout, as device buffers plus host copies.
+struct KeySet {
+    k_nope: Vec<u16>,
+    k_rope: Vec<u16>,
+    v: Vec<u16>,
+}
+
+impl KeySet {
+    fn random(rng: &mut ChaCha8Rng, n: usize, heads: usize) -> (Self, Keys) {
+        let k = keys(rng, n, heads, PrefillKeyLayout::separate(heads));
+        let set = KeySet {
+            k_nope: k.k_nope.clone(),
+            k_rope: k.k_rope.clone(),
+            v: k.v.clone().unwrap_or_default(),
+        };
+        (set, k)
+    }
+
+    fn rows(&self, heads: usize, rows: &[usize]) -> KeySet {
+        KeySet {
+            k_nope: take_rows(&self.k_nope, heads * 128, rows.iter().copied()),
+            k_rope: take_rows(&self.k_rope, 64, rows.iter().copied()),
+            v: take_rows(&self.v, heads * PREFILL_DV, rows.iter().copied()),
+        }
+    }
+}
+
+/// Runs `flash_prefill` over `rows` (queries, keys) with the given queries and keys
+/// (separate layout); returns the output and the LSE.
+fn run_prefill(
+    dev: &GpuDevice,
+    fk: &FlashKernels,
+    heads: usize,
+    rows: &[(usize, usize)],
+    causal: bool,
+    (q, k): (&[u16], &KeySet),
+) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+    let q_loc = start_locs(rows.iter().map(|r| r.0));
+    let k_loc = start_locs(rows.iter().map(|r| r.1));
+    let s = PrefillShape {
+        batch: rows.len(),
+        heads,
+        max_q_len: rows.iter().map(|r| r.0).max().unwrap_or(0),
+        total_q: *q_loc.last().unwrap_or(&0) as usize,
+        total_k: *k_loc.last().unwrap_or(&0) as usize,
+        causal,
+    };
+    assert!(prefill_rows_valid(&s, &q_loc, &k_loc), "rows {rows:?}");
+    let out = upload(
+        dev,
+        &vec![f32::NAN; (s.total_q * heads * PREFILL_DV).max(1)],
+    )?;
+    let lse = upload(dev, &vec![f32::NAN; (s.total_q * heads).max(1)])?;
+    let pad = |v: &[u16]| padded(v.to_vec());
+    let (qd, nd) = (upload(dev, &pad(q))?, upload(dev, &pad(&k.k_nope))?);
+    let (rd, vd) = (upload(dev, &pad(&k.k_rope))?, upload(dev, &pad(&k.v))?);
+    let (ql, kl) = (upload(dev, &q_loc)?, upload(dev, &k_loc)?);
+    let bufs = PrefillBufs {
+        q: qd.ptr(),
+        k_nope: nd.ptr(),
+        k_rope: rd.ptr(),
+        v: vd.ptr(),
+        layout: PrefillKeyLayout::separate(heads),
+        q_start_loc: ql.ptr(),
+        k_start_loc: kl.ptr(),
+        out: out.ptr(),
+        lse: lse.ptr(),
+    };
+    // SAFETY: the start locations passed prefill_rows_valid above.
+    unsafe { fk.flash_prefill(dev, s, bufs, 1.0 / (PREFILL_DQK as f32).sqrt()) }?;
+    let o = download(dev, &out)?[..s.total_q * heads * PREFILL_DV].to_vec();
+    let l = download(dev, &lse)?[..s.total_q * heads].to_vec();
+    Ok((o, l))
+}
+
+/// Batch invariance: row 1 of three causal rows gives the same bits alone as in the
+/// batch (output, and its LSE out of the batch's `[heads, tokens]`).
+pub fn check_prefill_invariance(
+    dev: &GpuDevice,
+    fk: &FlashKernels,
+) -> Result<CaseResult, GpuError> {
+    let (heads, lens) = (16, [700usize, 1500, 90]);
+    let mut rng = ChaCha8Rng::seed_from_u64(960);
+    let total: usize = lens.iter().sum();
+    let (q, _) = bf16_vec(&mut rng, total * heads * PREFILL_DQK, 1.0);
+    let (keys, _) = KeySet::random(&mut rng, total, heads);
+    let rows: Vec<(usize, usize)> = lens.iter().map(|&l| (l, l)).collect();
+    let (out, lse) = run_prefill(dev, fk, heads, &rows, true, (&q, &keys))?;
+    let mine: Vec<usize> = (lens[0]..lens[0] + lens[1]).collect();
+    let q1 = take_rows(&q, heads * PREFILL_DQK, mine.iter().copied());
+    let alone = run_prefill(
+        dev,
+        fk,
+        heads,
+        &rows[1..2],
+        true,
+        (&q1, &keys.rows(heads, &mine)),
+    )?;
+    let w = heads * PREFILL_DV;
+    let in_batch = &out[lens[0] * w..(lens[0] + lens[1]) * w];
+    let lse_in_batch: Vec<f32> = (0..heads)
+        .flat_map(|h| mine.iter().map(move |&t| (h, t)))
+        .map(|(h, t)| lse[h * total + t])
+        .collect();
+    let same = |a: &[f32], b: &[f32]| {
+        a.iter()
+            .zip(b)
+            .filter(|(x, y)| x.to_bits() != y.to_bits())
+            .count()
+    };
+    let differ = same(in_batch, &alone.0) + same(&lse_in_batch, &alone.1);
+    Ok(CaseResult {
+        kernel: "flash_prefill",
+        case: format!(
+            "invariance: row of 1500 alone vs between rows of 700 and 90: {differ} values differ"
+        ),
+        max_rel_err: differ as f64,
+        passed: differ == 0,
+    })
+}
+
+/// The chunked prefill on the bf16 path: each row's new tokens causal over themselves,
+/// its context non-causal, the two merged by LSE (`merge_states`), against one f64
+/// softmax over context + new tokens. With the merge reading the context's LSE
+/// transposed (F1, the mutant) the same inputs must fail.
+pub fn check_prefill_merge(
+    dev: &GpuDevice,
+    k: &Kernels,
+    fk: &FlashKernels,
+    f1: bool,
+) -> Result<CaseResult, GpuError> {
+    let heads = 16;
+    let rows = [(9usize, 300usize), (64, 0), (37, 129)];
+    let mut rng = ChaCha8Rng::seed_from_u64(970);
+    let total_q: usize = rows.iter().map(|r| r.0).sum();
+    let total_k: usize = rows.iter().map(|r| r.0 + r.1).sum();
+    let (q_bits, q) = bf16_vec(&mut rng, total_q * heads * PREFILL_DQK, 1.0);
+    let (keys, full) = KeySet::random(&mut rng, total_k, heads);
+    // Each row's keys: its context, then its new tokens.
+    let (mut ctx_rows, mut new_rows, mut at) = (Vec::new(), Vec::new(), 0);
+    for &(q_len, ctx) in &rows {
+        ctx_rows.extend(at..at + ctx);
+        new_rows.extend(at + ctx..at + ctx + q_len);
+        at += ctx + q_len;
+    }
+    let new_shape: Vec<(usize, usize)> = rows.iter().map(|r| (r.0, r.0)).collect();
+    let ctx_shape: Vec<(usize, usize)> = rows.iter().map(|r| (r.0, r.1)).collect();
+    let new = run_prefill(
+        dev,
+        fk,
+        heads,
+        &new_shape,
+        true,
+        (&q_bits, &keys.rows(heads, &new_rows)),
+    )?;
+    let ctx = run_prefill(
+        dev,
+        fk,
+        heads,
+        &ctx_shape,
+        false,
+        (&q_bits, &keys.rows(heads, &ctx_rows)),
+    )?;
+    let (a_out, a_lse) = (upload(dev, &new.0)?, upload(dev, &new.1)?);
+    let (b_out, b_lse) = (upload(dev, &ctx.0)?, upload(dev, &ctx.1)?);
+    let d = MlaDims {
+        heads,
+        kv_lora: 512,
+        rope: 64,
+        nope: 128,
+        dv: PREFILL_DV,
+    };
+    let a = State {
+        out: a_out.ptr(),
+        lse: a_lse.ptr(),
+    };
+    let b = State {
+        out: b_out.ptr(),
+        lse: b_lse.ptr(),
+    };
+    k.merge(dev, d, a, b, total_q, f1)?;
+    let (got_out, got_lse) = (download(dev, &a_out)?, download(dev, &a_lse)?);
+    let q_loc = start_locs(rows.iter().map(|r| r.0));
+    let k_loc = start_locs(rows.iter().map(|r| r.0 + r.1));
+    let dims = (heads, PREFILL_DQK, PREFILL_DV);
+    let (want_out, want_lse) = attention_f64(
+        (&q, &full.k_ref, &full.v_ref),
+        (&q_loc, &k_loc),
+        dims,
+        true,
+        1.0 / (PREFILL_DQK as f64).sqrt(),
+    );
+    let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
+    Ok(CaseResult {
+        kernel: "prefill+merge bf16",
+        case: format!(
+            "new tokens causal + context non-causal, merged, rows (q, ctx) {rows:?}{}",
+            if f1 {
+                "; mutant F1 (LSE read transposed): must fail"
+            } else {
+                ""
+            }
+        ),
+        max_rel_err: err,
+        // The mutant passes when it is caught.
+        passed: (err <= BF16_TOL) != f1,
+    })
+}
+
+/// `gather_latent_bf16` against a host gather through the same shuffled block table:
+/// bit for bit, rows of 0, 1, 63, 64, 65 and 200 positions, pages of 16.
+pub fn check_gather_latent(dev: &GpuDevice, fk: &FlashKernels) -> Result<CaseResult, GpuError> {
+    let (page, lens) = (16usize, [0usize, 1, 63, 64, 65, 200]);
+    let width = 200usize.div_ceil(page);
+    let mut rng = ChaCha8Rng::seed_from_u64(980);
+    let blocks = lens.len() * width;
+    let table: Vec<i32> = crate::checks::shuffled_ids(&mut rng, blocks);
+    let (cache, _) = bf16_vec(&mut rng, blocks * page * 576, 1.0);
+    let k_loc = start_locs(lens.iter().copied());
+    let total = *k_loc.last().unwrap() as usize;
+    let out = upload(dev, &vec![0xffffu16; total * 576])?;
+    let (cd, td, kd) = (
+        upload(dev, &cache)?,
+        upload(dev, &table)?,
+        upload(dev, &k_loc)?,
+    );
+    // SAFETY: the table names blocks inside the cache for every position of every row.
+    unsafe {
+        fk.gather_latent_bf16(
+            dev,
+            cd.ptr(),
+            td.ptr(),
+            kd.ptr(),
+            (lens.len(), width, page, 200),
+            out.ptr(),
+        )
+    }?;
+    let got = download(dev, &out)?;
+    let mut want = Vec::with_capacity(total * 576);
+    for (b, &len) in lens.iter().enumerate() {
+        for j in 0..len {
+            let slot = table[b * width + j / page] as usize * page + j % page;
+            want.extend_from_slice(&cache[slot * 576..(slot + 1) * 576]);
+        }
+    }
+    let passed = got == want;
+    Ok(CaseResult {
+        kernel: "gather_latent_bf16",
+        case: format!("page {page}, rows of {lens:?} positions, bit for bit"),
+        max_rel_err: if passed { 0.0 } else { 1.0 },
+        passed,
+    })
 }
