@@ -29,8 +29,22 @@ pub const COPY_KERNEL: &str = "copy";
 pub const GEMM_KERNEL: &str = "gemm_bf16";
 /// Our uniform MLA decode kernel (`mode` is `invariant` or `fast`).
 pub const DECODE_KERNEL: &str = "decode";
-/// Our materialized prefill path, timed on spec-step shapes.
+/// Our f32 materialized prefill path, timed on spec-step shapes.
 pub const PREFILL_KERNEL: &str = "prefill_path";
+/// The bf16 prefill path (gather, up-projection, `flash_prefill`) on spec-step shapes.
+pub const FLASH_PREFILL_PATH_KERNEL: &str = "prefill_flash_path";
+/// The bf16 prefill attention alone (`context` is the keys per row).
+pub const FLASH_PREFILL_KERNEL: &str = "prefill_flash";
+
+/// Whether `kernel` is a prefill path or the prefill attention: not decode-like work.
+pub fn is_prefill(kernel: &str) -> bool {
+    [
+        PREFILL_KERNEL,
+        FLASH_PREFILL_PATH_KERNEL,
+        FLASH_PREFILL_KERNEL,
+    ]
+    .contains(&kernel)
+}
 
 /// One measurement (or ceiling) line of the CSV.
 #[derive(Debug, Clone, PartialEq)]

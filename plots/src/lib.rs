@@ -48,6 +48,7 @@ pub fn run(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, P
     use throughput::Metric;
     let throughput = throughput::plan(&bench, Metric::Tflops, title)?;
     let bandwidth = throughput::plan(&bench, Metric::Gbps, title)?;
+    let prefill = throughput::plan(&bench, Metric::Prefill, title)?;
     let spec = spec::plan(&bench, title)?;
     let roofline = roofline::plan(&bench, title)?;
 
@@ -58,6 +59,7 @@ pub fn run(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, P
     let mut outcome = Outcome::default();
     draw(throughput, "throughput", out_dir, &mut outcome)?;
     draw(bandwidth, "bandwidth", out_dir, &mut outcome)?;
+    draw(prefill, "prefill", out_dir, &mut outcome)?;
     draw(spec, "spec_decode_vs_prefill", out_dir, &mut outcome)?;
     draw(roofline, "roofline", out_dir, &mut outcome)?;
     Ok(outcome)

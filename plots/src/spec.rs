@@ -1,6 +1,8 @@
 //! Picture `spec_decode_vs_prefill`: on spec-step shapes (a (heads, batch, context) with
-//! both `decode` and `prefill_path` rows), kernel time against q_len for the decode kernel
-//! and the materialized prefill path, each decode point annotated with its speedup.
+//! `decode` rows and prefill-path rows), kernel time against q_len for the decode kernel
+//! and the prefill path, each decode point annotated with its speedup. The bf16 prefill
+//! path (`prefill_flash_path`) is drawn where a shape has it, else the f32 one
+//! (`prefill_path`): the honest peer first.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +10,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::data::{kernel_label, Bench, DECODE_KERNEL, PREFILL_KERNEL};
+use crate::data::{kernel_label, Bench, DECODE_KERNEL, FLASH_PREFILL_PATH_KERNEL, PREFILL_KERNEL};
 use crate::error::PlotError;
 use crate::font::FAMILY;
 use crate::render::{DrawResult, Picture};
@@ -31,7 +33,9 @@ pub struct SpecShape {
 pub struct SpecPanel {
     /// The shape.
     pub shape: SpecShape,
-    /// `prefill_path` time by q_len.
+    /// The prefill path drawn: `prefill_flash_path` where measured, else `prefill_path`.
+    pub prefill_kernel: &'static str,
+    /// Its time by q_len.
     pub prefill_us: BTreeMap<u32, f64>,
     /// `decode` time by mode, then q_len.
     pub decode_us: BTreeMap<String, BTreeMap<u32, f64>>,
@@ -53,8 +57,13 @@ impl SpecPanel {
 /// Every shape with both kernels measured (time_us > 0), in shape order.
 pub fn spec_panels(bench: &Bench) -> Vec<SpecPanel> {
     let mut panels: BTreeMap<SpecShape, SpecPanel> = BTreeMap::new();
+    // The f32 path's times, used where a shape has no bf16 path.
+    let mut f32_path: BTreeMap<SpecShape, BTreeMap<u32, f64>> = BTreeMap::new();
     for row in bench.measurements() {
-        if row.time_us <= 0.0 || (row.kernel != DECODE_KERNEL && row.kernel != PREFILL_KERNEL) {
+        let kernel = row.kernel.as_str();
+        if row.time_us <= 0.0
+            || ![DECODE_KERNEL, PREFILL_KERNEL, FLASH_PREFILL_PATH_KERNEL].contains(&kernel)
+        {
             continue;
         }
         let shape = SpecShape {
@@ -64,16 +73,23 @@ pub fn spec_panels(bench: &Bench) -> Vec<SpecPanel> {
         };
         let panel = panels.entry(shape).or_insert_with(|| SpecPanel {
             shape,
+            prefill_kernel: FLASH_PREFILL_PATH_KERNEL,
             prefill_us: BTreeMap::new(),
             decode_us: BTreeMap::new(),
         });
-        let times = if row.kernel == PREFILL_KERNEL {
-            &mut panel.prefill_us
-        } else {
-            panel.decode_us.entry(row.mode.clone()).or_default()
+        let times = match kernel {
+            PREFILL_KERNEL => f32_path.entry(shape).or_default(),
+            FLASH_PREFILL_PATH_KERNEL => &mut panel.prefill_us,
+            _ => panel.decode_us.entry(row.mode.clone()).or_default(),
         };
         let best = times.entry(row.q_len).or_insert(row.time_us);
         *best = best.min(row.time_us);
+    }
+    for (shape, times) in f32_path {
+        if let Some(p) = panels.get_mut(&shape).filter(|p| p.prefill_us.is_empty()) {
+            p.prefill_kernel = PREFILL_KERNEL;
+            p.prefill_us = times;
+        }
     }
     panels
         .into_values()
@@ -99,15 +115,13 @@ pub fn plan(bench: &Bench, title: Option<&str>) -> Result<Plan<SpecPicture>, Plo
     let panels = spec_panels(bench);
     if panels.is_empty() {
         return Ok(Plan::Skip(format!(
-            "no (heads, batch, context) has both `{DECODE_KERNEL}` and `{PREFILL_KERNEL}` rows"
+            "no (heads, batch, context) has both `{DECODE_KERNEL}` and `{FLASH_PREFILL_PATH_KERNEL}` \
+             or `{PREFILL_KERNEL}` rows"
         )));
     }
     Ok(Plan::Draw(SpecPicture {
         panels,
-        title: style::title(
-            "Spec step: decode kernel vs materialized prefill path",
-            title,
-        ),
+        title: style::title("Spec step: decode kernel vs prefill path", title),
     }))
 }
 
@@ -142,7 +156,7 @@ impl Picture for SpecPicture {
         let width_px = root.dim_in_pixel().0;
         let (grid_area, legend_area) = root.split_horizontally(width_px - style::LEGEND_WIDTH_PX);
         let decode_color = style::palette(0);
-        let prefill_style = style::series_style(PREFILL_KERNEL, "", style::palette(1));
+        let prefill_style = |k: &str| style::series_style(k, "", style::palette(1));
         let mut modes: Vec<&String> = self
             .panels
             .iter()
@@ -192,7 +206,8 @@ impl Picture for SpecPicture {
             let points = |times: &BTreeMap<u32, f64>| -> Vec<(i32, f64)> {
                 times.iter().map(|(q, t)| (*q as i32, *t)).collect()
             };
-            style::draw_series(plot, &points(&panel.prefill_us), &prefill_style)?;
+            let path_style = prefill_style(panel.prefill_kernel);
+            style::draw_series(plot, &points(&panel.prefill_us), &path_style)?;
             for (mode, times) in &panel.decode_us {
                 let s = style::series_style(DECODE_KERNEL, mode, decode_color);
                 style::draw_series(plot, &points(times), &s)?;
@@ -227,10 +242,16 @@ impl Picture for SpecPicture {
             }
         }
 
-        let mut legend = vec![LegendEntry {
-            label: PREFILL_KERNEL.to_string(),
-            style: Some(prefill_style),
-        }];
+        let mut paths: Vec<&str> = self.panels.iter().map(|p| p.prefill_kernel).collect();
+        paths.sort_unstable();
+        paths.dedup();
+        let mut legend: Vec<LegendEntry> = paths
+            .iter()
+            .map(|k| LegendEntry {
+                label: k.to_string(),
+                style: Some(prefill_style(k)),
+            })
+            .collect();
         for mode in modes {
             legend.push(LegendEntry {
                 label: kernel_label(DECODE_KERNEL, mode),
@@ -238,7 +259,7 @@ impl Picture for SpecPicture {
             });
         }
         legend.push(LegendEntry {
-            label: "n× = prefill_path time / decode time".to_string(),
+            label: "n× = prefill path time / decode time".to_string(),
             style: None,
         });
         style::draw_legend(&legend_area, &legend)
@@ -262,10 +283,7 @@ prefill_path,invariant,128,4,16,2048,64,40,0,0,0,0,0,0
         };
         assert_eq!(width(None), MIN_WIDTH_PX);
         let long = "H100 SXM, seesaw kernel, commit b95cf92, 2026-11-23";
-        let title = style::title(
-            "Spec step: decode kernel vs materialized prefill path",
-            Some(long),
-        );
+        let title = style::title("Spec step: decode kernel vs prefill path", Some(long));
         assert!(width(Some(long)) >= style::title_width_px(&title));
         assert!(width(Some(long)) > MIN_WIDTH_PX);
     }

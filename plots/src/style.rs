@@ -6,7 +6,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::data::{DECODE_KERNEL, PREFILL_KERNEL};
+use crate::data::{DECODE_KERNEL, FLASH_PREFILL_PATH_KERNEL, PREFILL_KERNEL};
 use crate::font::FAMILY;
 use crate::render::DrawResult;
 
@@ -73,7 +73,7 @@ pub struct SeriesStyle {
 pub fn kernel_marker(kernel: &str) -> Marker {
     match kernel {
         DECODE_KERNEL => Marker::Circle,
-        PREFILL_KERNEL => Marker::Square,
+        PREFILL_KERNEL | FLASH_PREFILL_PATH_KERNEL => Marker::Square,
         k if k.contains("peer") => Marker::Triangle,
         _ => Marker::Cross,
     }
@@ -100,7 +100,7 @@ pub fn kernel_colors(kernels: &[String]) -> Vec<RGBColor> {
         .iter()
         .map(|k| match k.as_str() {
             DECODE_KERNEL => palette(0),
-            PREFILL_KERNEL => palette(1),
+            PREFILL_KERNEL | FLASH_PREFILL_PATH_KERNEL => palette(1),
             _ => {
                 next += 1;
                 palette(next - 1)

@@ -1,6 +1,8 @@
 //! Pictures `throughput` (TFLOP/s) and `bandwidth` (GB/s) against context length: one
 //! panel per q_len, one series per (kernel, mode, heads, batch) of the decode-like
 //! kernels (the same color in every panel), the GEMM or copy ceiling as a horizontal line.
+//! Picture `prefill`: the prefill attention's TFLOP/s against keys per row, one panel for
+//! causal rows (queries = keys) and one per q_len of the non-causal ones.
 
 use std::collections::BTreeMap;
 
@@ -8,7 +10,7 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::data::{Bench, Row, COPY_KERNEL, GEMM_KERNEL, PREFILL_KERNEL};
+use crate::data::{is_prefill, Bench, Row, COPY_KERNEL, FLASH_PREFILL_KERNEL, GEMM_KERNEL};
 use crate::error::PlotError;
 use crate::font::FAMILY;
 use crate::render::{DrawResult, Picture};
@@ -22,12 +24,14 @@ pub enum Metric {
     Tflops,
     /// `gb_per_s` against the copy ceiling.
     Gbps,
+    /// The prefill attention's `tflop_per_s` against the bf16 GEMM ceiling.
+    Prefill,
 }
 
 impl Metric {
     fn value(self, row: &Row) -> f64 {
         match self {
-            Metric::Tflops => row.tflop_per_s,
+            Metric::Tflops | Metric::Prefill => row.tflop_per_s,
             Metric::Gbps => row.gb_per_s,
         }
     }
@@ -37,12 +41,13 @@ impl Metric {
         match self {
             Metric::Tflops => "throughput",
             Metric::Gbps => "bandwidth",
+            Metric::Prefill => "prefill",
         }
     }
 
     fn unit(self) -> &'static str {
         match self {
-            Metric::Tflops => "TFLOP/s",
+            Metric::Tflops | Metric::Prefill => "TFLOP/s",
             Metric::Gbps => "GB/s",
         }
     }
@@ -89,25 +94,39 @@ pub struct ContextSeries {
     pub points: Vec<(f64, f64)>,
 }
 
-/// Decode-like kernels are measured against context; the prefill path is a different
-/// kind of work and has its own picture (`spec_decode_vs_prefill`).
+/// Decode-like kernels are measured against context; the prefill paths and the prefill
+/// attention are a different kind of work with pictures of their own.
 pub fn is_decode_like(row: &Row) -> bool {
-    !row.is_ceiling() && row.kernel != PREFILL_KERNEL
+    !row.is_ceiling() && !is_prefill(&row.kernel)
+}
+
+/// Whether `row` belongs to `metric`'s picture, and the panel it goes in: its q_len, or
+/// 0 for a causal prefill row (whose queries are its keys).
+fn panel_of(metric: Metric, row: &Row) -> Option<u32> {
+    match metric {
+        Metric::Prefill if row.kernel == FLASH_PREFILL_KERNEL => {
+            Some(if row.mode == "causal" { 0 } else { row.q_len })
+        }
+        Metric::Prefill => None,
+        _ => is_decode_like(row).then_some(row.q_len),
+    }
 }
 
 /// The series of decode-like rows with a positive context and rate. Where several rows
 /// share a series and context (page sizes, repeats), the best rate is kept.
 pub fn context_series(bench: &Bench, metric: Metric) -> Vec<ContextSeries> {
     let mut series: BTreeMap<SeriesKey, BTreeMap<u64, f64>> = BTreeMap::new();
-    for row in bench.rows.iter().filter(|r| is_decode_like(r)) {
-        let value = metric.value(row);
+    for row in &bench.rows {
+        let (Some(panel), value) = (panel_of(metric, row), metric.value(row)) else {
+            continue;
+        };
         if row.context == 0 || value <= 0.0 {
             continue;
         }
         let key = SeriesKey {
             kernel: row.kernel.clone(),
             mode: row.mode.clone(),
-            q_len: row.q_len,
+            q_len: panel,
             heads: row.heads,
             batch: row.batch,
         };
@@ -162,17 +181,15 @@ pub fn plan(
 ) -> Result<Plan<ContextPicture>, PlotError> {
     let series = context_series(bench, metric);
     if series.is_empty() {
-        return Ok(Plan::Skip(format!(
-            "no decode-like rows with context > 0 and {} > 0",
-            match metric {
-                Metric::Tflops => "tflop_per_s",
-                Metric::Gbps => "gb_per_s",
-            }
-        )));
+        return Ok(Plan::Skip(match metric {
+            Metric::Tflops => "no decode-like rows with context > 0 and tflop_per_s > 0".into(),
+            Metric::Gbps => "no decode-like rows with context > 0 and gb_per_s > 0".into(),
+            Metric::Prefill => format!("no `{FLASH_PREFILL_KERNEL}` rows with tflop_per_s > 0"),
+        }));
     }
     let ceilings = bench.ceilings();
     let (ceiling, missing) = match metric {
-        Metric::Tflops => (
+        Metric::Tflops | Metric::Prefill => (
             ceilings.gemm_tflop_per_s,
             ("bf16 GEMM ceiling", GEMM_KERNEL, "tflop_per_s"),
         ),
@@ -193,6 +210,7 @@ pub fn plan(
     let base = match metric {
         Metric::Tflops => "MLA decode throughput vs context",
         Metric::Gbps => "MLA decode bandwidth vs context",
+        Metric::Prefill => "MLA prefill attention throughput vs keys",
     };
     Ok(Plan::Draw(ContextPicture {
         metric,
@@ -264,7 +282,7 @@ const CEILING_STYLE: SeriesStyle = SeriesStyle {
 impl ContextPicture {
     fn ceiling_name(&self) -> &'static str {
         match self.metric {
-            Metric::Tflops => "bf16 GEMM ceiling",
+            Metric::Tflops | Metric::Prefill => "bf16 GEMM ceiling",
             Metric::Gbps => "copy ceiling",
         }
     }
@@ -299,15 +317,29 @@ impl ContextPicture {
 
         let unit = self.metric.unit();
         let mut chart = ChartBuilder::on(area)
-            .caption(format!("q_len {q_len}"), (FAMILY, style::AXIS_DESC_PX))
+            .caption(
+                match (self.metric, q_len) {
+                    (Metric::Prefill, 0) => "causal (queries = keys)".to_string(),
+                    (Metric::Prefill, q) => format!("non-causal, {q} queries"),
+                    (_, q) => format!("q_len {q}"),
+                },
+                (FAMILY, style::AXIS_DESC_PX),
+            )
             .margin(12)
             .x_label_area_size(50)
             .y_label_area_size(80)
             .build_cartesian_2d((x_lo..x_hi).log_scale().base(2.0), 0.0..y_hi)?;
         chart
             .configure_mesh()
-            .x_desc("context (KV tokens per request, log2 scale)")
-            .y_desc(format!("{} ({unit})", self.metric.picture_name()))
+            .x_desc(if self.metric == Metric::Prefill {
+                "keys per row (log2 scale)"
+            } else {
+                "context (KV tokens per request, log2 scale)"
+            })
+            .y_desc(match self.metric {
+                Metric::Prefill => format!("throughput ({unit})"),
+                _ => format!("{} ({unit})", self.metric.picture_name()),
+            })
             // Asking for at least one label per doubling keeps plotters at powers of two.
             .x_labels(doublings + 1)
             .x_label_formatter(&|v| style::fmt_tokens(*v))
@@ -318,7 +350,9 @@ impl ContextPicture {
 
         let plot = chart.plotting_area();
         let ceiling_label = match self.metric {
-            Metric::Tflops => format!("bf16 GEMM {} TFLOP/s", style::fmt_sig(self.ceiling)),
+            Metric::Tflops | Metric::Prefill => {
+                format!("bf16 GEMM {} TFLOP/s", style::fmt_sig(self.ceiling))
+            }
             Metric::Gbps => format!("copy {} GB/s (read + write)", style::fmt_sig(self.ceiling)),
         };
         style::draw_line(

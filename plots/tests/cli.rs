@@ -44,6 +44,13 @@ fn full_csv() -> String {
         }
     }
     csv += "triton_peer,,128,4,64,4096,64,250,3e8,2.9e11,1200,116,40,15\n";
+    // The prefill attention: causal rows (q = keys) and a non-causal one.
+    for (keys, tflops) in [(2048u32, 180.0), (4096, 200.0), (8192, 215.0)] {
+        csv += &format!(
+            "prefill_flash,causal,128,{keys},1,{keys},0,1000,1e8,1e11,100,{tflops},3,25\n"
+        );
+    }
+    csv += "prefill_flash,noncausal,128,64,1,2048,0,80,2e8,1e10,2000,130,60,17\n";
     csv
 }
 
@@ -103,6 +110,11 @@ fn draws_every_picture_as_png_and_svg_with_text() {
             "roofline",
             "arithmetic intensity (FLOP/byte, log scale)",
             "ridge 250 FLOP/B",
+        ),
+        (
+            "prefill",
+            "keys per row (log2 scale)",
+            "causal (queries = keys)",
         ),
     ];
     for (name, axis_label, other_text) in expected {
