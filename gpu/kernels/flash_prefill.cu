@@ -6,9 +6,10 @@
 // [q_start_loc[b], q_start_loc[b + 1]) and its keys [k_start_loc[b], k_start_loc[b + 1]).
 // causal != 0: query i of a row of q queries over k keys sees keys j < k - q + i + 1 (the
 // queries are the keys' tail: a prefill row's new tokens over themselves); causal == 0:
-// every query sees every key (a context chunk, a DFlash block). A CTA takes 64 queries of
-// one (row, head); each of its 4 warps owns 16 of them and streams 64-key tiles of K and
-// V through shared memory (cp.async, double buffered), the scores and the 16 x 128
+// every query sees every key (a context chunk, a DFlash block). A CTA takes ROWS queries
+// of one (row, head) (64 in `flash_prefill`, 128 in `flash_prefill_wide`); each of its
+// warps owns 16 of them and streams 64-key tiles of K and V through shared memory
+// (cp.async, double buffered, shared by all its warps), the scores and the 16 x 128
 // output staying in registers. A row's bits depend on its own queries and keys alone.
 //
 // q [tokens, heads, 192] bf16. Keys as MLA has them, never materialized per head: key j
@@ -20,12 +21,12 @@
 
 #define FP_DQK 192
 #define FP_DV 128
-#define FP_ROWS 64
 #define FP_KEYS 64
-#define FP_THREADS 128
 #define FP_QCH (FP_DQK / 8)  // 16-byte chunks per Q or K row
 #define FP_VCH (FP_DV / 8)
-#define FP_SMEM_BYTES ((FP_ROWS * FP_DQK + 2 * FP_KEYS * (FP_DQK + FP_DV)) * 2)
+// Threads and shared memory of a CTA of `rows` queries (16 per warp).
+#define FP_THREADS(rows) ((rows) * 2)
+#define FP_SMEM_BYTES(rows) (((rows) * FP_DQK + 2 * FP_KEYS * (FP_DQK + FP_DV)) * 2)
 
 // Element offset of chunk `ch` of row `r` in a tile of `chunks`-chunk rows, swizzled
 // within each group of 8 chunks by the row's low three bits (as swz in flash_decode.cu).
@@ -37,27 +38,35 @@ __device__ __forceinline__ int fp_swz(int r, int ch, int chunks) {
 // `stride` elements) into chunks [at, at + CHUNKS) of a swizzled tile of `width`-chunk
 // rows; rows at or past `valid` are zero-filled. CHUNKS is a compile-time constant (a
 // power of two for the per-tile loads), so a copy's row and chunk are a shift and a mask.
-template <int CHUNKS>
+template <int CHUNKS, int NT>
 __device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned short* src,
                                         long long stride, int rows, int at, int width,
                                         int valid) {
 #pragma unroll 4
-    for (int c = threadIdx.x; c < rows * CHUNKS; c += FP_THREADS) {
+    for (int c = threadIdx.x; c < rows * CHUNKS; c += NT) {
         const int r = c / CHUNKS, ch = c % CHUNKS;
         const bool ok = r < valid;
         cp_async16(tile + fp_swz(r, at + ch, width), src + (ok ? r * stride : 0) + ch * 8, ok);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
-    flash_prefill(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k_nope,
-                  const unsigned short* __restrict__ k_rope, const unsigned short* __restrict__ v,
-                  const int* __restrict__ q_start_loc, const int* __restrict__ k_start_loc,
-                  float* __restrict__ out, float* __restrict__ lse, int heads, int total_q,
-                  int causal, float scale_log2, long long kn_row, int kn_head, long long kr_row,
-                  long long v_row, int v_head) {
+// The parameter list both CTA sizes take.
+#define FP_PARAMS                                                                                \
+    const unsigned short *__restrict__ q, const unsigned short *__restrict__ k_nope,              \
+        const unsigned short *__restrict__ k_rope, const unsigned short *__restrict__ v,         \
+        const int *__restrict__ q_start_loc, const int *__restrict__ k_start_loc,                \
+        float *__restrict__ out, float *__restrict__ lse, int heads, int total_q, int causal,    \
+        float scale_log2, long long kn_row, int kn_head, long long kr_row, long long v_row,     \
+        int v_head
+#define FP_ARGS                                                                                  \
+    q, k_nope, k_rope, v, q_start_loc, k_start_loc, out, lse, heads, total_q, causal,           \
+        scale_log2, kn_row, kn_head, kr_row, v_row, v_head
+
+template <int FP_ROWS>
+__device__ __forceinline__ void fp_body(FP_PARAMS) {
+    constexpr int NT = FP_THREADS(FP_ROWS);
     extern __shared__ __align__(16) unsigned short smem[];
-    unsigned short* qs = smem;                                // [64][192]
+    unsigned short* qs = smem;                                // [ROWS][192]
     unsigned short* ks = qs + FP_ROWS * FP_DQK;               // [2][64][192]
     unsigned short* vs = ks + 2 * FP_KEYS * FP_DQK;           // [2][64][128]
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FP_ROWS;
@@ -71,16 +80,16 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
     const int tiles = (kv_end + FP_KEYS - 1) / FP_KEYS;
     const long long q_stride = (long long)heads * FP_DQK;
 
-    fp_load<FP_QCH>(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, q_stride, FP_ROWS, 0,
+    fp_load<FP_QCH, NT>(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, q_stride, FP_ROWS, 0,
                     FP_QCH, q_len - q0);
     auto load_kv = [&](int stage, int t0) {
         const long long j = kb + t0;
         unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
         // The K tile's 16 nope chunks from the head's row, its 8 rope chunks shared.
-        fp_load<16>(kt, k_nope + j * kn_row + (long long)h * kn_head, kn_row, FP_KEYS, 0, FP_QCH,
+        fp_load<16, NT>(kt, k_nope + j * kn_row + (long long)h * kn_head, kn_row, FP_KEYS, 0, FP_QCH,
                     kv_end - t0);
-        fp_load<8>(kt, k_rope + j * kr_row, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
-        fp_load<FP_VCH>(vs + stage * FP_KEYS * FP_DV, v + j * v_row + (long long)h * v_head, v_row,
+        fp_load<8, NT>(kt, k_rope + j * kr_row, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
+        fp_load<FP_VCH, NT>(vs + stage * FP_KEYS * FP_DV, v + j * v_row + (long long)h * v_head, v_row,
                         FP_KEYS, 0, FP_VCH, kv_end - t0);
     };
     if (tiles > 0) load_kv(0, 0);
@@ -206,6 +215,14 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS, 1)
             lse[(long long)h * total_q + qb + qi] =
                 l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill(FP_PARAMS) {
+    fp_body<64>(FP_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1) flash_prefill_wide(FP_PARAMS) {
+    fp_body<128>(FP_ARGS);
 }
 
 // out[k_start_loc[b] + j] = the latent row of position j of row b (j < its key count),

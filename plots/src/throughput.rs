@@ -105,7 +105,11 @@ pub fn is_decode_like(row: &Row) -> bool {
 fn panel_of(metric: Metric, row: &Row) -> Option<u32> {
     match metric {
         Metric::Prefill if row.kernel == FLASH_PREFILL_KERNEL => {
-            Some(if row.mode == "causal" { 0 } else { row.q_len })
+            Some(if row.mode.starts_with("causal") {
+                0
+            } else {
+                row.q_len
+            })
         }
         Metric::Prefill => None,
         _ => is_decode_like(row).then_some(row.q_len),

@@ -9,12 +9,13 @@ use std::sync::Arc;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use half::bf16;
 
-use crate::bench::{time_us, BenchShape, DecodeInputs, Measurement};
+use crate::bench::{time_interleaved_us, time_us, BenchShape, DecodeInputs, Measurement};
 use crate::checks_prefill::start_locs;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{
-    FlashKernels, Kernels, PrefillBufs, PrefillKeyLayout, PrefillShape, PREFILL_DQK, PREFILL_DV,
+    FlashKernels, Kernels, PrefillBufs, PrefillKeyLayout, PrefillShape, PrefillTile, PREFILL_DQK,
+    PREFILL_DV,
 };
 
 /// One prefill shape: `batch` rows of `q_len` queries over `k_len` keys each.
@@ -68,14 +69,15 @@ impl PrefillCase {
     }
 }
 
-/// Times `flash_prefill` at `c` (hash-filled bf16 inputs).
+/// Times `flash_prefill` at `c` (hash-filled bf16 inputs) with each CTA size, the two
+/// interleaved round by round; modes `causal` / `noncausal`, `/wide` for 128-query CTAs.
 pub fn bench_flash_prefill(
     dev: &GpuDevice,
     k: &Kernels,
     fk: &FlashKernels,
     c: PrefillCase,
     reps: usize,
-) -> Result<Measurement, GpuError> {
+) -> Result<Vec<Measurement>, GpuError> {
     let (tq, tk) = (c.batch * c.q_len, c.batch * c.k_len);
     let bf16 = |n: usize, seed: u32, what: &str| -> Result<Buf<u16>, GpuError> {
         let b = Buf::<u16>::uninit(dev, n.max(1), what)?;
@@ -118,24 +120,39 @@ pub fn bench_flash_prefill(
         lse: lse.ptr(),
     };
     let scale = 1.0 / (PREFILL_DQK as f32).sqrt();
-    // SAFETY: equal rows, prefix sums built above (a causal case has q_len <= k_len).
-    let t = time_us(dev, 2, reps, || unsafe {
-        fk.flash_prefill(dev, s, bufs, scale)
-    })?;
-    Ok(Measurement {
-        kernel: "prefill_flash",
-        mode: if c.causal { "causal" } else { "noncausal" },
-        shape: Some(BenchShape {
-            heads: c.heads,
-            q_len: c.q_len,
-            batch: c.batch,
-            context: c.k_len,
-            page: 0,
-        }),
-        time_us: t,
-        bytes: c.bytes(),
-        flops: c.flops(),
-    })
+    let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = PrefillTile::ALL
+        .iter()
+        .map(|&tile| {
+            // SAFETY: equal rows, prefix sums built above (a causal case has q_len <= k_len).
+            Box::new(move || unsafe { fk.flash_prefill_with(tile, dev, s, bufs, scale) })
+                as Box<dyn FnMut() -> Result<(), GpuError> + '_>
+        })
+        .collect();
+    let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =
+        runs.iter_mut().map(|r| &mut **r as _).collect();
+    let times = time_interleaved_us(dev, 2, reps, None, &mut refs)?;
+    let modes = match c.causal {
+        true => ["causal", "causal/wide"],
+        false => ["noncausal", "noncausal/wide"],
+    };
+    Ok(times
+        .into_iter()
+        .zip(modes)
+        .map(|(t, mode)| Measurement {
+            kernel: "prefill_flash",
+            mode,
+            shape: Some(BenchShape {
+                heads: c.heads,
+                q_len: c.q_len,
+                batch: c.batch,
+                context: c.k_len,
+                page: 0,
+            }),
+            time_us: t,
+            bytes: c.bytes(),
+            flops: c.flops(),
+        })
+        .collect())
 }
 
 /// The bf16 prefill path a SingleOnly backend runs a spec step's verify rows through, at

@@ -11,7 +11,7 @@ use crate::reference::attention_f64;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::ops::{
     prefill_rows_valid, FlashKernels, Kernels, MlaDims, PrefillBufs, PrefillKeyLayout,
-    PrefillShape, State, PREFILL_DQK, PREFILL_DV,
+    PrefillShape, PrefillTile, State, PREFILL_DQK, PREFILL_DV,
 };
 
 /// Prefix sums of `lens`, as the kernel takes them.
@@ -84,7 +84,7 @@ pub fn check_flash_prefill(
     rows: &[(usize, usize)],
     causal: bool,
     seed: u64,
-) -> Result<CaseResult, GpuError> {
+) -> Result<Vec<CaseResult>, GpuError> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let q_loc = start_locs(rows.iter().map(|r| r.0));
     let k_loc = start_locs(rows.iter().map(|r| r.1));
@@ -131,11 +131,6 @@ pub fn check_flash_prefill(
         lse: lse.ptr(),
     };
     let scale = 1.0 / (PREFILL_DQK as f32).sqrt();
-    // SAFETY: the start locations passed prefill_rows_valid above.
-    unsafe { fk.flash_prefill(dev, s, bufs, scale) }?;
-    let n_out = s.total_q * heads * PREFILL_DV;
-    let got_out = &download(dev, &out)?[..n_out];
-    let got_lse = &download(dev, &lse)?[..s.total_q * heads];
     let dims = (heads, PREFILL_DQK, PREFILL_DV);
     let (want_out, want_lse) = attention_f64(
         (&q, &kv.k_ref, &kv.v_ref),
@@ -144,23 +139,48 @@ pub fn check_flash_prefill(
         causal,
         scale as f64,
     );
-    let err = max_rel_err(got_out, &want_out).max(max_rel_err(got_lse, &want_lse));
     let shown: Vec<_> = rows.iter().take(4).collect();
-    Ok(CaseResult {
-        kernel: "flash_prefill",
-        case: format!(
-            "bf16, {} heads {heads}, rows (q, k) {shown:?}{}{}",
-            if causal { "causal" } else { "non-causal" },
-            if rows.len() > 4 { " ..." } else { "" },
-            if vd.is_none() {
-                ", up-projected layout"
-            } else {
-                ""
-            }
-        ),
-        max_rel_err: err,
-        passed: err <= BF16_TOL,
-    })
+    let mut results = Vec::new();
+    for tile in PrefillTile::ALL {
+        // Poisoned again for each CTA size.
+        fk_poison(dev, &out, &lse)?;
+        // SAFETY: the start locations passed prefill_rows_valid above.
+        unsafe { fk.flash_prefill_with(tile, dev, s, bufs, scale) }?;
+        let n_out = s.total_q * heads * PREFILL_DV;
+        let got_out = &download(dev, &out)?[..n_out];
+        let got_lse = &download(dev, &lse)?[..s.total_q * heads];
+        let err = max_rel_err(got_out, &want_out).max(max_rel_err(got_lse, &want_lse));
+        results.push(CaseResult {
+            kernel: tile.function(),
+            case: format!(
+                "bf16, {} heads {heads}, rows (q, k) {shown:?}{}{}",
+                if causal { "causal" } else { "non-causal" },
+                if rows.len() > 4 { " ..." } else { "" },
+                if vd.is_none() {
+                    ", up-projected layout"
+                } else {
+                    ""
+                }
+            ),
+            max_rel_err: err,
+            passed: err <= BF16_TOL,
+        });
+    }
+    Ok(results)
+}
+
+/// Fills `out` and `lse` with NaN again.
+fn fk_poison(
+    dev: &GpuDevice,
+    out: &specmla_gpu::launch::Buf<f32>,
+    lse: &specmla_gpu::launch::Buf<f32>,
+) -> Result<(), GpuError> {
+    let k = |b: &specmla_gpu::launch::Buf<f32>| -> Result<(), GpuError> {
+        let fresh = upload(dev, &vec![f32::NAN; b.len()])?;
+        specmla_gpu::launch::copy(dev, fresh.ptr(), b.ptr(), b.len())
+    };
+    k(out)?;
+    k(lse)
 }
 
 /// Heads, rows (queries, keys), causal.
@@ -197,7 +217,7 @@ pub fn run_prefill_checks(
     let mut out = Vec::new();
     for (i, (heads, rows, causal)) in cases.into_iter().enumerate() {
         let layout = PrefillKeyLayout::separate(heads);
-        out.push(check_flash_prefill(
+        out.extend(check_flash_prefill(
             dev,
             fk,
             (heads, layout),
@@ -212,7 +232,7 @@ pub fn run_prefill_checks(
         .enumerate()
     {
         let layout = PrefillKeyLayout::up_projected(heads);
-        out.push(check_flash_prefill(
+        out.extend(check_flash_prefill(
             dev,
             fk,
             (heads, layout),

@@ -429,6 +429,7 @@ impl FlashKernels {
             "flash_decode_seesaw",
             "flash_combine",
             "flash_prefill",
+            "flash_prefill_wide",
             "gather_latent_bf16",
         ] {
             let f = module
@@ -446,7 +447,11 @@ impl FlashKernels {
             ("flash_decode_narrow", flash.smem_bytes()),
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
             ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
-            ("flash_prefill", super::PREFILL_SMEM_BYTES),
+            ("flash_prefill", super::PrefillTile::Rows64.smem_bytes()),
+            (
+                "flash_prefill_wide",
+                super::PrefillTile::Rows128.smem_bytes(),
+            ),
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()

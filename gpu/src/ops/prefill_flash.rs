@@ -16,12 +16,40 @@ pub const FLASH_PREFILL_SRC: &str = include_str!("../../kernels/flash_prefill.cu
 /// Query/key width (128 nope + 64 rope) and value width the prefill kernel is built for.
 pub const PREFILL_DQK: usize = 192;
 pub const PREFILL_DV: usize = 128;
-/// Queries per CTA.
-pub const PREFILL_ROWS: usize = 64;
-/// Its shared memory (the kernel's FP_SMEM_BYTES): the Q tile and two stages of 64-key
-/// K and V tiles, bf16.
-pub const PREFILL_SMEM_BYTES: usize =
-    (PREFILL_ROWS * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2;
+/// The prefill kernel's CTA size: queries per CTA, 16 per warp.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PrefillTile {
+    /// `flash_prefill`: 64 queries, 4 warps.
+    Rows64,
+    /// `flash_prefill_wide`: 128 queries, 8 warps sharing each K and V tile.
+    Rows128,
+}
+
+impl PrefillTile {
+    pub const ALL: [PrefillTile; 2] = [PrefillTile::Rows64, PrefillTile::Rows128];
+
+    /// The CUDA function.
+    pub fn function(self) -> &'static str {
+        match self {
+            PrefillTile::Rows64 => "flash_prefill",
+            PrefillTile::Rows128 => "flash_prefill_wide",
+        }
+    }
+
+    /// Queries per CTA.
+    pub fn rows(self) -> usize {
+        match self {
+            PrefillTile::Rows64 => 64,
+            PrefillTile::Rows128 => 128,
+        }
+    }
+
+    /// Shared memory (the kernel's FP_SMEM_BYTES): the Q tile and two stages of 64-key
+    /// K and V tiles, bf16.
+    pub fn smem_bytes(self) -> usize {
+        (self.rows() * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2
+    }
+}
 
 /// One prefill attention launch: `batch` rows of up to `max_q_len` queries each.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -138,6 +166,22 @@ impl FlashKernels {
         b: PrefillBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { self.flash_prefill_with(PrefillTile::Rows64, dev, s, b, scale) }
+    }
+
+    /// [`Self::flash_prefill`] with CTAs of `tile`.
+    ///
+    /// # Safety
+    /// As [`Self::flash_prefill`].
+    pub unsafe fn flash_prefill_with(
+        &self,
+        tile: PrefillTile,
+        dev: &GpuDevice,
+        s: PrefillShape,
+        b: PrefillBufs,
+        scale: f32,
+    ) -> Result<(), GpuError> {
         assert!(scale.is_finite() && scale > 0.0, "softmax scale {scale}");
         let (l, keys, heads) = (b.layout, s.total_k, s.heads);
         b.q.need(s.total_q * s.heads * PREFILL_DQK);
@@ -181,16 +225,17 @@ impl FlashKernels {
         ];
         let cfg = LaunchConfig {
             grid_dim: (
-                s.max_q_len.div_ceil(PREFILL_ROWS) as u32,
+                s.max_q_len.div_ceil(tile.rows()) as u32,
                 s.heads as u32,
                 s.batch as u32,
             ),
-            block_dim: (128, 1, 1),
-            shared_mem_bytes: PREFILL_SMEM_BYTES as u32,
+            block_dim: (2 * tile.rows() as u32, 1, 1),
+            shared_mem_bytes: tile.smem_bytes() as u32,
         };
-        // SAFETY: argument list matches flash_prefill; sizes checked above; the caller's
+        let name = tile.function();
+        // SAFETY: argument list matches the kernel; sizes checked above; the caller's
         // start locations name rows inside them.
-        unsafe { launch_cfg(dev, &self.fns["flash_prefill"], "flash_prefill", cfg, &args) }
+        unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }
     }
 }
 
@@ -242,11 +287,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_prefill_kernel_fits_in_shared_memory() {
+    fn the_prefill_kernels_fit_in_shared_memory() {
+        // The host's size is the kernel's own formula, term for term.
         assert!(FLASH_PREFILL_SRC.contains(
-            "#define FP_SMEM_BYTES ((FP_ROWS * FP_DQK + 2 * FP_KEYS * (FP_DQK + FP_DV)) * 2)"
+            "#define FP_SMEM_BYTES(rows) (((rows) * FP_DQK + 2 * FP_KEYS * (FP_DQK + FP_DV)) * 2)"
         ));
-        assert_eq!(PREFILL_SMEM_BYTES, 106_496);
+        assert_eq!(PrefillTile::Rows64.smem_bytes(), 106_496);
+        assert_eq!(PrefillTile::Rows128.smem_bytes(), 131_072);
+        assert!(PrefillTile::ALL.iter().all(|t| t.smem_bytes() <= 232_448));
     }
 
     #[test]

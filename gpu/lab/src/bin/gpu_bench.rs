@@ -181,9 +181,10 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     if cli.prefill || cli.prefill_only || (!cli.quick && !cli.sweep_splits) {
         for heads in [128, 16] {
             for case in PrefillCase::standard(heads) {
-                let m = bench_flash_prefill(&dev, &k, &fk, case, reps)?;
-                print_row(&m, &c);
-                rows.push(m);
+                for m in bench_flash_prefill(&dev, &k, &fk, case, reps)? {
+                    print_row(&m, &c);
+                    rows.push(m);
+                }
             }
         }
     }
