@@ -44,6 +44,17 @@ impl PrefillTile {
         }
     }
 
+    /// The CTA size for a launch whose longest row has `max_q_len` queries: 128 from 2048
+    /// queries up, where sharing each K and V tile between 8 warps measured 2-6% faster
+    /// on an H100; 64 below (at 64 queries half a 128-query CTA idles: 38% slower).
+    pub fn for_queries(max_q_len: usize) -> Self {
+        if max_q_len >= 2048 {
+            PrefillTile::Rows128
+        } else {
+            PrefillTile::Rows64
+        }
+    }
+
     /// Shared memory (the kernel's FP_SMEM_BYTES): the Q tile and two stages of 64-key
     /// K and V tiles, bf16.
     pub fn smem_bytes(self) -> usize {
@@ -154,7 +165,8 @@ pub fn prefill_rows_valid(s: &PrefillShape, q_start_loc: &[i32], k_start_loc: &[
 }
 
 impl FlashKernels {
-    /// Prefill attention of every row of `s` in one launch; `scale` is the softmax scale.
+    /// Prefill attention of every row of `s` in one launch, with the CTA size
+    /// [`PrefillTile::for_queries`] picks; `scale` is the softmax scale.
     ///
     /// # Safety
     /// The device copies of `q_start_loc` and `k_start_loc` pass [`prefill_rows_valid`]
@@ -166,8 +178,9 @@ impl FlashKernels {
         b: PrefillBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
+        let tile = PrefillTile::for_queries(s.max_q_len);
         // SAFETY: the caller's promise, forwarded.
-        unsafe { self.flash_prefill_with(PrefillTile::Rows64, dev, s, b, scale) }
+        unsafe { self.flash_prefill_with(tile, dev, s, b, scale) }
     }
 
     /// [`Self::flash_prefill`] with CTAs of `tile`.
