@@ -14,6 +14,25 @@ use specmla_gpu::ops::{
     PrefillShape, PrefillTile, State, PREFILL_DQK, PREFILL_DV,
 };
 
+/// The launch shape of `rows` (queries, keys) and their start locations.
+fn shape_of(
+    heads: usize,
+    rows: &[(usize, usize)],
+    causal: bool,
+) -> (PrefillShape, Vec<i32>, Vec<i32>) {
+    let q_loc = start_locs(rows.iter().map(|r| r.0));
+    let k_loc = start_locs(rows.iter().map(|r| r.1));
+    let s = PrefillShape {
+        batch: rows.len(),
+        heads,
+        max_q_len: rows.iter().map(|r| r.0).max().unwrap_or(0),
+        total_q: *q_loc.last().unwrap_or(&0) as usize,
+        total_k: *k_loc.last().unwrap_or(&0) as usize,
+        causal,
+    };
+    (s, q_loc, k_loc)
+}
+
 /// Prefix sums of `lens`, as the kernel takes them.
 pub fn start_locs(lens: impl Iterator<Item = usize>) -> Vec<i32> {
     let mut loc = vec![0i32];
@@ -86,16 +105,7 @@ pub fn check_flash_prefill(
     seed: u64,
 ) -> Result<Vec<CaseResult>, GpuError> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let q_loc = start_locs(rows.iter().map(|r| r.0));
-    let k_loc = start_locs(rows.iter().map(|r| r.1));
-    let s = PrefillShape {
-        batch: rows.len(),
-        heads,
-        max_q_len: rows.iter().map(|r| r.0).max().unwrap_or(0),
-        total_q: *q_loc.last().unwrap_or(&0) as usize,
-        total_k: *k_loc.last().unwrap_or(&0) as usize,
-        causal,
-    };
+    let (s, q_loc, k_loc) = shape_of(heads, rows, causal);
     assert!(
         prefill_rows_valid(&s, &q_loc, &k_loc),
         "check rows {rows:?}"
@@ -291,16 +301,7 @@ fn run_prefill(
     causal: bool,
     (q, k): (&[u16], &KeySet),
 ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
-    let q_loc = start_locs(rows.iter().map(|r| r.0));
-    let k_loc = start_locs(rows.iter().map(|r| r.1));
-    let s = PrefillShape {
-        batch: rows.len(),
-        heads,
-        max_q_len: rows.iter().map(|r| r.0).max().unwrap_or(0),
-        total_q: *q_loc.last().unwrap_or(&0) as usize,
-        total_k: *k_loc.last().unwrap_or(&0) as usize,
-        causal,
-    };
+    let (s, q_loc, k_loc) = shape_of(heads, rows, causal);
     assert!(prefill_rows_valid(&s, &q_loc, &k_loc), "rows {rows:?}");
     let out = upload(
         dev,
