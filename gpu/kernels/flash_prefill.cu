@@ -62,11 +62,28 @@ __device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned sho
     q, k_nope, k_rope, v, q_start_loc, k_start_loc, out, lse, heads, total_q, causal,           \
         scale_log2, kn_row, kn_head, kr_row, v_row, v_head
 
-template <int FP_ROWS>
+// Copies like fp_load into the wgmma layout: 64-row sub-tiles of three 128-byte-swizzled
+// 64-column blocks (fw_off in flash_wgmma.cu), chunks [at, at + CHUNKS) of each row.
+template <int CHUNKS, int NT>
+__device__ __forceinline__ void fp_load_sw(unsigned char* tile, const unsigned short* src,
+                                           long long stride, int rows, int at, int valid) {
+#pragma unroll 4
+    for (int c = threadIdx.x; c < rows * CHUNKS; c += NT) {
+        const int r = c / CHUNKS, ch = c % CHUNKS;
+        const bool ok = r < valid;
+        unsigned char* dst = tile + (r / 64) * 3 * 8192 + fw_off(r % 64, at + ch);
+        cp_async16(dst, src + (ok ? r * stride : 0) + ch * 8, ok);
+    }
+}
+
+// WG: the scores on the warpgroup tensor-core instruction (wgmma, sm_90a) straight from
+// shared memory, Q and K in the wgmma layout; else mma.sync with Q in registers.
+template <int FP_ROWS, bool WG>
 __device__ __forceinline__ void fp_body(FP_PARAMS) {
     constexpr int NT = FP_THREADS(FP_ROWS);
-    extern __shared__ __align__(16) unsigned short smem[];
-    unsigned short* qs = smem;                                // [ROWS][192]
+    extern __shared__ __align__(16) unsigned char fp_raw[];
+    unsigned char* base = WG ? fw_align(fp_raw) : fp_raw;
+    unsigned short* qs = (unsigned short*)base;               // [ROWS][192]
     unsigned short* ks = qs + FP_ROWS * FP_DQK;               // [2][64][192]
     unsigned short* vs = ks + 2 * FP_KEYS * FP_DQK;           // [2][64][128]
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FP_ROWS;
@@ -80,15 +97,25 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
     const int tiles = (kv_end + FP_KEYS - 1) / FP_KEYS;
     const long long q_stride = (long long)heads * FP_DQK;
 
-    fp_load<FP_QCH, NT>(qs, q + ((long long)(qb + q0) * heads + h) * FP_DQK, q_stride, FP_ROWS, 0,
-                    FP_QCH, q_len - q0);
+    const unsigned short* q_src = q + ((long long)(qb + q0) * heads + h) * FP_DQK;
+    if constexpr (WG) {
+        fp_load_sw<FP_QCH, NT>((unsigned char*)qs, q_src, q_stride, FP_ROWS, 0, q_len - q0);
+    } else {
+        fp_load<FP_QCH, NT>(qs, q_src, q_stride, FP_ROWS, 0, FP_QCH, q_len - q0);
+    }
     auto load_kv = [&](int stage, int t0) {
         const long long j = kb + t0;
         unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
         // The K tile's 16 nope chunks from the head's row, its 8 rope chunks shared.
-        fp_load<16, NT>(kt, k_nope + j * kn_row + (long long)h * kn_head, kn_row, FP_KEYS, 0, FP_QCH,
-                    kv_end - t0);
-        fp_load<8, NT>(kt, k_rope + j * kr_row, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
+        const unsigned short* nope = k_nope + j * kn_row + (long long)h * kn_head;
+        const unsigned short* rope = k_rope + j * kr_row;
+        if constexpr (WG) {
+            fp_load_sw<16, NT>((unsigned char*)kt, nope, kn_row, FP_KEYS, 0, kv_end - t0);
+            fp_load_sw<8, NT>((unsigned char*)kt, rope, kr_row, FP_KEYS, 16, kv_end - t0);
+        } else {
+            fp_load<16, NT>(kt, nope, kn_row, FP_KEYS, 0, FP_QCH, kv_end - t0);
+            fp_load<8, NT>(kt, rope, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
+        }
         fp_load<FP_VCH, NT>(vs + stage * FP_KEYS * FP_DV, v + j * v_row + (long long)h * v_head, v_row,
                         FP_KEYS, 0, FP_VCH, kv_end - t0);
     };
@@ -111,27 +138,49 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         if (it + 1 < tiles) load_kv(stage ^ 1, t0 + FP_KEYS);
         cp_commit();
         asm volatile("cp.async.wait_group 1;\n" ::);
+#ifdef FW_HAVE_WGMMA
+        if constexpr (WG) fw_proxy_fence();  // cp.async's writes, for the tensor cores' reads
+#endif
         __syncthreads();
-        if (it == 0) {
-#pragma unroll
-            for (int kk = 0; kk < FP_DQK / 16; ++kk)
-                ldsm_x4(qf[kk], qs + fp_swz(warp * 16 + lane % 16, 2 * kk + lane / 16, FP_QCH));
-        }
         const unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
         const unsigned short* vt = vs + stage * FP_KEYS * FP_DV;
-        // S = Q K^T over this tile: 16 x 64 per warp, 8 n-tiles of 8 keys.
+        // S = Q K^T over this tile: 16 x 64 per warp, 8 n-tiles of 8 keys (the wgmma
+        // accumulator of a warp is laid out as mma.sync's, n-tile by n-tile).
         float s[FP_KEYS / 8][4];
 #pragma unroll
         for (int n = 0; n < FP_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+        if constexpr (WG) {
+#ifdef FW_HAVE_WGMMA
+            const unsigned qa = smem_addr(qs) + (warp / 4) * 3 * 8192, ka = smem_addr(kt);
+            fw_fence();
 #pragma unroll
-        for (int kk = 0; kk < FP_DQK / 16; ++kk) {
+            for (int kk = 0; kk < FP_DQK / 16; ++kk) {
+                const unsigned off = (kk / 4) * 8192 + (kk % 4) * 32;
+                const unsigned long long a = fw_desc(qa + off, 16, 1024);
+                fw_qk(&s[0][0], a, fw_desc(ka + off, 16, 1024));
+                fw_qk(&s[4][0], a, fw_desc(ka + off + 32 * 128, 16, 1024));
+            }
+            fw_commit();
+            fw_wait();
+#else
+            __trap();  // the host launches the wgmma kernels on sm_90a only
+#endif
+        } else {
+            if (it == 0) {
 #pragma unroll
-            for (int np = 0; np < FP_KEYS / 16; ++np) {
-                unsigned bf[4];
-                const int key = np * 16 + lane % 8 + 8 * (lane / 16);
-                ldsm_x4(bf, kt + fp_swz(key, 2 * kk + (lane / 8) % 2, FP_QCH));
-                mma16816(s[2 * np], qf[kk], bf[0], bf[1]);
-                mma16816(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+                for (int kk = 0; kk < FP_DQK / 16; ++kk)
+                    ldsm_x4(qf[kk], qs + fp_swz(warp * 16 + lane % 16, 2 * kk + lane / 16, FP_QCH));
+            }
+#pragma unroll
+            for (int kk = 0; kk < FP_DQK / 16; ++kk) {
+#pragma unroll
+                for (int np = 0; np < FP_KEYS / 16; ++np) {
+                    unsigned bf[4];
+                    const int key = np * 16 + lane % 8 + 8 * (lane / 16);
+                    ldsm_x4(bf, kt + fp_swz(key, 2 * kk + (lane / 8) % 2, FP_QCH));
+                    mma16816(s[2 * np], qf[kk], bf[0], bf[1]);
+                    mma16816(s[2 * np + 1], qf[kk], bf[2], bf[3]);
+                }
             }
         }
         // Online softmax in base 2; keys past a row's limit are masked.
@@ -218,11 +267,22 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill(FP_PARAMS) {
-    fp_body<64>(FP_ARGS);
+    fp_body<64, false>(FP_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1) flash_prefill_wide(FP_PARAMS) {
-    fp_body<128>(FP_ARGS);
+    fp_body<128, false>(FP_ARGS);
+}
+
+// The same with the scores on wgmma (sm_90a): one warpgroup per 64 queries.
+#define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))
+extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma(FP_PARAMS) {
+    fp_body<64, true>(FP_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
+    flash_prefill_wgmma_wide(FP_PARAMS) {
+    fp_body<128, true>(FP_ARGS);
 }
 
 // out[k_start_loc[b] + j] = the latent row of position j of row b (j < its key count),

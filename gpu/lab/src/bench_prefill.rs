@@ -70,7 +70,8 @@ impl PrefillCase {
 }
 
 /// Times `flash_prefill` at `c` (hash-filled bf16 inputs) with each CTA size, the two
-/// interleaved round by round; modes `causal` / `noncausal`, `/wide` for 128-query CTAs.
+/// interleaved round by round; modes `causal` / `noncausal`, `/wide` for 128-query CTAs,
+/// `/wgmma` for the scores on wgmma (on sm_90a).
 pub fn bench_flash_prefill(
     dev: &GpuDevice,
     k: &Kernels,
@@ -120,7 +121,11 @@ pub fn bench_flash_prefill(
         lse: lse.ptr(),
     };
     let scale = 1.0 / (PREFILL_DQK as f32).sqrt();
-    let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = PrefillTile::ALL
+    let tiles: Vec<PrefillTile> = PrefillTile::ALL
+        .into_iter()
+        .filter(|t| !t.hopper() || fk.wide.hopper())
+        .collect();
+    let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = tiles
         .iter()
         .map(|&tile| {
             // SAFETY: equal rows, prefix sums built above (a causal case has q_len <= k_len).
@@ -131,13 +136,19 @@ pub fn bench_flash_prefill(
     let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =
         runs.iter_mut().map(|r| &mut **r as _).collect();
     let times = time_interleaved_us(dev, 2, reps, None, &mut refs)?;
-    let modes = match c.causal {
-        true => ["causal", "causal/wide"],
-        false => ["noncausal", "noncausal/wide"],
+    let mode = |t: PrefillTile| match (c.causal, t) {
+        (true, PrefillTile::Rows64) => "causal",
+        (true, PrefillTile::Rows128) => "causal/wide",
+        (true, PrefillTile::Wgmma64) => "causal/wgmma",
+        (true, PrefillTile::Wgmma128) => "causal/wgmma-wide",
+        (false, PrefillTile::Rows64) => "noncausal",
+        (false, PrefillTile::Rows128) => "noncausal/wide",
+        (false, PrefillTile::Wgmma64) => "noncausal/wgmma",
+        (false, PrefillTile::Wgmma128) => "noncausal/wgmma-wide",
     };
     Ok(times
         .into_iter()
-        .zip(modes)
+        .zip(tiles.into_iter().map(mode))
         .map(|(t, mode)| Measurement {
             kernel: "prefill_flash",
             mode,

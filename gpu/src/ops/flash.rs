@@ -430,6 +430,8 @@ impl FlashKernels {
             "flash_combine",
             "flash_prefill",
             "flash_prefill_wide",
+            "flash_prefill_wgmma",
+            "flash_prefill_wgmma_wide",
             "gather_latent_bf16",
         ] {
             let f = module
@@ -452,10 +454,19 @@ impl FlashKernels {
                 "flash_prefill_wide",
                 super::PrefillTile::Rows128.smem_bytes(),
             ),
+            (
+                "flash_prefill_wgmma",
+                super::PrefillTile::Wgmma64.smem_bytes(),
+            ),
+            (
+                "flash_prefill_wgmma_wide",
+                super::PrefillTile::Wgmma128.smem_bytes(),
+            ),
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()
-                .any(|w| w.function() == name);
+                .any(|w| w.function() == name)
+                || name.starts_with("flash_prefill_wgmma");
             if hopper && !wide.hopper() {
                 continue; // compiled as a trap off sm_90a; never launched there
             }

@@ -16,31 +16,48 @@ pub const FLASH_PREFILL_SRC: &str = include_str!("../../kernels/flash_prefill.cu
 /// Query/key width (128 nope + 64 rope) and value width the prefill kernel is built for.
 pub const PREFILL_DQK: usize = 192;
 pub const PREFILL_DV: usize = 128;
-/// The prefill kernel's CTA size: queries per CTA, 16 per warp.
+/// The prefill kernel variant: queries per CTA (16 per warp) and the instruction the
+/// scores take.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillTile {
-    /// `flash_prefill`: 64 queries, 4 warps.
+    /// `flash_prefill`: 64 queries, 4 warps, mma.sync.
     Rows64,
     /// `flash_prefill_wide`: 128 queries, 8 warps sharing each K and V tile.
     Rows128,
+    /// `flash_prefill_wgmma`: 64 queries, the scores on wgmma (sm_90a).
+    Wgmma64,
+    /// `flash_prefill_wgmma_wide`: 128 queries, two warpgroups, scores on wgmma.
+    Wgmma128,
 }
 
 impl PrefillTile {
-    pub const ALL: [PrefillTile; 2] = [PrefillTile::Rows64, PrefillTile::Rows128];
+    pub const ALL: [PrefillTile; 4] = [
+        PrefillTile::Rows64,
+        PrefillTile::Rows128,
+        PrefillTile::Wgmma64,
+        PrefillTile::Wgmma128,
+    ];
 
     /// The CUDA function.
     pub fn function(self) -> &'static str {
         match self {
             PrefillTile::Rows64 => "flash_prefill",
             PrefillTile::Rows128 => "flash_prefill_wide",
+            PrefillTile::Wgmma64 => "flash_prefill_wgmma",
+            PrefillTile::Wgmma128 => "flash_prefill_wgmma_wide",
         }
+    }
+
+    /// Whether it needs sm_90a (wgmma).
+    pub fn hopper(self) -> bool {
+        matches!(self, PrefillTile::Wgmma64 | PrefillTile::Wgmma128)
     }
 
     /// Queries per CTA.
     pub fn rows(self) -> usize {
         match self {
-            PrefillTile::Rows64 => 64,
-            PrefillTile::Rows128 => 128,
+            PrefillTile::Rows64 | PrefillTile::Wgmma64 => 64,
+            PrefillTile::Rows128 | PrefillTile::Wgmma128 => 128,
         }
     }
 
@@ -55,10 +72,15 @@ impl PrefillTile {
         }
     }
 
-    /// Shared memory (the kernel's FP_SMEM_BYTES): the Q tile and two stages of 64-key
-    /// K and V tiles, bf16.
+    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES): the Q tile and two
+    /// stages of 64-key K and V tiles, bf16; the wgmma layout is aligned to 1024 bytes.
     pub fn smem_bytes(self) -> usize {
-        (self.rows() * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2
+        let tiles = (self.rows() * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2;
+        if self.hopper() {
+            1024 + tiles
+        } else {
+            tiles
+        }
     }
 }
 
@@ -246,6 +268,7 @@ impl FlashKernels {
             shared_mem_bytes: tile.smem_bytes() as u32,
         };
         let name = tile.function();
+        assert!(!tile.hopper() || self.wide.hopper(), "{name} needs sm_90a");
         // SAFETY: argument list matches the kernel; sizes checked above; the caller's
         // start locations name rows inside them.
         unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }
@@ -307,6 +330,9 @@ mod tests {
         ));
         assert_eq!(PrefillTile::Rows64.smem_bytes(), 106_496);
         assert_eq!(PrefillTile::Rows128.smem_bytes(), 131_072);
+        assert!(FLASH_PREFILL_SRC
+            .contains("#define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))"));
+        assert_eq!(PrefillTile::Wgmma128.smem_bytes(), 132_096);
         assert!(PrefillTile::ALL.iter().all(|t| t.smem_bytes() <= 232_448));
     }
 
