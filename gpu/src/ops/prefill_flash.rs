@@ -61,14 +61,17 @@ impl PrefillTile {
         }
     }
 
-    /// The CTA size for a launch whose longest row has `max_q_len` queries: 128 from 2048
-    /// queries up, where sharing each K and V tile between 8 warps measured 2-6% faster
-    /// on an H100; 64 below (at 64 queries half a 128-query CTA idles: 38% slower).
-    pub fn for_queries(max_q_len: usize) -> Self {
-        if max_q_len >= 2048 {
-            PrefillTile::Rows128
-        } else {
-            PrefillTile::Rows64
+    /// The variant for a launch whose longest row has `max_q_len` queries: the wgmma
+    /// scores on Hopper (`hopper`), and 128-query CTAs from 2048 queries up, where sharing
+    /// each K and V tile between 8 warps measured faster on an H100 (2-6% on mma.sync,
+    /// 4-11% on wgmma); 64 below (at 64 queries half a 128-query CTA idles: 30-38%
+    /// slower). The choice never changes a row's bits within a family (`gpu-test`).
+    pub fn for_queries(max_q_len: usize, hopper: bool) -> Self {
+        match (hopper, max_q_len >= 2048) {
+            (true, true) => PrefillTile::Wgmma128,
+            (true, false) => PrefillTile::Wgmma64,
+            (false, true) => PrefillTile::Rows128,
+            (false, false) => PrefillTile::Rows64,
         }
     }
 
@@ -200,7 +203,7 @@ impl FlashKernels {
         b: PrefillBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
-        let tile = PrefillTile::for_queries(s.max_q_len);
+        let tile = PrefillTile::for_queries(s.max_q_len, self.wide.hopper());
         // SAFETY: the caller's promise, forwarded.
         unsafe { self.flash_prefill_with(tile, dev, s, b, scale) }
     }
