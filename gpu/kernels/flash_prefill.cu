@@ -76,13 +76,31 @@ __device__ __forceinline__ void fp_load_sw(unsigned char* tile, const unsigned s
     }
 }
 
-// WG: the scores on the warpgroup tensor-core instruction (wgmma, sm_90a) straight from
-// shared memory, Q and K in the wgmma layout; else mma.sync with Q in registers.
-template <int FP_ROWS, bool WG>
+#ifdef FW_HAVE_WGMMA
+// d[64 x 128] += A[64 x 16] (K-major) B[16 x 128] (N-major, imm-trans-b = 1): the decode's
+// fw_pv at half the width.
+__device__ __forceinline__ void fp_pv128(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, %64, %65, 1, 1, 1, 0, 1;\n"
+        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
+        : "l"(a), "l"(b));
+}
+#endif
+
+// WG >= 1: the scores on the warpgroup tensor-core instruction (wgmma, sm_90a) straight
+// from shared memory, Q and K in the wgmma layout; else mma.sync with Q in registers.
+// WG == 2: P V on wgmma too, P staged through shared memory (a 64 x 64 tile per
+// warpgroup) and V in the wgmma layout, as the decode kernels do.
+template <int FP_ROWS, int WG>
 __device__ __forceinline__ void fp_body(FP_PARAMS) {
     constexpr int NT = FP_THREADS(FP_ROWS);
     extern __shared__ __align__(16) unsigned char fp_raw[];
-    unsigned char* base = WG ? fw_align(fp_raw) : fp_raw;
+    unsigned char* base = WG >= 1 ? fw_align(fp_raw) : fp_raw;
     unsigned short* qs = (unsigned short*)base;               // [ROWS][192]
     unsigned short* ks = qs + FP_ROWS * FP_DQK;               // [2][64][192]
     unsigned short* vs = ks + 2 * FP_KEYS * FP_DQK;           // [2][64][128]
@@ -98,7 +116,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
     const long long q_stride = (long long)heads * FP_DQK;
 
     const unsigned short* q_src = q + ((long long)(qb + q0) * heads + h) * FP_DQK;
-    if constexpr (WG) {
+    if constexpr (WG >= 1) {
         fp_load_sw<FP_QCH, NT>((unsigned char*)qs, q_src, q_stride, FP_ROWS, 0, q_len - q0);
     } else {
         fp_load<FP_QCH, NT>(qs, q_src, q_stride, FP_ROWS, 0, FP_QCH, q_len - q0);
@@ -109,15 +127,20 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         // The K tile's 16 nope chunks from the head's row, its 8 rope chunks shared.
         const unsigned short* nope = k_nope + j * kn_row + (long long)h * kn_head;
         const unsigned short* rope = k_rope + j * kr_row;
-        if constexpr (WG) {
+        if constexpr (WG >= 1) {
             fp_load_sw<16, NT>((unsigned char*)kt, nope, kn_row, FP_KEYS, 0, kv_end - t0);
             fp_load_sw<8, NT>((unsigned char*)kt, rope, kr_row, FP_KEYS, 16, kv_end - t0);
         } else {
             fp_load<16, NT>(kt, nope, kn_row, FP_KEYS, 0, FP_QCH, kv_end - t0);
             fp_load<8, NT>(kt, rope, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
         }
-        fp_load<FP_VCH, NT>(vs + stage * FP_KEYS * FP_DV, v + j * v_row + (long long)h * v_head, v_row,
-                        FP_KEYS, 0, FP_VCH, kv_end - t0);
+        unsigned short* vt = vs + stage * FP_KEYS * FP_DV;
+        const unsigned short* vsrc = v + j * v_row + (long long)h * v_head;
+        if constexpr (WG == 2) {
+            fp_load_sw<FP_VCH, NT>((unsigned char*)vt, vsrc, v_row, FP_KEYS, 0, kv_end - t0);
+        } else {
+            fp_load<FP_VCH, NT>(vt, vsrc, v_row, FP_KEYS, 0, FP_VCH, kv_end - t0);
+        }
     };
     if (tiles > 0) load_kv(0, 0);
     cp_commit();
@@ -139,7 +162,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         cp_commit();
         asm volatile("cp.async.wait_group 1;\n" ::);
 #ifdef FW_HAVE_WGMMA
-        if constexpr (WG) fw_proxy_fence();  // cp.async's writes, for the tensor cores' reads
+        if constexpr (WG >= 1) fw_proxy_fence();  // cp.async's writes, for the tensor cores' reads
 #endif
         __syncthreads();
         const unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
@@ -149,7 +172,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         float s[FP_KEYS / 8][4];
 #pragma unroll
         for (int n = 0; n < FP_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        if constexpr (WG) {
+        if constexpr (WG >= 1) {
 #ifdef FW_HAVE_WGMMA
             const unsigned qa = smem_addr(qs) + (warp / 4) * 3 * 8192, ka = smem_addr(kt);
             fw_fence();
@@ -223,20 +246,45 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
             o[n][2] *= corr[1];
             o[n][3] *= corr[1];
         }
-        // O += P V: P's score fragments are the A operand, 16 keys per k-step.
+        if constexpr (WG == 2) {
+#ifdef FW_HAVE_WGMMA
+            // P to this warpgroup's 64 x 64 tile (K-major, swizzled), then O += P V.
+            unsigned char* ps = (unsigned char*)(vs + 2 * FP_KEYS * FP_DV) + (warp / 4) * 8192;
+            const int rl = (warp % 4) * 16 + g;
 #pragma unroll
-        for (int kk = 0; kk < FP_KEYS / 16; ++kk) {
-            const unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                                   pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                   pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                   pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            for (int n = 0; n < FP_KEYS / 8; ++n) {
 #pragma unroll
-            for (int dp = 0; dp < FP_DV / 16; ++dp) {
-                unsigned bf[4];
-                const int key = kk * 16 + lane % 8 + 8 * ((lane / 8) % 2);
-                ldsm_x4_t(bf, vt + fp_swz(key, 2 * dp + lane / 16, FP_VCH));
-                mma16816(o[2 * dp], a, bf[0], bf[1]);
-                mma16816(o[2 * dp + 1], a, bf[2], bf[3]);
+                for (int i = 0; i < 2; ++i)
+                    *(unsigned*)(ps + fw_off(rl + 8 * i, n) + (lane % 4) * 4) =
+                        pack_bf16(s[n][2 * i], s[n][2 * i + 1]);
+            }
+            fw_proxy_fence();
+            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warp / 4) : "memory");
+            const unsigned pa = smem_addr(ps), va = smem_addr(vt);
+            fw_fence();
+#pragma unroll
+            for (int kk = 0; kk < FP_KEYS / 16; ++kk)
+                fp_pv128(&o[0][0], fw_desc(pa + kk * 32, 16, 1024),
+                         fw_desc(va + kk * 16 * 128, 8192, 1024));
+            fw_commit();
+            fw_wait();
+#endif
+        } else {
+            // O += P V: P's score fragments are the A operand, 16 keys per k-step.
+#pragma unroll
+            for (int kk = 0; kk < FP_KEYS / 16; ++kk) {
+                const unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                                       pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                       pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                       pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+                for (int dp = 0; dp < FP_DV / 16; ++dp) {
+                    unsigned bf[4];
+                    const int key = kk * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+                    ldsm_x4_t(bf, vt + fp_swz(key, 2 * dp + lane / 16, FP_VCH));
+                    mma16816(o[2 * dp], a, bf[0], bf[1]);
+                    mma16816(o[2 * dp + 1], a, bf[2], bf[3]);
+                }
             }
         }
         __syncthreads();  // the stage is overwritten by the load two tiles on
@@ -267,22 +315,24 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill(FP_PARAMS) {
-    fp_body<64, false>(FP_ARGS);
+    fp_body<64, 0>(FP_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1) flash_prefill_wide(FP_PARAMS) {
-    fp_body<128, false>(FP_ARGS);
+    fp_body<128, 0>(FP_ARGS);
 }
 
-// The same with the scores on wgmma (sm_90a): one warpgroup per 64 queries.
+// The same with the scores on wgmma (sm_90a): one warpgroup per 64 queries; the `_pv`
+// kernels also P V, with a 64 x 64 P tile per warpgroup.
 #define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))
+#define FP_WG_PV_SMEM_BYTES(rows) (FP_WG_SMEM_BYTES(rows) + (rows) / 64 * 8192)
 extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma(FP_PARAMS) {
-    fp_body<64, true>(FP_ARGS);
+    fp_body<64, 1>(FP_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
     flash_prefill_wgmma_wide(FP_PARAMS) {
-    fp_body<128, true>(FP_ARGS);
+    fp_body<128, 1>(FP_ARGS);
 }
 
 // out[k_start_loc[b] + j] = the latent row of position j of row b (j < its key count),
@@ -299,4 +349,13 @@ extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__
     const long long slot = (long long)block_table[(long long)b * width + j / page] * page + j % page;
     reinterpret_cast<uint4*>(out + (long long)(k0 + j) * 576)[c] =
         reinterpret_cast<const uint4*>(cache + slot * 576)[c];
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_pv(FP_PARAMS) {
+    fp_body<64, 2>(FP_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
+    flash_prefill_wgmma_pv_wide(FP_PARAMS) {
+    fp_body<128, 2>(FP_ARGS);
 }

@@ -141,10 +141,14 @@ pub fn bench_flash_prefill(
         (true, PrefillTile::Rows128) => "causal/wide",
         (true, PrefillTile::Wgmma64) => "causal/wgmma",
         (true, PrefillTile::Wgmma128) => "causal/wgmma-wide",
+        (true, PrefillTile::WgmmaPv64) => "causal/wgmma-pv",
+        (true, PrefillTile::WgmmaPv128) => "causal/wgmma-pv-wide",
         (false, PrefillTile::Rows64) => "noncausal",
         (false, PrefillTile::Rows128) => "noncausal/wide",
         (false, PrefillTile::Wgmma64) => "noncausal/wgmma",
         (false, PrefillTile::Wgmma128) => "noncausal/wgmma-wide",
+        (false, PrefillTile::WgmmaPv64) => "noncausal/wgmma-pv",
+        (false, PrefillTile::WgmmaPv128) => "noncausal/wgmma-pv-wide",
     };
     Ok(times
         .into_iter()

@@ -432,6 +432,8 @@ impl FlashKernels {
             "flash_prefill_wide",
             "flash_prefill_wgmma",
             "flash_prefill_wgmma_wide",
+            "flash_prefill_wgmma_pv",
+            "flash_prefill_wgmma_pv_wide",
             "gather_latent_bf16",
         ] {
             let f = module
@@ -461,6 +463,14 @@ impl FlashKernels {
             (
                 "flash_prefill_wgmma_wide",
                 super::PrefillTile::Wgmma128.smem_bytes(),
+            ),
+            (
+                "flash_prefill_wgmma_pv",
+                super::PrefillTile::WgmmaPv64.smem_bytes(),
+            ),
+            (
+                "flash_prefill_wgmma_pv_wide",
+                super::PrefillTile::WgmmaPv128.smem_bytes(),
             ),
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]

@@ -28,14 +28,21 @@ pub enum PrefillTile {
     Wgmma64,
     /// `flash_prefill_wgmma_wide`: 128 queries, two warpgroups, scores on wgmma.
     Wgmma128,
+    /// `flash_prefill_wgmma_pv`: 64 queries, scores and P V on wgmma (P staged in shared
+    /// memory).
+    WgmmaPv64,
+    /// `flash_prefill_wgmma_pv_wide`: 128 queries, scores and P V on wgmma.
+    WgmmaPv128,
 }
 
 impl PrefillTile {
-    pub const ALL: [PrefillTile; 4] = [
+    pub const ALL: [PrefillTile; 6] = [
         PrefillTile::Rows64,
         PrefillTile::Rows128,
         PrefillTile::Wgmma64,
         PrefillTile::Wgmma128,
+        PrefillTile::WgmmaPv64,
+        PrefillTile::WgmmaPv128,
     ];
 
     /// The CUDA function.
@@ -45,19 +52,21 @@ impl PrefillTile {
             PrefillTile::Rows128 => "flash_prefill_wide",
             PrefillTile::Wgmma64 => "flash_prefill_wgmma",
             PrefillTile::Wgmma128 => "flash_prefill_wgmma_wide",
+            PrefillTile::WgmmaPv64 => "flash_prefill_wgmma_pv",
+            PrefillTile::WgmmaPv128 => "flash_prefill_wgmma_pv_wide",
         }
     }
 
     /// Whether it needs sm_90a (wgmma).
     pub fn hopper(self) -> bool {
-        matches!(self, PrefillTile::Wgmma64 | PrefillTile::Wgmma128)
+        !matches!(self, PrefillTile::Rows64 | PrefillTile::Rows128)
     }
 
     /// Queries per CTA.
     pub fn rows(self) -> usize {
         match self {
-            PrefillTile::Rows64 | PrefillTile::Wgmma64 => 64,
-            PrefillTile::Rows128 | PrefillTile::Wgmma128 => 128,
+            PrefillTile::Rows64 | PrefillTile::Wgmma64 | PrefillTile::WgmmaPv64 => 64,
+            PrefillTile::Rows128 | PrefillTile::Wgmma128 | PrefillTile::WgmmaPv128 => 128,
         }
     }
 
@@ -75,14 +84,17 @@ impl PrefillTile {
         }
     }
 
-    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES): the Q tile and two
-    /// stages of 64-key K and V tiles, bf16; the wgmma layout is aligned to 1024 bytes.
+    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES, FP_WG_PV_SMEM_BYTES):
+    /// the Q tile and two stages of 64-key K and V tiles, bf16; the wgmma layout aligned to
+    /// 1024 bytes; a 64 x 64 P tile per warpgroup where P V runs on wgmma.
     pub fn smem_bytes(self) -> usize {
         let tiles = (self.rows() * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2;
-        if self.hopper() {
-            1024 + tiles
-        } else {
-            tiles
+        match self {
+            PrefillTile::Rows64 | PrefillTile::Rows128 => tiles,
+            PrefillTile::Wgmma64 | PrefillTile::Wgmma128 => 1024 + tiles,
+            PrefillTile::WgmmaPv64 | PrefillTile::WgmmaPv128 => {
+                1024 + tiles + self.rows() / 64 * 8192
+            }
         }
     }
 }
@@ -336,6 +348,10 @@ mod tests {
         assert!(FLASH_PREFILL_SRC
             .contains("#define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))"));
         assert_eq!(PrefillTile::Wgmma128.smem_bytes(), 132_096);
+        assert!(FLASH_PREFILL_SRC.contains(
+            "#define FP_WG_PV_SMEM_BYTES(rows) (FP_WG_SMEM_BYTES(rows) + (rows) / 64 * 8192)"
+        ));
+        assert_eq!(PrefillTile::WgmmaPv128.smem_bytes(), 148_480);
         assert!(PrefillTile::ALL.iter().all(|t| t.smem_bytes() <= 232_448));
     }
 
