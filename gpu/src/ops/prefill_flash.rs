@@ -70,15 +70,16 @@ impl PrefillTile {
         }
     }
 
-    /// The variant for a launch whose longest row has `max_q_len` queries: the wgmma
-    /// scores on Hopper (`hopper`), and 128-query CTAs from 2048 queries up, where sharing
-    /// each K and V tile between 8 warps measured faster on an H100 (2-6% on mma.sync,
-    /// 4-11% on wgmma); 64 below (at 64 queries half a 128-query CTA idles: 30-38%
-    /// slower). The choice never changes a row's bits within a family (`gpu-test`).
+    /// The variant for a launch whose longest row has `max_q_len` queries: scores and
+    /// P V on wgmma on Hopper (`hopper`; the fastest at every shape measured on an H100),
+    /// and 128-query CTAs from 2048 queries up, where sharing each K and V tile between 8
+    /// warps measured faster (2-6% on mma.sync, 4-9% on wgmma); 64 below (at 64 queries
+    /// half a 128-query CTA idles: 24-38% slower). The choice never changes a row's bits
+    /// within a family (`gpu-test`).
     pub fn for_queries(max_q_len: usize, hopper: bool) -> Self {
         match (hopper, max_q_len >= 2048) {
-            (true, true) => PrefillTile::Wgmma128,
-            (true, false) => PrefillTile::Wgmma64,
+            (true, true) => PrefillTile::WgmmaPv128,
+            (true, false) => PrefillTile::WgmmaPv64,
             (false, true) => PrefillTile::Rows128,
             (false, false) => PrefillTile::Rows64,
         }
