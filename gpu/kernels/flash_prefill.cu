@@ -90,12 +90,26 @@ __device__ __forceinline__ void fp_pv128(float* d, unsigned long long a, unsigne
         : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
         : "l"(a), "l"(b));
 }
+// The same with A (P) in registers, laid out as mma.sync's A fragment (the seesaw
+// decode's fs_pv_rs at half the width).
+__device__ __forceinline__ void fp_pv128_rs(float* d, const unsigned* a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
 #endif
 
 // WG >= 1: the scores on the warpgroup tensor-core instruction (wgmma, sm_90a) straight
 // from shared memory, Q and K in the wgmma layout; else mma.sync with Q in registers.
 // WG == 2: P V on wgmma too, P staged through shared memory (a 64 x 64 tile per
-// warpgroup) and V in the wgmma layout, as the decode kernels do.
+// warpgroup) and V in the wgmma layout, as the decode kernels do. WG == 3: P V on wgmma
+// with P in registers.
 template <int FP_ROWS, int WG>
 __device__ __forceinline__ void fp_body(FP_PARAMS) {
     constexpr int NT = FP_THREADS(FP_ROWS);
@@ -136,7 +150,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         }
         unsigned short* vt = vs + stage * FP_KEYS * FP_DV;
         const unsigned short* vsrc = v + j * v_row + (long long)h * v_head;
-        if constexpr (WG == 2) {
+        if constexpr (WG >= 2) {
             fp_load_sw<FP_VCH, NT>((unsigned char*)vt, vsrc, v_row, FP_KEYS, 0, kv_end - t0);
         } else {
             fp_load<FP_VCH, NT>(vt, vsrc, v_row, FP_KEYS, 0, FP_VCH, kv_end - t0);
@@ -246,7 +260,23 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
             o[n][2] *= corr[1];
             o[n][3] *= corr[1];
         }
-        if constexpr (WG == 2) {
+        if constexpr (WG == 3) {
+#ifdef FW_HAVE_WGMMA
+            unsigned pr[FP_KEYS / 4];
+#pragma unroll
+            for (int n = 0; n < FP_KEYS / 8; ++n) {
+                pr[2 * n] = pack_bf16(s[n][0], s[n][1]);
+                pr[2 * n + 1] = pack_bf16(s[n][2], s[n][3]);
+            }
+            const unsigned va = smem_addr(vt);
+            fw_fence();
+#pragma unroll
+            for (int kk = 0; kk < FP_KEYS / 16; ++kk)
+                fp_pv128_rs(&o[0][0], pr + 4 * kk, fw_desc(va + kk * 16 * 128, 8192, 1024));
+            fw_commit();
+            fw_wait();
+#endif
+        } else if constexpr (WG == 2) {
 #ifdef FW_HAVE_WGMMA
             // P to this warpgroup's 64 x 64 tile (K-major, swizzled), then O += P V.
             unsigned char* ps = (unsigned char*)(vs + 2 * FP_KEYS * FP_DV) + (warp / 4) * 8192;
@@ -358,4 +388,13 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wg
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
     flash_prefill_wgmma_pv_wide(FP_PARAMS) {
     fp_body<128, 2>(FP_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_rs(FP_PARAMS) {
+    fp_body<64, 3>(FP_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
+    flash_prefill_wgmma_rs_wide(FP_PARAMS) {
+    fp_body<128, 3>(FP_ARGS);
 }

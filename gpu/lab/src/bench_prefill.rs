@@ -143,12 +143,16 @@ pub fn bench_flash_prefill(
         (true, PrefillTile::Wgmma128) => "causal/wgmma-wide",
         (true, PrefillTile::WgmmaPv64) => "causal/wgmma-pv",
         (true, PrefillTile::WgmmaPv128) => "causal/wgmma-pv-wide",
+        (true, PrefillTile::WgmmaRs64) => "causal/wgmma-rs",
+        (true, PrefillTile::WgmmaRs128) => "causal/wgmma-rs-wide",
         (false, PrefillTile::Rows64) => "noncausal",
         (false, PrefillTile::Rows128) => "noncausal/wide",
         (false, PrefillTile::Wgmma64) => "noncausal/wgmma",
         (false, PrefillTile::Wgmma128) => "noncausal/wgmma-wide",
         (false, PrefillTile::WgmmaPv64) => "noncausal/wgmma-pv",
         (false, PrefillTile::WgmmaPv128) => "noncausal/wgmma-pv-wide",
+        (false, PrefillTile::WgmmaRs64) => "noncausal/wgmma-rs",
+        (false, PrefillTile::WgmmaRs128) => "noncausal/wgmma-rs-wide",
     };
     Ok(times
         .into_iter()

@@ -434,6 +434,8 @@ impl FlashKernels {
             "flash_prefill_wgmma_wide",
             "flash_prefill_wgmma_pv",
             "flash_prefill_wgmma_pv_wide",
+            "flash_prefill_wgmma_rs",
+            "flash_prefill_wgmma_rs_wide",
             "gather_latent_bf16",
         ] {
             let f = module
@@ -471,6 +473,14 @@ impl FlashKernels {
             (
                 "flash_prefill_wgmma_pv_wide",
                 super::PrefillTile::WgmmaPv128.smem_bytes(),
+            ),
+            (
+                "flash_prefill_wgmma_rs",
+                super::PrefillTile::WgmmaRs64.smem_bytes(),
+            ),
+            (
+                "flash_prefill_wgmma_rs_wide",
+                super::PrefillTile::WgmmaRs128.smem_bytes(),
             ),
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]

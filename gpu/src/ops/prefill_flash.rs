@@ -33,16 +33,22 @@ pub enum PrefillTile {
     WgmmaPv64,
     /// `flash_prefill_wgmma_pv_wide`: 128 queries, scores and P V on wgmma.
     WgmmaPv128,
+    /// `flash_prefill_wgmma_rs`: 64 queries, scores and P V on wgmma, P in registers.
+    WgmmaRs64,
+    /// `flash_prefill_wgmma_rs_wide`: 128 queries, P V with P in registers.
+    WgmmaRs128,
 }
 
 impl PrefillTile {
-    pub const ALL: [PrefillTile; 6] = [
+    pub const ALL: [PrefillTile; 8] = [
         PrefillTile::Rows64,
         PrefillTile::Rows128,
         PrefillTile::Wgmma64,
         PrefillTile::Wgmma128,
         PrefillTile::WgmmaPv64,
         PrefillTile::WgmmaPv128,
+        PrefillTile::WgmmaRs64,
+        PrefillTile::WgmmaRs128,
     ];
 
     /// The CUDA function.
@@ -54,6 +60,8 @@ impl PrefillTile {
             PrefillTile::Wgmma128 => "flash_prefill_wgmma_wide",
             PrefillTile::WgmmaPv64 => "flash_prefill_wgmma_pv",
             PrefillTile::WgmmaPv128 => "flash_prefill_wgmma_pv_wide",
+            PrefillTile::WgmmaRs64 => "flash_prefill_wgmma_rs",
+            PrefillTile::WgmmaRs128 => "flash_prefill_wgmma_rs_wide",
         }
     }
 
@@ -65,8 +73,11 @@ impl PrefillTile {
     /// Queries per CTA.
     pub fn rows(self) -> usize {
         match self {
-            PrefillTile::Rows64 | PrefillTile::Wgmma64 | PrefillTile::WgmmaPv64 => 64,
-            PrefillTile::Rows128 | PrefillTile::Wgmma128 | PrefillTile::WgmmaPv128 => 128,
+            PrefillTile::Rows64
+            | PrefillTile::Wgmma64
+            | PrefillTile::WgmmaPv64
+            | PrefillTile::WgmmaRs64 => 64,
+            _ => 128,
         }
     }
 
@@ -92,7 +103,10 @@ impl PrefillTile {
         let tiles = (self.rows() * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2;
         match self {
             PrefillTile::Rows64 | PrefillTile::Rows128 => tiles,
-            PrefillTile::Wgmma64 | PrefillTile::Wgmma128 => 1024 + tiles,
+            PrefillTile::Wgmma64
+            | PrefillTile::Wgmma128
+            | PrefillTile::WgmmaRs64
+            | PrefillTile::WgmmaRs128 => 1024 + tiles,
             PrefillTile::WgmmaPv64 | PrefillTile::WgmmaPv128 => {
                 1024 + tiles + self.rows() / 64 * 8192
             }
