@@ -77,21 +77,8 @@ __device__ __forceinline__ void fp_load_sw(unsigned char* tile, const unsigned s
 }
 
 #ifdef FW_HAVE_WGMMA
-// d[64 x 128] += A[64 x 16] (K-major) B[16 x 128] (N-major, imm-trans-b = 1): the decode's
-// fw_pv at half the width.
-__device__ __forceinline__ void fp_pv128(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-        "}, %64, %65, 1, 1, 1, 0, 1;\n"
-        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
-        : "l"(a), "l"(b));
-}
-// The same with A (P) in registers, laid out as mma.sync's A fragment (the seesaw
-// decode's fs_pv_rs at half the width).
+// d[64 x 128] += A[64 x 16] B[16 x 128] (N-major, imm-trans-b = 1), A (P) in registers
+// laid out as mma.sync's A fragment: the seesaw decode's fs_pv_rs at half the width.
 __device__ __forceinline__ void fp_pv128_rs(float* d, const unsigned* a, unsigned long long b) {
     asm volatile(
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
@@ -107,9 +94,9 @@ __device__ __forceinline__ void fp_pv128_rs(float* d, const unsigned* a, unsigne
 
 // WG >= 1: the scores on the warpgroup tensor-core instruction (wgmma, sm_90a) straight
 // from shared memory, Q and K in the wgmma layout; else mma.sync with Q in registers.
-// WG == 2: P V on wgmma too, P staged through shared memory (a 64 x 64 tile per
-// warpgroup) and V in the wgmma layout, as the decode kernels do. WG == 3: P V on wgmma
-// with P in registers.
+// WG == 2: P V on wgmma too, P in registers (the A operand as mma.sync lays it out), V
+// in the wgmma layout. (Staging P through shared memory instead, as the first wgmma
+// decode does, measured 3-6% slower on an H100.)
 template <int FP_ROWS, int WG>
 __device__ __forceinline__ void fp_body(FP_PARAMS) {
     constexpr int NT = FP_THREADS(FP_ROWS);
@@ -260,7 +247,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
             o[n][2] *= corr[1];
             o[n][3] *= corr[1];
         }
-        if constexpr (WG == 3) {
+        if constexpr (WG == 2) {
 #ifdef FW_HAVE_WGMMA
             unsigned pr[FP_KEYS / 4];
 #pragma unroll
@@ -273,29 +260,6 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
 #pragma unroll
             for (int kk = 0; kk < FP_KEYS / 16; ++kk)
                 fp_pv128_rs(&o[0][0], pr + 4 * kk, fw_desc(va + kk * 16 * 128, 8192, 1024));
-            fw_commit();
-            fw_wait();
-#endif
-        } else if constexpr (WG == 2) {
-#ifdef FW_HAVE_WGMMA
-            // P to this warpgroup's 64 x 64 tile (K-major, swizzled), then O += P V.
-            unsigned char* ps = (unsigned char*)(vs + 2 * FP_KEYS * FP_DV) + (warp / 4) * 8192;
-            const int rl = (warp % 4) * 16 + g;
-#pragma unroll
-            for (int n = 0; n < FP_KEYS / 8; ++n) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i)
-                    *(unsigned*)(ps + fw_off(rl + 8 * i, n) + (lane % 4) * 4) =
-                        pack_bf16(s[n][2 * i], s[n][2 * i + 1]);
-            }
-            fw_proxy_fence();
-            asm volatile("bar.sync %0, 128;\n" ::"r"(1 + warp / 4) : "memory");
-            const unsigned pa = smem_addr(ps), va = smem_addr(vt);
-            fw_fence();
-#pragma unroll
-            for (int kk = 0; kk < FP_KEYS / 16; ++kk)
-                fp_pv128(&o[0][0], fw_desc(pa + kk * 32, 16, 1024),
-                         fw_desc(va + kk * 16 * 128, 8192, 1024));
             fw_commit();
             fw_wait();
 #endif
@@ -352,10 +316,9 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1) flash_prefill_w
     fp_body<128, 0>(FP_ARGS);
 }
 
-// The same with the scores on wgmma (sm_90a): one warpgroup per 64 queries; the `_pv`
-// kernels also P V, with a 64 x 64 P tile per warpgroup.
+// The same with the scores on wgmma (sm_90a): one warpgroup per 64 queries; the `_rs`
+// kernels also P V, P in registers.
 #define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))
-#define FP_WG_PV_SMEM_BYTES(rows) (FP_WG_SMEM_BYTES(rows) + (rows) / 64 * 8192)
 extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma(FP_PARAMS) {
     fp_body<64, 1>(FP_ARGS);
 }
@@ -381,20 +344,11 @@ extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__
         reinterpret_cast<const uint4*>(cache + slot * 576)[c];
 }
 
-extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_pv(FP_PARAMS) {
+extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_rs(FP_PARAMS) {
     fp_body<64, 2>(FP_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
-    flash_prefill_wgmma_pv_wide(FP_PARAMS) {
-    fp_body<128, 2>(FP_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_rs(FP_PARAMS) {
-    fp_body<64, 3>(FP_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
     flash_prefill_wgmma_rs_wide(FP_PARAMS) {
-    fp_body<128, 3>(FP_ARGS);
+    fp_body<128, 2>(FP_ARGS);
 }

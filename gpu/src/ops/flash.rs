@@ -432,8 +432,6 @@ impl FlashKernels {
             "flash_prefill_wide",
             "flash_prefill_wgmma",
             "flash_prefill_wgmma_wide",
-            "flash_prefill_wgmma_pv",
-            "flash_prefill_wgmma_pv_wide",
             "flash_prefill_wgmma_rs",
             "flash_prefill_wgmma_rs_wide",
             "gather_latent_bf16",
@@ -465,14 +463,6 @@ impl FlashKernels {
             (
                 "flash_prefill_wgmma_wide",
                 super::PrefillTile::Wgmma128.smem_bytes(),
-            ),
-            (
-                "flash_prefill_wgmma_pv",
-                super::PrefillTile::WgmmaPv64.smem_bytes(),
-            ),
-            (
-                "flash_prefill_wgmma_pv_wide",
-                super::PrefillTile::WgmmaPv128.smem_bytes(),
             ),
             (
                 "flash_prefill_wgmma_rs",

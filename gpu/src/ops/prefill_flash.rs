@@ -28,25 +28,19 @@ pub enum PrefillTile {
     Wgmma64,
     /// `flash_prefill_wgmma_wide`: 128 queries, two warpgroups, scores on wgmma.
     Wgmma128,
-    /// `flash_prefill_wgmma_pv`: 64 queries, scores and P V on wgmma (P staged in shared
-    /// memory).
-    WgmmaPv64,
-    /// `flash_prefill_wgmma_pv_wide`: 128 queries, scores and P V on wgmma.
-    WgmmaPv128,
-    /// `flash_prefill_wgmma_rs`: 64 queries, scores and P V on wgmma, P in registers.
+    /// `flash_prefill_wgmma_rs`: 64 queries, scores and P V on wgmma, P in registers (the
+    /// register-sourced A operand).
     WgmmaRs64,
     /// `flash_prefill_wgmma_rs_wide`: 128 queries, P V with P in registers.
     WgmmaRs128,
 }
 
 impl PrefillTile {
-    pub const ALL: [PrefillTile; 8] = [
+    pub const ALL: [PrefillTile; 6] = [
         PrefillTile::Rows64,
         PrefillTile::Rows128,
         PrefillTile::Wgmma64,
         PrefillTile::Wgmma128,
-        PrefillTile::WgmmaPv64,
-        PrefillTile::WgmmaPv128,
         PrefillTile::WgmmaRs64,
         PrefillTile::WgmmaRs128,
     ];
@@ -58,8 +52,6 @@ impl PrefillTile {
             PrefillTile::Rows128 => "flash_prefill_wide",
             PrefillTile::Wgmma64 => "flash_prefill_wgmma",
             PrefillTile::Wgmma128 => "flash_prefill_wgmma_wide",
-            PrefillTile::WgmmaPv64 => "flash_prefill_wgmma_pv",
-            PrefillTile::WgmmaPv128 => "flash_prefill_wgmma_pv_wide",
             PrefillTile::WgmmaRs64 => "flash_prefill_wgmma_rs",
             PrefillTile::WgmmaRs128 => "flash_prefill_wgmma_rs_wide",
         }
@@ -73,43 +65,34 @@ impl PrefillTile {
     /// Queries per CTA.
     pub fn rows(self) -> usize {
         match self {
-            PrefillTile::Rows64
-            | PrefillTile::Wgmma64
-            | PrefillTile::WgmmaPv64
-            | PrefillTile::WgmmaRs64 => 64,
+            PrefillTile::Rows64 | PrefillTile::Wgmma64 | PrefillTile::WgmmaRs64 => 64,
             _ => 128,
         }
     }
 
     /// The variant for a launch whose longest row has `max_q_len` queries: scores and
-    /// P V on wgmma on Hopper (`hopper`; the fastest at every shape measured on an H100),
+    /// P V on wgmma, P in registers, on Hopper (`hopper`; the fastest at every shape
+    /// measured on an H100),
     /// and 128-query CTAs from 2048 queries up, where sharing each K and V tile between 8
     /// warps measured faster (2-6% on mma.sync, 4-9% on wgmma); 64 below (at 64 queries
     /// half a 128-query CTA idles: 24-38% slower). The choice never changes a row's bits
     /// within a family (`gpu-test`).
     pub fn for_queries(max_q_len: usize, hopper: bool) -> Self {
         match (hopper, max_q_len >= 2048) {
-            (true, true) => PrefillTile::WgmmaPv128,
-            (true, false) => PrefillTile::WgmmaPv64,
+            (true, true) => PrefillTile::WgmmaRs128,
+            (true, false) => PrefillTile::WgmmaRs64,
             (false, true) => PrefillTile::Rows128,
             (false, false) => PrefillTile::Rows64,
         }
     }
 
-    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES, FP_WG_PV_SMEM_BYTES):
-    /// the Q tile and two stages of 64-key K and V tiles, bf16; the wgmma layout aligned to
-    /// 1024 bytes; a 64 x 64 P tile per warpgroup where P V runs on wgmma.
+    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES): the Q tile and two
+    /// stages of 64-key K and V tiles, bf16; the wgmma layout aligned to 1024 bytes.
     pub fn smem_bytes(self) -> usize {
         let tiles = (self.rows() * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2;
         match self {
             PrefillTile::Rows64 | PrefillTile::Rows128 => tiles,
-            PrefillTile::Wgmma64
-            | PrefillTile::Wgmma128
-            | PrefillTile::WgmmaRs64
-            | PrefillTile::WgmmaRs128 => 1024 + tiles,
-            PrefillTile::WgmmaPv64 | PrefillTile::WgmmaPv128 => {
-                1024 + tiles + self.rows() / 64 * 8192
-            }
+            _ => 1024 + tiles,
         }
     }
 }
@@ -363,10 +346,7 @@ mod tests {
         assert!(FLASH_PREFILL_SRC
             .contains("#define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))"));
         assert_eq!(PrefillTile::Wgmma128.smem_bytes(), 132_096);
-        assert!(FLASH_PREFILL_SRC.contains(
-            "#define FP_WG_PV_SMEM_BYTES(rows) (FP_WG_SMEM_BYTES(rows) + (rows) / 64 * 8192)"
-        ));
-        assert_eq!(PrefillTile::WgmmaPv128.smem_bytes(), 148_480);
+        assert_eq!(PrefillTile::WgmmaRs128.smem_bytes(), 132_096);
         assert!(PrefillTile::ALL.iter().all(|t| t.smem_bytes() <= 232_448));
     }
 
