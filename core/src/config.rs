@@ -142,28 +142,6 @@ pub enum KvCacheDtype {
 }
 
 impl KvCacheDtype {
-    /// Every dtype, in CLI order.
-    pub const ALL: [KvCacheDtype; 2] = [KvCacheDtype::F32, KvCacheDtype::Bf16];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            KvCacheDtype::F32 => "f32",
-            KvCacheDtype::Bf16 => "bf16",
-        }
-    }
-
-    pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|d| d.name() == name)
-    }
-
-    /// Bytes one cached value takes.
-    pub fn bytes(self) -> usize {
-        match self {
-            KvCacheDtype::F32 => 4,
-            KvCacheDtype::Bf16 => 2,
-        }
-    }
-
     /// `x` as the cache stores it, widened back to f32.
     pub fn round(self, x: f32) -> f32 {
         match self {
@@ -663,10 +641,6 @@ mod tests {
 
     #[test]
     fn kv_cache_dtypes_round_as_their_type_stores() {
-        for d in KvCacheDtype::ALL {
-            assert_eq!(KvCacheDtype::from_name(d.name()), Some(d));
-        }
-        assert_eq!(KvCacheDtype::from_name("fp8"), None);
         assert_eq!(KvCacheDtype::default(), KvCacheDtype::F32);
         let x = 1.0 + 3.0 * 2f32.powi(-10);
         assert_eq!(KvCacheDtype::F32.round(x), x);
@@ -680,9 +654,5 @@ mod tests {
             1.0 + 4.0 * 2f32.powi(-8)
         );
         assert_eq!(KvCacheDtype::F32.round_f64(0.1), 0.1);
-        assert_eq!(
-            (KvCacheDtype::F32.bytes(), KvCacheDtype::Bf16.bytes()),
-            (4, 2)
-        );
     }
 }

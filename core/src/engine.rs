@@ -196,7 +196,10 @@ impl<B: Backend> Executor<B> {
             }
             return Ok(out);
         }
-        self.state_tables.write(&self.cfg, &batch, self.opts.seed);
+        // Only a data-parallel rank's dummy step reads them.
+        if self.cfg.dp_peer_num_tokens > 0 {
+            self.state_tables.write(&self.cfg, &batch, self.opts.seed);
+        }
         // The other layout replays from the same buffer contents.
         let buffers_before = self.opts.check_layouts.then(|| self.graph_buffers.clone());
         self.graph_buffers
