@@ -92,16 +92,16 @@ __device__ __forceinline__ void fp_pv128_rs(float* d, const unsigned* a, unsigne
 }
 #endif
 
-// WG >= 1: the scores on the warpgroup tensor-core instruction (wgmma, sm_90a) straight
-// from shared memory, Q and K in the wgmma layout; else mma.sync with Q in registers.
-// WG == 2: P V on wgmma too, P in registers (the A operand as mma.sync lays it out), V
-// in the wgmma layout. (Staging P through shared memory instead, as the first wgmma
-// decode does, measured 3-6% slower on an H100.)
-template <int FP_ROWS, int WG>
+// WG: both products on the warpgroup tensor-core instruction (wgmma, sm_90a): the scores
+// straight from shared memory (Q and K in the wgmma layout), P V with P in registers
+// (the A operand as mma.sync lays it out) and V in the wgmma layout. Else mma.sync with
+// Q in registers. (Measured on an H100 and dropped: wgmma for the scores alone, and P
+// staged through shared memory as the first wgmma decode does; both slower.)
+template <int FP_ROWS, bool WG>
 __device__ __forceinline__ void fp_body(FP_PARAMS) {
     constexpr int NT = FP_THREADS(FP_ROWS);
     extern __shared__ __align__(16) unsigned char fp_raw[];
-    unsigned char* base = WG >= 1 ? fw_align(fp_raw) : fp_raw;
+    unsigned char* base = WG ? fw_align(fp_raw) : fp_raw;
     unsigned short* qs = (unsigned short*)base;               // [ROWS][192]
     unsigned short* ks = qs + FP_ROWS * FP_DQK;               // [2][64][192]
     unsigned short* vs = ks + 2 * FP_KEYS * FP_DQK;           // [2][64][128]
@@ -117,7 +117,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
     const long long q_stride = (long long)heads * FP_DQK;
 
     const unsigned short* q_src = q + ((long long)(qb + q0) * heads + h) * FP_DQK;
-    if constexpr (WG >= 1) {
+    if constexpr (WG) {
         fp_load_sw<FP_QCH, NT>((unsigned char*)qs, q_src, q_stride, FP_ROWS, 0, q_len - q0);
     } else {
         fp_load<FP_QCH, NT>(qs, q_src, q_stride, FP_ROWS, 0, FP_QCH, q_len - q0);
@@ -128,7 +128,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         // The K tile's 16 nope chunks from the head's row, its 8 rope chunks shared.
         const unsigned short* nope = k_nope + j * kn_row + (long long)h * kn_head;
         const unsigned short* rope = k_rope + j * kr_row;
-        if constexpr (WG >= 1) {
+        if constexpr (WG) {
             fp_load_sw<16, NT>((unsigned char*)kt, nope, kn_row, FP_KEYS, 0, kv_end - t0);
             fp_load_sw<8, NT>((unsigned char*)kt, rope, kr_row, FP_KEYS, 16, kv_end - t0);
         } else {
@@ -137,7 +137,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         }
         unsigned short* vt = vs + stage * FP_KEYS * FP_DV;
         const unsigned short* vsrc = v + j * v_row + (long long)h * v_head;
-        if constexpr (WG >= 2) {
+        if constexpr (WG) {
             fp_load_sw<FP_VCH, NT>((unsigned char*)vt, vsrc, v_row, FP_KEYS, 0, kv_end - t0);
         } else {
             fp_load<FP_VCH, NT>(vt, vsrc, v_row, FP_KEYS, 0, FP_VCH, kv_end - t0);
@@ -163,7 +163,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         cp_commit();
         asm volatile("cp.async.wait_group 1;\n" ::);
 #ifdef FW_HAVE_WGMMA
-        if constexpr (WG >= 1) fw_proxy_fence();  // cp.async's writes, for the tensor cores' reads
+        if constexpr (WG) fw_proxy_fence();  // cp.async's writes, for the tensor cores' reads
 #endif
         __syncthreads();
         const unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
@@ -173,7 +173,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         float s[FP_KEYS / 8][4];
 #pragma unroll
         for (int n = 0; n < FP_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        if constexpr (WG >= 1) {
+        if constexpr (WG) {
 #ifdef FW_HAVE_WGMMA
             const unsigned qa = smem_addr(qs) + (warp / 4) * 3 * 8192, ka = smem_addr(kt);
             fw_fence();
@@ -247,7 +247,7 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
             o[n][2] *= corr[1];
             o[n][3] *= corr[1];
         }
-        if constexpr (WG == 2) {
+        if constexpr (WG) {
 #ifdef FW_HAVE_WGMMA
             unsigned pr[FP_KEYS / 4];
 #pragma unroll
@@ -309,23 +309,23 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill(FP_PARAMS) {
-    fp_body<64, 0>(FP_ARGS);
+    fp_body<64, false>(FP_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1) flash_prefill_wide(FP_PARAMS) {
-    fp_body<128, 0>(FP_ARGS);
+    fp_body<128, false>(FP_ARGS);
 }
 
-// The same with the scores on wgmma (sm_90a): one warpgroup per 64 queries; the `_rs`
-// kernels also P V, P in registers.
+// The same with both products on wgmma (sm_90a): one warpgroup per 64 queries.
 #define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))
-extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma(FP_PARAMS) {
-    fp_body<64, 1>(FP_ARGS);
+
+extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_rs(FP_PARAMS) {
+    fp_body<64, true>(FP_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
-    flash_prefill_wgmma_wide(FP_PARAMS) {
-    fp_body<128, 1>(FP_ARGS);
+    flash_prefill_wgmma_rs_wide(FP_PARAMS) {
+    fp_body<128, true>(FP_ARGS);
 }
 
 // out[k_start_loc[b] + j] = the latent row of position j of row b (j < its key count),
@@ -344,11 +344,3 @@ extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__
         reinterpret_cast<const uint4*>(cache + slot * 576)[c];
 }
 
-extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_rs(FP_PARAMS) {
-    fp_body<64, 2>(FP_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
-    flash_prefill_wgmma_rs_wide(FP_PARAMS) {
-    fp_body<128, 2>(FP_ARGS);
-}

@@ -69,6 +69,22 @@ impl PrefillCase {
     }
 }
 
+/// The CSV mode of each variant, causal and not.
+const MODES: [(PrefillTile, &str, &str); 4] = [
+    (PrefillTile::Rows64, "causal", "noncausal"),
+    (PrefillTile::Rows128, "causal/wide", "noncausal/wide"),
+    (
+        PrefillTile::WgmmaRs64,
+        "causal/wgmma-rs",
+        "noncausal/wgmma-rs",
+    ),
+    (
+        PrefillTile::WgmmaRs128,
+        "causal/wgmma-rs-wide",
+        "noncausal/wgmma-rs-wide",
+    ),
+];
+
 /// Times `flash_prefill` at `c` (hash-filled bf16 inputs) with each CTA size, the two
 /// interleaved round by round; modes `causal` / `noncausal`, `/wide` for 128-query CTAs,
 /// `/wgmma` for the scores on wgmma (on sm_90a).
@@ -136,19 +152,13 @@ pub fn bench_flash_prefill(
     let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =
         runs.iter_mut().map(|r| &mut **r as _).collect();
     let times = time_interleaved_us(dev, 2, reps, None, &mut refs)?;
-    let mode = |t: PrefillTile| match (c.causal, t) {
-        (true, PrefillTile::Rows64) => "causal",
-        (true, PrefillTile::Rows128) => "causal/wide",
-        (true, PrefillTile::Wgmma64) => "causal/wgmma",
-        (true, PrefillTile::Wgmma128) => "causal/wgmma-wide",
-        (true, PrefillTile::WgmmaRs64) => "causal/wgmma-rs",
-        (true, PrefillTile::WgmmaRs128) => "causal/wgmma-rs-wide",
-        (false, PrefillTile::Rows64) => "noncausal",
-        (false, PrefillTile::Rows128) => "noncausal/wide",
-        (false, PrefillTile::Wgmma64) => "noncausal/wgmma",
-        (false, PrefillTile::Wgmma128) => "noncausal/wgmma-wide",
-        (false, PrefillTile::WgmmaRs64) => "noncausal/wgmma-rs",
-        (false, PrefillTile::WgmmaRs128) => "noncausal/wgmma-rs-wide",
+    let mode = |t: PrefillTile| {
+        let (_, causal, noncausal) = MODES.iter().find(|m| m.0 == t).expect("every variant");
+        if c.causal {
+            *causal
+        } else {
+            *noncausal
+        }
     };
     Ok(times
         .into_iter()
@@ -187,13 +197,8 @@ pub fn bench_prefill_spec_step(
     let blas = CudaBlas::new(Arc::clone(&dev.stream))
         .map_err(|e| GpuError::NoDevice(format!("cuBLAS could not be loaded: {e:?}")))?;
     let latent = Buf::<bf16>::uninit(dev, keys * 576, "spec-step gathered latent")?;
-    let w = Buf::<bf16>::from_host(
-        dev,
-        &(0..512 * h * 256)
-            .map(|i| bf16::from_f32(((i % 97) as f32 - 48.0) / 4096.0))
-            .collect::<Vec<_>>(),
-        "spec-step W_UK|W_UV",
-    )?;
+    let w = Buf::<bf16>::uninit(dev, 512 * h * 256, "spec-step W_UK|W_UV")?;
+    kernels.fill_bf16_hash(dev, w.ptr().cast::<u16>(), w.len(), 41)?;
     let mut kv = Buf::<bf16>::uninit(dev, keys * h * 256, "spec-step K nope | V")?;
     let q = Buf::<u16>::uninit(dev, tq * h * PREFILL_DQK, "spec-step q")?;
     kernels.fill_bf16_hash(dev, q.ptr(), q.len(), 31)?;

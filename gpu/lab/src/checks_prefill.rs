@@ -114,8 +114,8 @@ pub fn check_flash_prefill(
     let kv = keys(&mut rng, s.total_k, heads, layout);
     // At least one element each, so an empty batch still has buffers to point at.
     let one = |n: usize| n.max(1);
-    let out = upload(dev, &vec![f32::NAN; one(s.total_q * heads * PREFILL_DV)])?;
-    let lse = upload(dev, &vec![f32::NAN; one(s.total_q * heads)])?;
+    let mut out = upload(dev, &vec![f32::NAN; one(s.total_q * heads * PREFILL_DV)])?;
+    let mut lse = upload(dev, &vec![f32::NAN; one(s.total_q * heads)])?;
     let qd = upload(dev, &padded(q_bits))?;
     let (nd, rd) = (
         upload(dev, &padded(kv.k_nope))?,
@@ -156,7 +156,8 @@ pub fn check_flash_prefill(
         .filter(|t| !t.hopper() || fk.wide.hopper())
     {
         // Poisoned again for each variant.
-        fk_poison(dev, &out, &lse)?;
+        out.write(dev, &vec![f32::NAN; out.len()])?;
+        lse.write(dev, &vec![f32::NAN; lse.len()])?;
         // SAFETY: the start locations passed prefill_rows_valid above.
         unsafe { fk.flash_prefill_with(tile, dev, s, bufs, scale) }?;
         let n_out = s.total_q * heads * PREFILL_DV;
@@ -180,20 +181,6 @@ pub fn check_flash_prefill(
         });
     }
     Ok(results)
-}
-
-/// Fills `out` and `lse` with NaN again.
-fn fk_poison(
-    dev: &GpuDevice,
-    out: &specmla_gpu::launch::Buf<f32>,
-    lse: &specmla_gpu::launch::Buf<f32>,
-) -> Result<(), GpuError> {
-    let k = |b: &specmla_gpu::launch::Buf<f32>| -> Result<(), GpuError> {
-        let fresh = upload(dev, &vec![f32::NAN; b.len()])?;
-        specmla_gpu::launch::copy(dev, fresh.ptr(), b.ptr(), b.len())
-    };
-    k(out)?;
-    k(lse)
 }
 
 /// Heads, rows (queries, keys), causal.

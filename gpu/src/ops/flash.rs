@@ -430,8 +430,6 @@ impl FlashKernels {
             "flash_combine",
             "flash_prefill",
             "flash_prefill_wide",
-            "flash_prefill_wgmma",
-            "flash_prefill_wgmma_wide",
             "flash_prefill_wgmma_rs",
             "flash_prefill_wgmma_rs_wide",
             "gather_latent_bf16",
@@ -455,14 +453,6 @@ impl FlashKernels {
             (
                 "flash_prefill_wide",
                 super::PrefillTile::Rows128.smem_bytes(),
-            ),
-            (
-                "flash_prefill_wgmma",
-                super::PrefillTile::Wgmma64.smem_bytes(),
-            ),
-            (
-                "flash_prefill_wgmma_wide",
-                super::PrefillTile::Wgmma128.smem_bytes(),
             ),
             (
                 "flash_prefill_wgmma_rs",

@@ -16,31 +16,25 @@ pub const FLASH_PREFILL_SRC: &str = include_str!("../../kernels/flash_prefill.cu
 /// Query/key width (128 nope + 64 rope) and value width the prefill kernel is built for.
 pub const PREFILL_DQK: usize = 192;
 pub const PREFILL_DV: usize = 128;
-/// The prefill kernel variant: queries per CTA (16 per warp) and the instruction the
-/// scores take.
+/// The prefill kernel variant: queries per CTA (16 per warp) and the tensor-core
+/// instruction (mma.sync anywhere, wgmma on sm_90a).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PrefillTile {
     /// `flash_prefill`: 64 queries, 4 warps, mma.sync.
     Rows64,
     /// `flash_prefill_wide`: 128 queries, 8 warps sharing each K and V tile.
     Rows128,
-    /// `flash_prefill_wgmma`: 64 queries, the scores on wgmma (sm_90a).
-    Wgmma64,
-    /// `flash_prefill_wgmma_wide`: 128 queries, two warpgroups, scores on wgmma.
-    Wgmma128,
-    /// `flash_prefill_wgmma_rs`: 64 queries, scores and P V on wgmma, P in registers (the
-    /// register-sourced A operand).
+    /// `flash_prefill_wgmma_rs`: 64 queries, scores and P V on wgmma (sm_90a), P in
+    /// registers (the register-sourced A operand).
     WgmmaRs64,
     /// `flash_prefill_wgmma_rs_wide`: 128 queries, P V with P in registers.
     WgmmaRs128,
 }
 
 impl PrefillTile {
-    pub const ALL: [PrefillTile; 6] = [
+    pub const ALL: [PrefillTile; 4] = [
         PrefillTile::Rows64,
         PrefillTile::Rows128,
-        PrefillTile::Wgmma64,
-        PrefillTile::Wgmma128,
         PrefillTile::WgmmaRs64,
         PrefillTile::WgmmaRs128,
     ];
@@ -50,8 +44,6 @@ impl PrefillTile {
         match self {
             PrefillTile::Rows64 => "flash_prefill",
             PrefillTile::Rows128 => "flash_prefill_wide",
-            PrefillTile::Wgmma64 => "flash_prefill_wgmma",
-            PrefillTile::Wgmma128 => "flash_prefill_wgmma_wide",
             PrefillTile::WgmmaRs64 => "flash_prefill_wgmma_rs",
             PrefillTile::WgmmaRs128 => "flash_prefill_wgmma_rs_wide",
         }
@@ -65,18 +57,16 @@ impl PrefillTile {
     /// Queries per CTA.
     pub fn rows(self) -> usize {
         match self {
-            PrefillTile::Rows64 | PrefillTile::Wgmma64 | PrefillTile::WgmmaRs64 => 64,
+            PrefillTile::Rows64 | PrefillTile::WgmmaRs64 => 64,
             _ => 128,
         }
     }
 
-    /// The variant for a launch whose longest row has `max_q_len` queries: scores and
-    /// P V on wgmma, P in registers, on Hopper (`hopper`; the fastest at every shape
-    /// measured on an H100),
-    /// and 128-query CTAs from 2048 queries up, where sharing each K and V tile between 8
-    /// warps measured faster (2-6% on mma.sync, 4-9% on wgmma); 64 below (at 64 queries
-    /// half a 128-query CTA idles: 24-38% slower). The choice never changes a row's bits
-    /// within a family (`gpu-test`).
+    /// The variant for a launch whose longest row has `max_q_len` queries: wgmma on
+    /// Hopper (`hopper`; the fastest at every 128-head shape measured on an H100), and
+    /// 128-query CTAs from 2048 queries up, where sharing each K and V tile between 8
+    /// warps measured 2-9% faster; 64 below (at 64 queries half a 128-query CTA idles:
+    /// 24-60% slower). The choice never changes a row's bits within a family (`gpu-test`).
     pub fn for_queries(max_q_len: usize, hopper: bool) -> Self {
         match (hopper, max_q_len >= 2048) {
             (true, true) => PrefillTile::WgmmaRs128,
@@ -345,7 +335,6 @@ mod tests {
         assert_eq!(PrefillTile::Rows128.smem_bytes(), 131_072);
         assert!(FLASH_PREFILL_SRC
             .contains("#define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))"));
-        assert_eq!(PrefillTile::Wgmma128.smem_bytes(), 132_096);
         assert_eq!(PrefillTile::WgmmaRs128.smem_bytes(), 132_096);
         assert!(PrefillTile::ALL.iter().all(|t| t.smem_bytes() <= 232_448));
     }
