@@ -344,3 +344,260 @@ extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__
         reinterpret_cast<const uint4*>(cache + slot * 576)[c];
 }
 
+
+// ---------------------------------------------------------------------------------------
+// flash_prefill_tma: the same contract on Hopper's own pipeline (sm_90a), FlashAttention-3
+// style. A CTA of 384 threads takes 128 queries of one (row, head): a producer warpgroup
+// (one thread of it, its registers given to the others by setmaxnreg) streams 128-key tiles of K and V with the copy engine (TMA, through four
+// tensor maps that see q, k_nope, k_rope and v as strided 2-D arrays), two stages deep,
+// each tile on its own mbarrier and freed by its readers through another; two consumer
+// warpgroups own 64 queries each. Per key tile a consumer issues the scores of tile j
+// (m64n128k16, Q and K from shared memory), then P V of tile j - 1 (m64n128k16, P in
+// registers), and runs tile j's softmax while the tensor cores finish P V: the exp2s of
+// one tile hide behind the other tile's product.
+//
+// TMA reads whole boxes: keys past a row's end are its neighbour's (or zeros past the
+// tensor). Their scores are masked to -inf (a select, so any bits are safe) and their
+// values zeroed in shared memory before the last P V, so a row's bits depend on its own
+// queries and keys alone. The grid is (heads, query blocks, rows), the query blocks in
+// reverse: a causal row's longest CTAs start first.
+
+#define FT_ROWS 128
+#define FT_KEYS 128
+#define FT_THREADS 384
+#define FT_Q_BYTES (3 * FT_ROWS * 128)   // three 64-column blocks of 128 rows
+#define FT_K_BYTES (3 * FT_KEYS * 128)
+#define FT_V_BYTES (2 * FT_KEYS * 128)
+#define FT_SMEM_BYTES (1024 + FT_Q_BYTES + 2 * (FT_K_BYTES + FT_V_BYTES) + 16 * 8)
+
+#ifdef FW_HAVE_WGMMA
+// d[64 x 128] += A[64 x 16] B[16 x 128]; both operands K-major in shared memory.
+__device__ __forceinline__ void ft_qk(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, %64, %65, 1, 1, 1, 0, 0;\n"
+        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
+        : "l"(a), "l"(b));
+}
+__device__ __forceinline__ void ft_arrive(unsigned bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// The producer: Q, then every key tile's K (nope, nope, rope blocks) and V (two blocks),
+// each stage reloaded once its readers have freed it.
+__device__ __forceinline__ void ft_produce(unsigned qs, unsigned ks, unsigned vs, unsigned bars,
+                                           const FwTensorMap* q_map, const FwTensorMap* kn_map,
+                                           const FwTensorMap* kr_map, const FwTensorMap* v_map,
+                                           int h, int q_row, int k_row, int tiles, int kn_head,
+                                           int v_head) {
+    const unsigned q_full = bars, k_full = bars + 8, v_full = bars + 24;
+    const unsigned k_empty = bars + 40, v_empty = bars + 56;
+    fw_expect(q_full, FT_Q_BYTES);
+#pragma unroll
+    for (int c = 0; c < 3; ++c) fw_tma(qs + c * FT_ROWS * 128, q_map, h * FP_DQK + c * 64, q_row, q_full);
+    for (int j = 0; j < tiles; ++j) {
+        const int st = j & 1, row = k_row + j * FT_KEYS;
+        const unsigned kd = ks + st * FT_K_BYTES, vd = vs + st * FT_V_BYTES;
+        if (j >= 2) fw_bar_wait(k_empty + st * 8, ((j - 2) >> 1) & 1);
+        fw_expect(k_full + st * 8, FT_K_BYTES);
+        fw_tma(kd, kn_map, h * kn_head, row, k_full + st * 8);
+        fw_tma(kd + FT_KEYS * 128, kn_map, h * kn_head + 64, row, k_full + st * 8);
+        fw_tma(kd + 2 * FT_KEYS * 128, kr_map, 0, row, k_full + st * 8);
+        if (j >= 2) fw_bar_wait(v_empty + st * 8, ((j - 2) >> 1) & 1);
+        fw_expect(v_full + st * 8, FT_V_BYTES);
+        fw_tma(vd, v_map, h * v_head, row, v_full + st * 8);
+        fw_tma(vd + FT_KEYS * 128, v_map, h * v_head + 64, row, v_full + st * 8);
+    }
+}
+
+// One tile's online softmax in base 2 on this thread's two rows (s[4t + 2i + e]: row i,
+// key t0 + 8t + 2 (lane % 4) + e), the maxima kept in raw score units; keys at or past a
+// row's limit masked where `masked`. Leaves the probabilities in s.
+__device__ __forceinline__ void ft_softmax(float* s, float* m, float* l, float* corr,
+                                           const int* limit, int t0, bool masked, int lane,
+                                           float scale_log2) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (masked) {
+#pragma unroll
+            for (int t = 0; t < FT_KEYS / 8; ++t)
+#pragma unroll
+                for (int e = 0; e < 2; ++e) {
+                    const int key = t0 + 8 * t + 2 * (lane % 4) + e;
+                    s[4 * t + 2 * i + e] = key < limit[i] ? s[4 * t + 2 * i + e] : NEG_INF;
+                }
+        }
+        float mx = m[i];
+#pragma unroll
+        for (int t = 0; t < FT_KEYS / 8; ++t)
+            mx = fmaxf(mx, fmaxf(s[4 * t + 2 * i], s[4 * t + 2 * i + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffff, mx, 2));
+        const float base = mx == NEG_INF ? 0.f : mx * scale_log2;
+        corr[i] = fw_exp2(m[i] * scale_log2 - base);
+        float sum = 0.f;
+#pragma unroll
+        for (int t = 0; t < FT_KEYS / 8; ++t)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const float p = fw_exp2(fmaf(s[4 * t + 2 * i + e], scale_log2, -base));
+                s[4 * t + 2 * i + e] = p;
+                sum += p;
+            }
+        l[i] = l[i] * corr[i] + sum;  // this lane's share; the quad sums at the end
+        m[i] = mx;
+    }
+}
+#endif
+
+extern "C" __global__ void __launch_bounds__(FT_THREADS, 1)
+    flash_prefill_tma(FP_PARAMS, const __grid_constant__ FwTensorMap q_map,
+                      const __grid_constant__ FwTensorMap kn_map,
+                      const __grid_constant__ FwTensorMap kr_map,
+                      const __grid_constant__ FwTensorMap v_map) {
+#ifndef FW_HAVE_WGMMA
+    __trap();  // the host launches it on sm_90a only
+#else
+    extern __shared__ __align__(1024) unsigned char ft_raw[];
+    unsigned char* qs = fw_align(ft_raw);
+    unsigned char* ks = qs + FT_Q_BYTES;      // [2] K stages: nope, nope, rope blocks
+    unsigned char* vs = ks + 2 * FT_K_BYTES;  // [2] V stages: two blocks
+    const unsigned bars = smem_addr(vs + 2 * FT_V_BYTES);
+    const unsigned q_full = bars, k_full = bars + 8, v_full = bars + 24;
+    const unsigned k_empty = bars + 40, v_empty = bars + 56;
+    const int h = blockIdx.x, b = blockIdx.z, q0 = (gridDim.y - 1 - blockIdx.y) * FT_ROWS;
+    const int qb = q_start_loc[b], q_len = q_start_loc[b + 1] - qb;
+    const int kb = k_start_loc[b], k_len = k_start_loc[b + 1] - kb;
+    if (q0 >= q_len) return;
+    const int shift = causal ? k_len - q_len : 0;
+    const int kv_end = causal ? max(0, min(k_len, shift + q0 + FT_ROWS)) : k_len;
+    const int tiles = (kv_end + FT_KEYS - 1) / FT_KEYS;
+    const int tid = threadIdx.x, lane = tid % 32;
+    if (tid == 0) {
+        for (int i = 0; i < 9; ++i) {
+            const unsigned count = i < 5 ? 1 : 8;  // full: the producer; empty: 8 warps
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bars + i * 8), "r"(count) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    // Read through a shuffle so the compiler sees it is uniform across the warp.
+    const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
+    if (wg == 2) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (tid == 256)
+            ft_produce(smem_addr(qs), smem_addr(ks), smem_addr(vs), bars, &q_map, &kn_map,
+                       &kr_map, &v_map, h, qb + q0, kb, tiles, kn_head, v_head);
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+
+    // This thread's two query rows (of its warp's 16) and the keys each sees.
+    const int r0 = wg * 64 + (tid % 128) / 32 * 16 + lane / 4;
+    int limit[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) limit[i] = causal ? min(k_len, shift + q0 + r0 + 8 * i + 1) : k_len;
+    // Keys from here on are masked for some query of the CTA.
+    const int mask_from = causal ? min(k_len, shift + q0 + 1) : k_len;
+    float o[64], s[64], m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f}, corr[2];
+    unsigned p[32];
+#pragma unroll
+    for (int n = 0; n < 64; ++n) o[n] = 0.f;
+    const unsigned qa = smem_addr(qs) + wg * 64 * 128, ka = smem_addr(ks), va = smem_addr(vs);
+    auto scores = [&](int j) {
+        const unsigned kt = ka + (j & 1) * FT_K_BYTES;
+#pragma unroll
+        for (int n = 0; n < 64; ++n) s[n] = 0.f;
+        fw_fence();
+#pragma unroll
+        for (int kk = 0; kk < FP_DQK / 16; ++kk)
+            ft_qk(s, fw_desc(qa + (kk / 4) * FT_ROWS * 128 + (kk % 4) * 32, 16, 1024),
+                  fw_desc(kt + (kk / 4) * FT_KEYS * 128 + (kk % 4) * 32, 16, 1024));
+        fw_commit();
+    };
+    auto pv = [&](int j) {
+        const unsigned vt = va + (j & 1) * FT_V_BYTES;
+        fw_fence();
+#pragma unroll
+        for (int kk = 0; kk < FT_KEYS / 16; ++kk)
+            fp_pv128_rs(o, p + 4 * kk, fw_desc(vt + kk * 16 * 128, FT_KEYS * 128, 1024));
+        fw_commit();
+    };
+    auto pack = [&]() {
+#pragma unroll
+        for (int t = 0; t < FT_KEYS / 8; ++t) {
+            p[2 * t] = pack_bf16(s[4 * t], s[4 * t + 1]);
+            p[2 * t + 1] = pack_bf16(s[4 * t + 2], s[4 * t + 3]);
+        }
+    };
+    fw_bar_wait(q_full, 0);
+    if (tiles > 0) {
+        fw_bar_wait(k_full, 0);
+        scores(0);
+        fw_wait();
+        if (lane == 0) ft_arrive(k_empty);
+        ft_softmax(s, m, l, corr, limit, 0, FT_KEYS > mask_from, lane, scale_log2);
+        pack();
+    }
+    for (int j = 1; j < tiles; ++j) {
+        const int t0 = j * FT_KEYS;
+        fw_bar_wait(k_full + (j & 1) * 8, (j >> 1) & 1);
+        scores(j);
+        fw_bar_wait(v_full + ((j - 1) & 1) * 8, ((j - 1) >> 1) & 1);
+        pv(j - 1);
+        fs_wait1();  // the scores; P V still runs
+        if (lane == 0) ft_arrive(k_empty + (j & 1) * 8);
+        ft_softmax(s, m, l, corr, limit, t0, t0 + FT_KEYS > mask_from, lane, scale_log2);
+        fw_wait();
+        if (lane == 0) ft_arrive(v_empty + ((j - 1) & 1) * 8);
+#pragma unroll
+        for (int n = 0; n < 64; n += 4) {
+            o[n] *= corr[0];
+            o[n + 1] *= corr[0];
+            o[n + 2] *= corr[1];
+            o[n + 3] *= corr[1];
+        }
+        pack();
+    }
+    if (tiles > 0) {
+        const int last = tiles - 1, st = last & 1, valid = kv_end - last * FT_KEYS;
+        fw_bar_wait(v_full + st * 8, (last >> 1) & 1);
+        if (valid < FT_KEYS) {
+            // Zero the value rows past the row's keys (both warpgroups write the same zeros).
+            unsigned char* vt = vs + st * FT_V_BYTES;
+            for (int c = tid % 128; c < (FT_KEYS - valid) * 16; c += 128) {
+                const int r = valid + c / 16, blk = (c / 8) % 2;
+                *(uint4*)(vt + blk * FT_KEYS * 128 + r * 128 + (c % 8) * 16) = make_uint4(0, 0, 0, 0);
+            }
+            fw_proxy_fence();
+            fs_sync(FS_BAR_GROUP + wg, 128);
+        }
+        pv(last);
+        fw_wait();
+    }
+
+    // The quad's row sums, then the output and the LSE.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int qi = q0 + r0 + 8 * i;
+        if (qi >= q_len) continue;
+        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        float* dst = out + ((long long)(qb + qi) * heads + h) * FP_DV + (lane % 4) * 2;
+#pragma unroll
+        for (int t = 0; t < FP_DV / 8; ++t)
+            *(float2*)(dst + t * 8) = make_float2(o[4 * t + 2 * i] * inv, o[4 * t + 2 * i + 1] * inv);
+        if (lane % 4 == 0)
+            lse[(long long)h * total_q + qb + qi] =
+                l[i] > 0.f ? (m[i] * scale_log2 + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
+    }
+#endif
+}

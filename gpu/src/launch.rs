@@ -196,11 +196,28 @@ impl TensorMap {
         base: DPtr<u16>,
         cols: usize,
         rows: usize,
+        boxes: (usize, usize),
+    ) -> Result<Self, GpuError> {
+        Self::bf16_strided(base, cols, rows, cols, boxes)
+    }
+
+    /// As [`Self::bf16_rows`], rows `row_stride` elements apart (a multiple of 8: the copy
+    /// engine steps in 16 bytes) and `cols <= row_stride`: a strided view, such as one
+    /// head's columns of a `[rows, heads, width]` array.
+    pub fn bf16_strided(
+        base: DPtr<u16>,
+        cols: usize,
+        rows: usize,
+        row_stride: usize,
         (box_cols, box_rows): (usize, usize),
     ) -> Result<Self, GpuError> {
-        base.need(cols * rows);
+        assert!(cols <= row_stride && row_stride % 8 == 0, "row stride {row_stride}");
+        assert!(base.addr % 16 == 0, "tensor map base {:#x} not 16-byte aligned", base.addr);
+        if rows > 0 {
+            base.need((rows - 1) * row_stride + cols);
+        }
         let dims = [cols as u64, rows as u64];
-        let strides = [(cols * 2) as u64];
+        let strides = [(row_stride * 2) as u64];
         let boxes = [box_cols as u32, box_rows as u32];
         let unit = [1u32, 1];
         let mut map = sys::CUtensorMap { opaque: [0; 16] };

@@ -70,7 +70,7 @@ impl PrefillCase {
 }
 
 /// The CSV mode of each variant, causal and not.
-const MODES: [(PrefillTile, &str, &str); 4] = [
+const MODES: [(PrefillTile, &str, &str); 5] = [
     (PrefillTile::Rows64, "causal", "noncausal"),
     (PrefillTile::Rows128, "causal/wide", "noncausal/wide"),
     (
@@ -83,6 +83,7 @@ const MODES: [(PrefillTile, &str, &str); 4] = [
         "causal/wgmma-rs-wide",
         "noncausal/wgmma-rs-wide",
     ),
+    (PrefillTile::Tma128, "causal/tma", "noncausal/tma"),
 ];
 
 /// Times `flash_prefill` at `c` (hash-filled bf16 inputs) with each CTA size, the two

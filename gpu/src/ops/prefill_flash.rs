@@ -8,7 +8,7 @@ use cudarc::driver::LaunchConfig;
 
 use super::FlashKernels;
 use crate::device::{GpuDevice, GpuError};
-use crate::launch::{launch_cfg, Arg, DPtr};
+use crate::launch::{launch_cfg, Arg, DPtr, TensorMap};
 
 /// CUDA source of the prefill kernel, compiled after the decode kernels.
 pub const FLASH_PREFILL_SRC: &str = include_str!("../../kernels/flash_prefill.cu");
@@ -29,14 +29,19 @@ pub enum PrefillTile {
     WgmmaRs64,
     /// `flash_prefill_wgmma_rs_wide`: 128 queries, P V with P in registers.
     WgmmaRs128,
+    /// `flash_prefill_tma`: 128 queries over 128-key tiles, the copy engine (TMA) feeding
+    /// two consumer warpgroups from a producer warpgroup, each tile's softmax overlapped
+    /// with the previous tile's P V (sm_90a). Needs [`PrefillKeyLayout::tma_ok`].
+    Tma128,
 }
 
 impl PrefillTile {
-    pub const ALL: [PrefillTile; 4] = [
+    pub const ALL: [PrefillTile; 5] = [
         PrefillTile::Rows64,
         PrefillTile::Rows128,
         PrefillTile::WgmmaRs64,
         PrefillTile::WgmmaRs128,
+        PrefillTile::Tma128,
     ];
 
     /// The CUDA function.
@@ -46,6 +51,7 @@ impl PrefillTile {
             PrefillTile::Rows128 => "flash_prefill_wide",
             PrefillTile::WgmmaRs64 => "flash_prefill_wgmma_rs",
             PrefillTile::WgmmaRs128 => "flash_prefill_wgmma_rs_wide",
+            PrefillTile::Tma128 => "flash_prefill_tma",
         }
     }
 
@@ -76,13 +82,24 @@ impl PrefillTile {
         }
     }
 
-    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES): the Q tile and two
-    /// stages of 64-key K and V tiles, bf16; the wgmma layout aligned to 1024 bytes.
-    pub fn smem_bytes(self) -> usize {
-        let tiles = (self.rows() * PREFILL_DQK + 2 * 64 * (PREFILL_DQK + PREFILL_DV)) * 2;
+    /// Threads per CTA: 16 queries per warp; the TMA kernel's two consumer warpgroups and
+    /// its producer warpgroup.
+    pub fn threads(self) -> usize {
         match self {
-            PrefillTile::Rows64 | PrefillTile::Rows128 => tiles,
-            _ => 1024 + tiles,
+            PrefillTile::Tma128 => 384,
+            _ => 2 * self.rows(),
+        }
+    }
+
+    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES, FT_SMEM_BYTES): the Q
+    /// tile and two stages of K and V tiles (64 keys; 128 in the TMA kernel), bf16; the
+    /// wgmma layout aligned to 1024 bytes; the TMA kernel's 16 mbarrier slots.
+    pub fn smem_bytes(self) -> usize {
+        let tiles = |keys: usize| (self.rows() * PREFILL_DQK + 2 * keys * (PREFILL_DQK + PREFILL_DV)) * 2;
+        match self {
+            PrefillTile::Rows64 | PrefillTile::Rows128 => tiles(64),
+            PrefillTile::WgmmaRs64 | PrefillTile::WgmmaRs128 => 1024 + tiles(64),
+            PrefillTile::Tma128 => 1024 + tiles(128) + 16 * 8,
         }
     }
 }
@@ -137,6 +154,16 @@ impl PrefillKeyLayout {
             v_row: heads * 256,
             v_head: 256,
         }
+    }
+
+    /// Whether the copy engine can read keys laid out so ([`PrefillTile::Tma128`]): every
+    /// row stride and head offset a multiple of 8 elements (16 bytes), the rope part no
+    /// wider than its row.
+    pub fn tma_ok(&self) -> bool {
+        [self.k_nope_row, self.k_nope_head, self.k_rope_row, self.v_row, self.v_head]
+            .iter()
+            .all(|x| x % 8 == 0)
+            && self.k_rope_row >= 64
     }
 
     /// Elements a buffer must hold for `keys` keys of `heads` heads, given its row and
@@ -242,7 +269,7 @@ impl FlashKernels {
         if s.batch == 0 || s.max_q_len == 0 {
             return Ok(());
         }
-        let args: [Arg; 17] = [
+        let mut args: Vec<Arg> = vec![
             b.q.into(),
             b.k_nope.into(),
             b.k_rope.into(),
@@ -261,13 +288,16 @@ impl FlashKernels {
             Arg::I64(l.v_row as i64),
             l.v_head.into(),
         ];
+        let q_blocks = s.max_q_len.div_ceil(tile.rows()) as u32;
+        let grid_dim = if tile == PrefillTile::Tma128 {
+            args.extend(Self::prefill_maps(s, &b)?.map(Arg::Map));
+            (s.heads as u32, q_blocks, s.batch as u32)
+        } else {
+            (q_blocks, s.heads as u32, s.batch as u32)
+        };
         let cfg = LaunchConfig {
-            grid_dim: (
-                s.max_q_len.div_ceil(tile.rows()) as u32,
-                s.heads as u32,
-                s.batch as u32,
-            ),
-            block_dim: (2 * tile.rows() as u32, 1, 1),
+            grid_dim,
+            block_dim: (tile.threads() as u32, 1, 1),
             shared_mem_bytes: tile.smem_bytes() as u32,
         };
         let name = tile.function();
@@ -279,6 +309,26 @@ impl FlashKernels {
 }
 
 impl FlashKernels {
+    /// The TMA kernel's views of q, k_nope, k_rope and v: 2-D arrays of rows (tokens) in
+    /// 64 x 128 boxes. With no keys, the key maps repeat q's (no key box is read).
+    fn prefill_maps(s: PrefillShape, b: &PrefillBufs) -> Result<[TensorMap; 4], GpuError> {
+        let l = b.layout;
+        assert!(l.tma_ok(), "flash_prefill_tma: key layout {l:?} is not 16-byte strided");
+        let boxes = (64, 128);
+        let width = s.heads * PREFILL_DQK;
+        let q = TensorMap::bf16_strided(b.q, width, s.total_q, width, boxes)?;
+        if s.total_k == 0 {
+            return Ok([q; 4]);
+        }
+        let head_cols = |head: usize, w: usize| (s.heads - 1) * head + w;
+        Ok([
+            q,
+            TensorMap::bf16_strided(b.k_nope, head_cols(l.k_nope_head, 128), s.total_k, l.k_nope_row, boxes)?,
+            TensorMap::bf16_strided(b.k_rope, 64, s.total_k, l.k_rope_row, boxes)?,
+            TensorMap::bf16_strided(b.v, head_cols(l.v_head, PREFILL_DV), s.total_k, l.v_row, boxes)?,
+        ])
+    }
+
     /// `out[k_start_loc[b] + j]` = the latent row `[576]` of position j of row b, for
     /// every j below the row's key count, gathered from the paged bf16 `cache` through
     /// `block_table` `[batch, width]`.
