@@ -201,7 +201,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 8] = [
+const DIAGNOSTIC_DEFINES: [&str; 9] = [
     "FW_NO_LOAD",
     "FW_NO_MMA",
     "FW_NO_QK",
@@ -210,6 +210,7 @@ const DIAGNOSTIC_DEFINES: [&str; 8] = [
     "FW_NO_PFENCE",
     "FW_NO_SYNC2",
     "FW_NO_MERGE",
+    "FT_NO_PINGPONG",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {

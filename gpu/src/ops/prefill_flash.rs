@@ -289,14 +289,11 @@ impl FlashKernels {
             l.v_head.into(),
         ];
         let q_blocks = s.max_q_len.div_ceil(tile.rows()) as u32;
-        let grid_dim = if tile == PrefillTile::Tma128 {
+        if tile == PrefillTile::Tma128 {
             args.extend(Self::prefill_maps(s, &b)?.map(Arg::Map));
-            (s.heads as u32, q_blocks, s.batch as u32)
-        } else {
-            (q_blocks, s.heads as u32, s.batch as u32)
-        };
+        }
         let cfg = LaunchConfig {
-            grid_dim,
+            grid_dim: (q_blocks, s.heads as u32, s.batch as u32),
             block_dim: (tile.threads() as u32, 1, 1),
             shared_mem_bytes: tile.smem_bytes() as u32,
         };
