@@ -62,47 +62,15 @@ __device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned sho
     q, k_nope, k_rope, v, q_start_loc, k_start_loc, out, lse, heads, total_q, causal,           \
         scale_log2, kn_row, kn_head, kr_row, v_row, v_head
 
-// Copies like fp_load into the wgmma layout: 64-row sub-tiles of three 128-byte-swizzled
-// 64-column blocks (fw_off in flash_wgmma.cu), chunks [at, at + CHUNKS) of each row.
-template <int CHUNKS, int NT>
-__device__ __forceinline__ void fp_load_sw(unsigned char* tile, const unsigned short* src,
-                                           long long stride, int rows, int at, int valid) {
-#pragma unroll 4
-    for (int c = threadIdx.x; c < rows * CHUNKS; c += NT) {
-        const int r = c / CHUNKS, ch = c % CHUNKS;
-        const bool ok = r < valid;
-        unsigned char* dst = tile + (r / 64) * 3 * 8192 + fw_off(r % 64, at + ch);
-        cp_async16(dst, src + (ok ? r * stride : 0) + ch * 8, ok);
-    }
-}
-
-#ifdef FW_HAVE_WGMMA
-// d[64 x 128] += A[64 x 16] B[16 x 128] (N-major, imm-trans-b = 1), A (P) in registers
-// laid out as mma.sync's A fragment: the seesaw decode's fs_pv_rs at half the width.
-__device__ __forceinline__ void fp_pv128_rs(float* d, const unsigned* a, unsigned long long b) {
-    asm volatile(
-        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
-        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
-        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
-        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
-        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
-        "}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
-        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
-}
-#endif
-
-// WG: both products on the warpgroup tensor-core instruction (wgmma, sm_90a): the scores
-// straight from shared memory (Q and K in the wgmma layout), P V with P in registers
-// (the A operand as mma.sync lays it out) and V in the wgmma layout. Else mma.sync with
-// Q in registers. (Measured on an H100 and dropped: wgmma for the scores alone, and P
-// staged through shared memory as the first wgmma decode does; both slower.)
-template <int FP_ROWS, bool WG>
+// mma.sync with Q in registers. (Measured on an H100 and dropped, as flash_prefill_tma
+// beat them at every shape: wgmma for both products over 64-key tiles loaded by
+// cp.async, 0.37-0.40x its speed; before that, wgmma for the scores alone and P staged
+// through shared memory.)
+template <int FP_ROWS>
 __device__ __forceinline__ void fp_body(FP_PARAMS) {
     constexpr int NT = FP_THREADS(FP_ROWS);
     extern __shared__ __align__(16) unsigned char fp_raw[];
-    unsigned char* base = WG ? fw_align(fp_raw) : fp_raw;
-    unsigned short* qs = (unsigned short*)base;               // [ROWS][192]
+    unsigned short* qs = (unsigned short*)fp_raw;             // [ROWS][192]
     unsigned short* ks = qs + FP_ROWS * FP_DQK;               // [2][64][192]
     unsigned short* vs = ks + 2 * FP_KEYS * FP_DQK;           // [2][64][128]
     const int b = blockIdx.z, h = blockIdx.y, q0 = blockIdx.x * FP_ROWS;
@@ -117,31 +85,18 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
     const long long q_stride = (long long)heads * FP_DQK;
 
     const unsigned short* q_src = q + ((long long)(qb + q0) * heads + h) * FP_DQK;
-    if constexpr (WG) {
-        fp_load_sw<FP_QCH, NT>((unsigned char*)qs, q_src, q_stride, FP_ROWS, 0, q_len - q0);
-    } else {
-        fp_load<FP_QCH, NT>(qs, q_src, q_stride, FP_ROWS, 0, FP_QCH, q_len - q0);
-    }
+    fp_load<FP_QCH, NT>(qs, q_src, q_stride, FP_ROWS, 0, FP_QCH, q_len - q0);
     auto load_kv = [&](int stage, int t0) {
         const long long j = kb + t0;
         unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
         // The K tile's 16 nope chunks from the head's row, its 8 rope chunks shared.
         const unsigned short* nope = k_nope + j * kn_row + (long long)h * kn_head;
         const unsigned short* rope = k_rope + j * kr_row;
-        if constexpr (WG) {
-            fp_load_sw<16, NT>((unsigned char*)kt, nope, kn_row, FP_KEYS, 0, kv_end - t0);
-            fp_load_sw<8, NT>((unsigned char*)kt, rope, kr_row, FP_KEYS, 16, kv_end - t0);
-        } else {
-            fp_load<16, NT>(kt, nope, kn_row, FP_KEYS, 0, FP_QCH, kv_end - t0);
-            fp_load<8, NT>(kt, rope, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
-        }
+        fp_load<16, NT>(kt, nope, kn_row, FP_KEYS, 0, FP_QCH, kv_end - t0);
+        fp_load<8, NT>(kt, rope, kr_row, FP_KEYS, 16, FP_QCH, kv_end - t0);
         unsigned short* vt = vs + stage * FP_KEYS * FP_DV;
         const unsigned short* vsrc = v + j * v_row + (long long)h * v_head;
-        if constexpr (WG) {
-            fp_load_sw<FP_VCH, NT>((unsigned char*)vt, vsrc, v_row, FP_KEYS, 0, kv_end - t0);
-        } else {
-            fp_load<FP_VCH, NT>(vt, vsrc, v_row, FP_KEYS, 0, FP_VCH, kv_end - t0);
-        }
+        fp_load<FP_VCH, NT>(vt, vsrc, v_row, FP_KEYS, 0, FP_VCH, kv_end - t0);
     };
     if (tiles > 0) load_kv(0, 0);
     cp_commit();
@@ -162,49 +117,27 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         if (it + 1 < tiles) load_kv(stage ^ 1, t0 + FP_KEYS);
         cp_commit();
         asm volatile("cp.async.wait_group 1;\n" ::);
-#ifdef FW_HAVE_WGMMA
-        if constexpr (WG) fw_proxy_fence();  // cp.async's writes, for the tensor cores' reads
-#endif
         __syncthreads();
         const unsigned short* kt = ks + stage * FP_KEYS * FP_DQK;
         const unsigned short* vt = vs + stage * FP_KEYS * FP_DV;
-        // S = Q K^T over this tile: 16 x 64 per warp, 8 n-tiles of 8 keys (the wgmma
-        // accumulator of a warp is laid out as mma.sync's, n-tile by n-tile).
+        // S = Q K^T over this tile: 16 x 64 per warp, 8 n-tiles of 8 keys.
         float s[FP_KEYS / 8][4];
 #pragma unroll
         for (int n = 0; n < FP_KEYS / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
-        if constexpr (WG) {
-#ifdef FW_HAVE_WGMMA
-            const unsigned qa = smem_addr(qs) + (warp / 4) * 3 * 8192, ka = smem_addr(kt);
-            fw_fence();
+        if (it == 0) {
 #pragma unroll
-            for (int kk = 0; kk < FP_DQK / 16; ++kk) {
-                const unsigned off = (kk / 4) * 8192 + (kk % 4) * 32;
-                const unsigned long long a = fw_desc(qa + off, 16, 1024);
-                fw_qk(&s[0][0], a, fw_desc(ka + off, 16, 1024));
-                fw_qk(&s[4][0], a, fw_desc(ka + off + 32 * 128, 16, 1024));
-            }
-            fw_commit();
-            fw_wait();
-#else
-            __trap();  // the host launches the wgmma kernels on sm_90a only
-#endif
-        } else {
-            if (it == 0) {
+            for (int kk = 0; kk < FP_DQK / 16; ++kk)
+                ldsm_x4(qf[kk], qs + fp_swz(warp * 16 + lane % 16, 2 * kk + lane / 16, FP_QCH));
+        }
 #pragma unroll
-                for (int kk = 0; kk < FP_DQK / 16; ++kk)
-                    ldsm_x4(qf[kk], qs + fp_swz(warp * 16 + lane % 16, 2 * kk + lane / 16, FP_QCH));
-            }
+        for (int kk = 0; kk < FP_DQK / 16; ++kk) {
 #pragma unroll
-            for (int kk = 0; kk < FP_DQK / 16; ++kk) {
-#pragma unroll
-                for (int np = 0; np < FP_KEYS / 16; ++np) {
-                    unsigned bf[4];
-                    const int key = np * 16 + lane % 8 + 8 * (lane / 16);
-                    ldsm_x4(bf, kt + fp_swz(key, 2 * kk + (lane / 8) % 2, FP_QCH));
-                    mma16816(s[2 * np], qf[kk], bf[0], bf[1]);
-                    mma16816(s[2 * np + 1], qf[kk], bf[2], bf[3]);
-                }
+            for (int np = 0; np < FP_KEYS / 16; ++np) {
+                unsigned bf[4];
+                const int key = np * 16 + lane % 8 + 8 * (lane / 16);
+                ldsm_x4(bf, kt + fp_swz(key, 2 * kk + (lane / 8) % 2, FP_QCH));
+                mma16816(s[2 * np], qf[kk], bf[0], bf[1]);
+                mma16816(s[2 * np + 1], qf[kk], bf[2], bf[3]);
             }
         }
         // Online softmax in base 2; keys past a row's limit are masked.
@@ -247,38 +180,20 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
             o[n][2] *= corr[1];
             o[n][3] *= corr[1];
         }
-        if constexpr (WG) {
-#ifdef FW_HAVE_WGMMA
-            unsigned pr[FP_KEYS / 4];
+        // O += P V: P's score fragments are the A operand, 16 keys per k-step.
 #pragma unroll
-            for (int n = 0; n < FP_KEYS / 8; ++n) {
-                pr[2 * n] = pack_bf16(s[n][0], s[n][1]);
-                pr[2 * n + 1] = pack_bf16(s[n][2], s[n][3]);
-            }
-            const unsigned va = smem_addr(vt);
-            fw_fence();
+        for (int kk = 0; kk < FP_KEYS / 16; ++kk) {
+            const unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
+                                   pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                   pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                   pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
 #pragma unroll
-            for (int kk = 0; kk < FP_KEYS / 16; ++kk)
-                fp_pv128_rs(&o[0][0], pr + 4 * kk, fw_desc(va + kk * 16 * 128, 8192, 1024));
-            fw_commit();
-            fw_wait();
-#endif
-        } else {
-            // O += P V: P's score fragments are the A operand, 16 keys per k-step.
-#pragma unroll
-            for (int kk = 0; kk < FP_KEYS / 16; ++kk) {
-                const unsigned a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]),
-                                       pack_bf16(s[2 * kk][2], s[2 * kk][3]),
-                                       pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                       pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-                for (int dp = 0; dp < FP_DV / 16; ++dp) {
-                    unsigned bf[4];
-                    const int key = kk * 16 + lane % 8 + 8 * ((lane / 8) % 2);
-                    ldsm_x4_t(bf, vt + fp_swz(key, 2 * dp + lane / 16, FP_VCH));
-                    mma16816(o[2 * dp], a, bf[0], bf[1]);
-                    mma16816(o[2 * dp + 1], a, bf[2], bf[3]);
-                }
+            for (int dp = 0; dp < FP_DV / 16; ++dp) {
+                unsigned bf[4];
+                const int key = kk * 16 + lane % 8 + 8 * ((lane / 8) % 2);
+                ldsm_x4_t(bf, vt + fp_swz(key, 2 * dp + lane / 16, FP_VCH));
+                mma16816(o[2 * dp], a, bf[0], bf[1]);
+                mma16816(o[2 * dp + 1], a, bf[2], bf[3]);
             }
         }
         __syncthreads();  // the stage is overwritten by the load two tiles on
@@ -309,23 +224,11 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill(FP_PARAMS) {
-    fp_body<64, false>(FP_ARGS);
+    fp_body<64>(FP_ARGS);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1) flash_prefill_wide(FP_PARAMS) {
-    fp_body<128, false>(FP_ARGS);
-}
-
-// The same with both products on wgmma (sm_90a): one warpgroup per 64 queries.
-#define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))
-
-extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill_wgmma_rs(FP_PARAMS) {
-    fp_body<64, true>(FP_ARGS);
-}
-
-extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1)
-    flash_prefill_wgmma_rs_wide(FP_PARAMS) {
-    fp_body<128, true>(FP_ARGS);
+    fp_body<128>(FP_ARGS);
 }
 
 // out[k_start_loc[b] + j] = the latent row of position j of row b (j < its key count),
@@ -388,6 +291,19 @@ __device__ __forceinline__ void ft_qk(float* d, unsigned long long a, unsigned l
         "}, %64, %65, acc, 1, 1, 0, 0;\n}\n"
         : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
         : "l"(a), "l"(b), "n"(ACC));
+}
+// d[64 x 128] += A[64 x 16] B[16 x 128] (N-major, imm-trans-b = 1), A (P) in registers
+// laid out as mma.sync's A fragment: the seesaw decode's fs_pv_rs at half the width.
+__device__ __forceinline__ void ft_pv(float* d, const unsigned* a, unsigned long long b) {
+    asm volatile(
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {"
+        "%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"
+        "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,"
+        "%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,"
+        "%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63"
+        "}, {%64,%65,%66,%67}, %68, 1, 1, 1, 1;\n"
+        : FW_O8(0), FW_O8(8), FW_O8(16), FW_O8(24), FW_O8(32), FW_O8(40), FW_O8(48), FW_O8(56)
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
 }
 __device__ __forceinline__ void ft_arrive(unsigned bar) {
     asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
@@ -530,7 +446,7 @@ extern "C" __global__ void __launch_bounds__(FT_THREADS, 1)
         fw_fence();
 #pragma unroll
         for (int kk = 0; kk < FT_KEYS / 16; ++kk)
-            fp_pv128_rs(o, p + 4 * kk, fw_desc(vt + kk * 16 * 128, FT_KEYS * 128, 1024));
+            ft_pv(o, p + 4 * kk, fw_desc(vt + kk * 16 * 128, FT_KEYS * 128, 1024));
         fw_commit();
     };
     auto pack = [&]() {

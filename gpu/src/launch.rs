@@ -211,8 +211,15 @@ impl TensorMap {
         row_stride: usize,
         (box_cols, box_rows): (usize, usize),
     ) -> Result<Self, GpuError> {
-        assert!(cols <= row_stride && row_stride % 8 == 0, "row stride {row_stride}");
-        assert!(base.addr % 16 == 0, "tensor map base {:#x} not 16-byte aligned", base.addr);
+        assert!(
+            cols <= row_stride && row_stride.is_multiple_of(8),
+            "row stride {row_stride}"
+        );
+        assert!(
+            base.addr.is_multiple_of(16),
+            "tensor map base {:#x} not 16-byte aligned",
+            base.addr
+        );
         if rows > 0 {
             base.need((rows - 1) * row_stride + cols);
         }

@@ -70,19 +70,9 @@ impl PrefillCase {
 }
 
 /// The CSV mode of each variant, causal and not.
-const MODES: [(PrefillTile, &str, &str); 5] = [
+const MODES: [(PrefillTile, &str, &str); 3] = [
     (PrefillTile::Rows64, "causal", "noncausal"),
     (PrefillTile::Rows128, "causal/wide", "noncausal/wide"),
-    (
-        PrefillTile::WgmmaRs64,
-        "causal/wgmma-rs",
-        "noncausal/wgmma-rs",
-    ),
-    (
-        PrefillTile::WgmmaRs128,
-        "causal/wgmma-rs-wide",
-        "noncausal/wgmma-rs-wide",
-    ),
     (PrefillTile::Tma128, "causal/tma", "noncausal/tma"),
 ];
 

@@ -241,7 +241,7 @@ pub fn run_prefill_checks(
             950 + i as u64,
         )?);
     }
-    out.push(check_prefill_invariance(dev, fk)?);
+    out.extend(check_prefill_invariance(dev, fk)?);
     out.push(check_prefill_merge(dev, k, fk, false)?);
     out.push(check_prefill_merge(dev, k, fk, true)?);
     out.push(check_gather_latent(dev, fk)?);
@@ -281,11 +281,12 @@ impl KeySet {
     }
 }
 
-/// Runs `flash_prefill` over `rows` (queries, keys) with the given queries and keys
-/// (separate layout); returns the output and the LSE.
+/// Runs `flash_prefill` (or the variant `tile`) over `rows` (queries, keys) with the given
+/// queries and keys (separate layout); returns the output and the LSE.
 fn run_prefill(
     dev: &GpuDevice,
     fk: &FlashKernels,
+    tile: Option<PrefillTile>,
     heads: usize,
     rows: &[(usize, usize)],
     causal: bool,
@@ -313,60 +314,78 @@ fn run_prefill(
         out: out.ptr(),
         lse: lse.ptr(),
     };
+    let scale = 1.0 / (PREFILL_DQK as f32).sqrt();
     // SAFETY: the start locations passed prefill_rows_valid above.
-    unsafe { fk.flash_prefill(dev, s, bufs, 1.0 / (PREFILL_DQK as f32).sqrt()) }?;
+    match tile {
+        Some(t) => unsafe { fk.flash_prefill_with(t, dev, s, bufs, scale) }?,
+        None => unsafe { fk.flash_prefill(dev, s, bufs, scale) }?,
+    }
     let o = download(dev, &out)?[..s.total_q * heads * PREFILL_DV].to_vec();
     let l = download(dev, &lse)?[..s.total_q * heads].to_vec();
     Ok((o, l))
 }
 
 /// Batch invariance: row 1 of three causal rows gives the same bits alone as in the
-/// batch (output, and its LSE out of the batch's `[heads, tokens]`). The batch's longest
-/// row (2100 queries) makes `flash_prefill` take 128-query CTAs, the row alone (1500)
-/// 64-query ones: the CTA size must not change a row's bits either.
+/// batch (output, and its LSE out of the batch's `[heads, tokens]`), for each family
+/// `flash_prefill` picks from. mma.sync: the batch's longest row (2100 queries) takes
+/// 128-query CTAs, the row alone (1500) 64-query ones, so the CTA size must not change a
+/// row's bits either. TMA (sm_90a): its boxes read past a row's keys into its
+/// neighbours', which must not leak in.
 pub fn check_prefill_invariance(
     dev: &GpuDevice,
     fk: &FlashKernels,
-) -> Result<CaseResult, GpuError> {
+) -> Result<Vec<CaseResult>, GpuError> {
     let (heads, lens) = (16, [2100usize, 1500, 90]);
     let mut rng = ChaCha8Rng::seed_from_u64(960);
     let total: usize = lens.iter().sum();
     let (q, _) = bf16_vec(&mut rng, total * heads * PREFILL_DQK, 1.0);
     let (keys, _) = KeySet::random(&mut rng, total, heads);
     let rows: Vec<(usize, usize)> = lens.iter().map(|&l| (l, l)).collect();
-    let (out, lse) = run_prefill(dev, fk, heads, &rows, true, (&q, &keys))?;
     let mine: Vec<usize> = (lens[0]..lens[0] + lens[1]).collect();
     let q1 = take_rows(&q, heads * PREFILL_DQK, mine.iter().copied());
-    let alone = run_prefill(
-        dev,
-        fk,
-        heads,
-        &rows[1..2],
-        true,
-        (&q1, &keys.rows(heads, &mine)),
-    )?;
-    let w = heads * PREFILL_DV;
-    let in_batch = &out[lens[0] * w..(lens[0] + lens[1]) * w];
-    let lse_in_batch: Vec<f32> = (0..heads)
-        .flat_map(|h| mine.iter().map(move |&t| (h, t)))
-        .map(|(h, t)| lse[h * total + t])
-        .collect();
-    let same = |a: &[f32], b: &[f32]| {
-        a.iter()
-            .zip(b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count()
-    };
-    let differ = same(in_batch, &alone.0) + same(&lse_in_batch, &alone.1);
-    Ok(CaseResult {
-        kernel: "flash_prefill",
-        case: format!(
-            "invariance: row of 1500 alone (64-query CTAs) vs between rows of 2100 and 90 \
-             (128-query CTAs): {differ} values differ"
-        ),
-        max_rel_err: differ as f64,
-        passed: differ == 0,
-    })
+    let keys1 = keys.rows(heads, &mine);
+    let mut families = vec![(PrefillTile::Rows128, PrefillTile::Rows64)];
+    if fk.wide.hopper() {
+        families.push((PrefillTile::Tma128, PrefillTile::Tma128));
+    }
+    let mut results = Vec::new();
+    for (batched, single) in families {
+        let (out, lse) = run_prefill(dev, fk, Some(batched), heads, &rows, true, (&q, &keys))?;
+        let alone = run_prefill(
+            dev,
+            fk,
+            Some(single),
+            heads,
+            &rows[1..2],
+            true,
+            (&q1, &keys1),
+        )?;
+        let w = heads * PREFILL_DV;
+        let in_batch = &out[lens[0] * w..(lens[0] + lens[1]) * w];
+        let lse_in_batch: Vec<f32> = (0..heads)
+            .flat_map(|h| mine.iter().map(move |&t| (h, t)))
+            .map(|(h, t)| lse[h * total + t])
+            .collect();
+        let same = |a: &[f32], b: &[f32]| {
+            a.iter()
+                .zip(b)
+                .filter(|(x, y)| x.to_bits() != y.to_bits())
+                .count()
+        };
+        let differ = same(in_batch, &alone.0) + same(&lse_in_batch, &alone.1);
+        results.push(CaseResult {
+            kernel: batched.function(),
+            case: format!(
+                "invariance: row of 1500 alone ({}) vs between rows of 2100 and 90 ({}): \
+                 {differ} values differ",
+                single.function(),
+                batched.function()
+            ),
+            max_rel_err: differ as f64,
+            passed: differ == 0,
+        });
+    }
+    Ok(results)
 }
 
 /// The chunked prefill on the bf16 path: each row's new tokens causal over themselves,
@@ -398,6 +417,7 @@ pub fn check_prefill_merge(
     let new = run_prefill(
         dev,
         fk,
+        None,
         heads,
         &new_shape,
         true,
@@ -406,6 +426,7 @@ pub fn check_prefill_merge(
     let ctx = run_prefill(
         dev,
         fk,
+        None,
         heads,
         &ctx_shape,
         false,

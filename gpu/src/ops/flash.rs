@@ -431,8 +431,6 @@ impl FlashKernels {
             "flash_combine",
             "flash_prefill",
             "flash_prefill_wide",
-            "flash_prefill_wgmma_rs",
-            "flash_prefill_wgmma_rs_wide",
             "flash_prefill_tma",
             "gather_latent_bf16",
         ] {
@@ -456,20 +454,11 @@ impl FlashKernels {
                 "flash_prefill_wide",
                 super::PrefillTile::Rows128.smem_bytes(),
             ),
-            (
-                "flash_prefill_wgmma_rs",
-                super::PrefillTile::WgmmaRs64.smem_bytes(),
-            ),
-            (
-                "flash_prefill_wgmma_rs_wide",
-                super::PrefillTile::WgmmaRs128.smem_bytes(),
-            ),
             ("flash_prefill_tma", super::PrefillTile::Tma128.smem_bytes()),
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()
                 .any(|w| w.function() == name)
-                || name.starts_with("flash_prefill_wgmma")
                 || name == "flash_prefill_tma";
             if hopper && !wide.hopper() {
                 continue; // compiled as a trap off sm_90a; never launched there

@@ -24,11 +24,6 @@ pub enum PrefillTile {
     Rows64,
     /// `flash_prefill_wide`: 128 queries, 8 warps sharing each K and V tile.
     Rows128,
-    /// `flash_prefill_wgmma_rs`: 64 queries, scores and P V on wgmma (sm_90a), P in
-    /// registers (the register-sourced A operand).
-    WgmmaRs64,
-    /// `flash_prefill_wgmma_rs_wide`: 128 queries, P V with P in registers.
-    WgmmaRs128,
     /// `flash_prefill_tma`: 128 queries over 128-key tiles, the copy engine (TMA) feeding
     /// two consumer warpgroups from a producer warpgroup, each tile's softmax overlapped
     /// with the previous tile's P V (sm_90a). Needs [`PrefillKeyLayout::tma_ok`].
@@ -36,11 +31,9 @@ pub enum PrefillTile {
 }
 
 impl PrefillTile {
-    pub const ALL: [PrefillTile; 5] = [
+    pub const ALL: [PrefillTile; 3] = [
         PrefillTile::Rows64,
         PrefillTile::Rows128,
-        PrefillTile::WgmmaRs64,
-        PrefillTile::WgmmaRs128,
         PrefillTile::Tma128,
     ];
 
@@ -49,8 +42,6 @@ impl PrefillTile {
         match self {
             PrefillTile::Rows64 => "flash_prefill",
             PrefillTile::Rows128 => "flash_prefill_wide",
-            PrefillTile::WgmmaRs64 => "flash_prefill_wgmma_rs",
-            PrefillTile::WgmmaRs128 => "flash_prefill_wgmma_rs_wide",
             PrefillTile::Tma128 => "flash_prefill_tma",
         }
     }
@@ -63,20 +54,22 @@ impl PrefillTile {
     /// Queries per CTA.
     pub fn rows(self) -> usize {
         match self {
-            PrefillTile::Rows64 | PrefillTile::WgmmaRs64 => 64,
-            _ => 128,
+            PrefillTile::Rows64 => 64,
+            PrefillTile::Rows128 | PrefillTile::Tma128 => 128,
         }
     }
 
-    /// The variant for a launch whose longest row has `max_q_len` queries: wgmma on
-    /// Hopper (`hopper`; the fastest at every 128-head shape measured on an H100), and
-    /// 128-query CTAs from 2048 queries up, where sharing each K and V tile between 8
-    /// warps measured 2-9% faster; 64 below (at 64 queries half a 128-query CTA idles:
-    /// 24-60% slower). The choice never changes a row's bits within a family (`gpu-test`).
-    pub fn for_queries(max_q_len: usize, hopper: bool) -> Self {
-        match (hopper, max_q_len >= 2048) {
-            (true, true) => PrefillTile::WgmmaRs128,
-            (true, false) => PrefillTile::WgmmaRs64,
+    /// The variant for a launch whose longest row has `max_q_len` queries: the TMA kernel
+    /// where it can run (`tma`: sm_90a and a [`PrefillKeyLayout::tma_ok`] layout), the
+    /// fastest at every shape measured on an H100, 64 queries over 2048 keys included
+    /// (there half of each CTA idles and it still beats 64-query CTAs by 1.2x). Else
+    /// mma.sync with 128-query CTAs from 2048 queries up, where sharing each K and V tile
+    /// between 8 warps measured 2-9% faster, 64 below. Neither choice changes a row's
+    /// bits within the mma.sync family (`gpu-test`), and a TMA launch's rows never read
+    /// each other's keys.
+    pub fn for_queries(max_q_len: usize, tma: bool) -> Self {
+        match (tma, max_q_len >= 2048) {
+            (true, _) => PrefillTile::Tma128,
             (false, true) => PrefillTile::Rows128,
             (false, false) => PrefillTile::Rows64,
         }
@@ -91,14 +84,14 @@ impl PrefillTile {
         }
     }
 
-    /// Shared memory (the kernel's FP_SMEM_BYTES, FP_WG_SMEM_BYTES, FT_SMEM_BYTES): the Q
-    /// tile and two stages of K and V tiles (64 keys; 128 in the TMA kernel), bf16; the
-    /// wgmma layout aligned to 1024 bytes; the TMA kernel's 16 mbarrier slots.
+    /// Shared memory (the kernel's FP_SMEM_BYTES, FT_SMEM_BYTES): the Q tile and two
+    /// stages of K and V tiles (64 keys; 128 in the TMA kernel), bf16; the TMA kernel's
+    /// aligned to 1024 bytes (the swizzle's anchor), then its 16 mbarrier slots.
     pub fn smem_bytes(self) -> usize {
-        let tiles = |keys: usize| (self.rows() * PREFILL_DQK + 2 * keys * (PREFILL_DQK + PREFILL_DV)) * 2;
+        let tiles =
+            |keys: usize| (self.rows() * PREFILL_DQK + 2 * keys * (PREFILL_DQK + PREFILL_DV)) * 2;
         match self {
             PrefillTile::Rows64 | PrefillTile::Rows128 => tiles(64),
-            PrefillTile::WgmmaRs64 | PrefillTile::WgmmaRs128 => 1024 + tiles(64),
             PrefillTile::Tma128 => 1024 + tiles(128) + 16 * 8,
         }
     }
@@ -160,9 +153,15 @@ impl PrefillKeyLayout {
     /// row stride and head offset a multiple of 8 elements (16 bytes), the rope part no
     /// wider than its row.
     pub fn tma_ok(&self) -> bool {
-        [self.k_nope_row, self.k_nope_head, self.k_rope_row, self.v_row, self.v_head]
-            .iter()
-            .all(|x| x % 8 == 0)
+        [
+            self.k_nope_row,
+            self.k_nope_head,
+            self.k_rope_row,
+            self.v_row,
+            self.v_head,
+        ]
+        .iter()
+        .all(|x| x.is_multiple_of(8))
             && self.k_rope_row >= 64
     }
 
@@ -230,7 +229,8 @@ impl FlashKernels {
         b: PrefillBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
-        let tile = PrefillTile::for_queries(s.max_q_len, self.wide.hopper());
+        let tma = self.wide.hopper() && b.layout.tma_ok();
+        let tile = PrefillTile::for_queries(s.max_q_len, tma);
         // SAFETY: the caller's promise, forwarded.
         unsafe { self.flash_prefill_with(tile, dev, s, b, scale) }
     }
@@ -310,7 +310,10 @@ impl FlashKernels {
     /// 64 x 128 boxes. With no keys, the key maps repeat q's (no key box is read).
     fn prefill_maps(s: PrefillShape, b: &PrefillBufs) -> Result<[TensorMap; 4], GpuError> {
         let l = b.layout;
-        assert!(l.tma_ok(), "flash_prefill_tma: key layout {l:?} is not 16-byte strided");
+        assert!(
+            l.tma_ok(),
+            "flash_prefill_tma: key layout {l:?} is not 16-byte strided"
+        );
         let boxes = (64, 128);
         let width = s.heads * PREFILL_DQK;
         let q = TensorMap::bf16_strided(b.q, width, s.total_q, width, boxes)?;
@@ -320,9 +323,21 @@ impl FlashKernels {
         let head_cols = |head: usize, w: usize| (s.heads - 1) * head + w;
         Ok([
             q,
-            TensorMap::bf16_strided(b.k_nope, head_cols(l.k_nope_head, 128), s.total_k, l.k_nope_row, boxes)?,
+            TensorMap::bf16_strided(
+                b.k_nope,
+                head_cols(l.k_nope_head, 128),
+                s.total_k,
+                l.k_nope_row,
+                boxes,
+            )?,
             TensorMap::bf16_strided(b.k_rope, 64, s.total_k, l.k_rope_row, boxes)?,
-            TensorMap::bf16_strided(b.v, head_cols(l.v_head, PREFILL_DV), s.total_k, l.v_row, boxes)?,
+            TensorMap::bf16_strided(
+                b.v,
+                head_cols(l.v_head, PREFILL_DV),
+                s.total_k,
+                l.v_row,
+                boxes,
+            )?,
         ])
     }
 
@@ -380,9 +395,10 @@ mod tests {
         ));
         assert_eq!(PrefillTile::Rows64.smem_bytes(), 106_496);
         assert_eq!(PrefillTile::Rows128.smem_bytes(), 131_072);
-        assert!(FLASH_PREFILL_SRC
-            .contains("#define FP_WG_SMEM_BYTES(rows) (1024 + FP_SMEM_BYTES(rows))"));
-        assert_eq!(PrefillTile::WgmmaRs128.smem_bytes(), 132_096);
+        assert!(FLASH_PREFILL_SRC.contains(
+            "#define FT_SMEM_BYTES (1024 + FT_Q_BYTES + 2 * (FT_K_BYTES + FT_V_BYTES) + 16 * 8)"
+        ));
+        assert_eq!(PrefillTile::Tma128.smem_bytes(), 214_144);
         assert!(PrefillTile::ALL.iter().all(|t| t.smem_bytes() <= 232_448));
     }
 
