@@ -7,7 +7,12 @@ gpu-bench so the two compare on one machine.
     python3 gpu/tools/sdpa_peer.py [--reps 20] [--csv sdpa.csv]
 
 Prints, per shape, the median time of `reps` launches (CUDA events) and TFLOP/s with
-gpu-bench's FLOP count (QK over 192 and PV over 128 for every visible pair).
+gpu-bench's FLOP count (QK over 192 and PV over 128 for every visible pair). `--csv`
+writes gpu-bench's CSV format (kernel `prefill_sdpa_cudnn`, gpu-bench's byte count, the
+percent-of-ceiling columns 0: it measures no ceilings), so its rows can be appended to a
+gpu-bench CSV from the same call and `plots` draws them beside `prefill_flash`:
+
+    tail -n +2 sdpa.csv >> gpu-bench.csv
 """
 import argparse
 import statistics
@@ -25,6 +30,14 @@ def cases():
 def flops(heads, batch, q, k, causal):
     pairs = sum(k - q + i + 1 for i in range(q)) if causal else q * k
     return batch * heads * pairs * 2.0 * 320.0
+
+
+# PrefillCase::bytes: Q, K and V read and the output written once, bf16.
+def bytes_moved(heads, batch, q, k):
+    return batch * heads * (q * (192 + 128) + k * 320) * 2.0
+
+
+HEADER = "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm"
 
 
 def main():
@@ -64,10 +77,12 @@ def main():
         tf = flops(heads, batch, q, k, causal) / us / 1e6
         mode = "causal" if causal else "noncausal"
         print(f"sdpa_cudnn {mode:<9} H {heads:>3} B {batch} q {q:>5} k {k:>5}: {us:10.1f} us {tf:7.1f} TFLOP/s")
-        rows.append(f"sdpa_cudnn,{mode},{heads},{q},{batch},{k},{us:.3f},{tf:.3f}")
+        nbytes, nflops = bytes_moved(heads, batch, q, k), flops(heads, batch, q, k, causal)
+        rows.append(f"prefill_sdpa_cudnn,{mode},{heads},{q},{batch},{k},0,{us:.3f},{nbytes:.0f},"
+                    f"{nflops:.0f},{nbytes / us / 1e3:.3f},{tf:.3f},0,0")
     if args.csv:
         with open(args.csv, "w") as out:
-            out.write("kernel,mode,heads,q_len,batch,k_len,time_us,tflop_per_s\n")
+            out.write(HEADER + "\n")
             out.write("\n".join(rows) + "\n")
     return 0
 

@@ -10,7 +10,9 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::data::{is_prefill, Bench, Row, COPY_KERNEL, FLASH_PREFILL_KERNEL, GEMM_KERNEL};
+use crate::data::{
+    is_prefill, Bench, Row, COPY_KERNEL, FLASH_PREFILL_KERNEL, GEMM_KERNEL, PREFILL_PEER_KERNEL,
+};
 use crate::error::PlotError;
 use crate::font::FAMILY;
 use crate::render::{DrawResult, Picture};
@@ -104,7 +106,9 @@ pub fn is_decode_like(row: &Row) -> bool {
 /// 0 for a causal prefill row (whose queries are its keys).
 fn panel_of(metric: Metric, row: &Row) -> Option<u32> {
     match metric {
-        Metric::Prefill if row.kernel == FLASH_PREFILL_KERNEL => {
+        Metric::Prefill
+            if [FLASH_PREFILL_KERNEL, PREFILL_PEER_KERNEL].contains(&row.kernel.as_str()) =>
+        {
             Some(if row.mode.starts_with("causal") {
                 0
             } else {

@@ -51,6 +51,12 @@ fn full_csv() -> String {
         );
     }
     csv += "prefill_flash,noncausal,128,64,1,2048,0,80,2e8,1e10,2000,130,60,17\n";
+    // Its peer, as gpu/tools/sdpa_peer.py --csv writes it (no ceiling percentages).
+    for (keys, tflops) in [(4096u32, 190.0), (8192, 205.0)] {
+        csv += &format!(
+            "prefill_sdpa_cudnn,causal,128,{keys},1,{keys},0,1100,1e8,1e11,90,{tflops},0,0\n"
+        );
+    }
     csv
 }
 
@@ -115,6 +121,11 @@ fn draws_every_picture_as_png_and_svg_with_text() {
             "prefill",
             "keys per row (log2 scale)",
             "causal (queries = keys)",
+        ),
+        (
+            "prefill",
+            "prefill_flash/causal h=128",
+            "prefill_sdpa_cudnn/causal h=128",
         ),
     ];
     for (name, axis_label, other_text) in expected {
