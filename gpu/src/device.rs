@@ -103,6 +103,8 @@ pub struct GpuDevice {
     /// e.g. "sm_90a" on Hopper.
     pub arch: String,
     pub name: String,
+    /// The device's multiprocessor count (persistent grids size themselves by it).
+    pub sms: usize,
 }
 
 impl GpuDevice {
@@ -127,6 +129,11 @@ impl GpuDevice {
             .compute_capability()
             .map_err(GpuError::driver("reading the compute capability"))?;
         let name = ctx.name().unwrap_or_else(|_| "unknown".into());
+        let sms = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            )
+            .map_err(GpuError::driver("reading the SM count"))? as usize;
         // Hopper's arch-specific features (wgmma, TMA) need the "a" variant.
         let arch = if major == 9 {
             "sm_90a".to_string()
@@ -146,6 +153,7 @@ impl GpuDevice {
             stream,
             arch,
             name,
+            sms,
         })
     }
 

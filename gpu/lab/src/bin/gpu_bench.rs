@@ -134,12 +134,7 @@ fn shapes(cli: &Cli) -> Vec<BenchShape> {
 
 fn run(cli: &Cli) -> Result<(), GpuError> {
     let dev = Arc::new(GpuDevice::open(0)?);
-    let sms = dev
-        .ctx
-        .attribute(
-            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-        )
-        .map_err(GpuError::driver("reading the SM count"))? as usize;
+    let sms = dev.sms;
     let k = Kernels::load(&dev)?;
     let fk = FlashKernels::load(&dev)?;
     let c = ceilings(&dev, cli.quick)?;
