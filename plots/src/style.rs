@@ -6,7 +6,7 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::data::{DECODE_KERNEL, FLASH_PREFILL_PATH_KERNEL, PREFILL_KERNEL};
+use crate::data::{DECODE_KERNEL, FLASH_PREFILL_PATH_KERNEL, PREFILL_KERNEL, PREFILL_PEER_KERNEL};
 use crate::font::FAMILY;
 use crate::render::DrawResult;
 
@@ -74,7 +74,7 @@ pub fn kernel_marker(kernel: &str) -> Marker {
     match kernel {
         DECODE_KERNEL => Marker::Circle,
         PREFILL_KERNEL | FLASH_PREFILL_PATH_KERNEL => Marker::Square,
-        k if k.contains("peer") => Marker::Triangle,
+        k if k.contains("peer") || k == PREFILL_PEER_KERNEL => Marker::Triangle,
         _ => Marker::Cross,
     }
 }

@@ -2,7 +2,9 @@
 //! panel per q_len, one series per (kernel, mode, heads, batch) of the decode-like
 //! kernels (the same color in every panel), the GEMM or copy ceiling as a horizontal line.
 //! Picture `prefill`: the prefill attention's TFLOP/s against keys per row, one panel for
-//! causal rows (queries = keys) and one per q_len of the non-causal ones.
+//! causal rows (queries = keys) and one per q_len of the non-causal ones; a line per
+//! (kernel, variant, heads, batch), colored by kernel and variant, dashed for the smaller
+//! head counts, hollow for batches above 1.
 
 use std::collections::BTreeMap;
 
@@ -120,6 +122,35 @@ fn panel_of(metric: Metric, row: &Row) -> Option<u32> {
     }
 }
 
+/// A prefill row's variant: its mode without the causal / non-causal part, which the
+/// panel shows (`causal/tma` and `noncausal/tma` are one line style, `tma`).
+fn prefill_variant(mode: &str) -> &str {
+    let rest = mode
+        .strip_prefix("noncausal")
+        .or_else(|| mode.strip_prefix("causal"))
+        .unwrap_or(mode);
+    rest.strip_prefix('/').unwrap_or(rest)
+}
+
+/// The prefill picture's styles for `keys`: a color per (kernel, variant), dashed below
+/// the largest head count, hollow markers for batches above 1.
+fn prefill_styles(keys: &[&SeriesKey]) -> Vec<SeriesStyle> {
+    let mut kinds: Vec<(&str, &str)> = keys.iter().map(|k| (&*k.kernel, &*k.mode)).collect();
+    kinds.dedup();
+    let max_heads = keys.iter().map(|k| k.heads).max().unwrap_or(0);
+    keys.iter()
+        .map(|k| {
+            let kind = kinds.iter().position(|&c| c == (&*k.kernel, &*k.mode));
+            let color = style::palette(kind.expect("every key has its kind"));
+            SeriesStyle {
+                filled: k.batch <= 1,
+                dashed: Some(k.heads < max_heads),
+                ..style::series_style(&k.kernel, &k.mode, color)
+            }
+        })
+        .collect()
+}
+
 /// The series of decode-like rows with a positive context and rate. Where several rows
 /// share a series and context (page sizes, repeats), the best rate is kept.
 pub fn context_series(bench: &Bench, metric: Metric) -> Vec<ContextSeries> {
@@ -133,7 +164,10 @@ pub fn context_series(bench: &Bench, metric: Metric) -> Vec<ContextSeries> {
         }
         let key = SeriesKey {
             kernel: row.kernel.clone(),
-            mode: row.mode.clone(),
+            mode: match metric {
+                Metric::Prefill => prefill_variant(&row.mode).to_string(),
+                _ => row.mode.clone(),
+            },
             q_len: panel,
             heads: row.heads,
             batch: row.batch,
@@ -247,11 +281,14 @@ impl Picture for ContextPicture {
         let width_px = root.dim_in_pixel().0;
         let (charts, legend_area) = root.split_horizontally(width_px - style::LEGEND_WIDTH_PX);
         let (q_lens, keys) = panels(&self.series);
-        let styles: Vec<SeriesStyle> = keys
-            .iter()
-            .enumerate()
-            .map(|(i, k)| style::series_style(&k.kernel, &k.mode, style::palette(i)))
-            .collect();
+        let styles: Vec<SeriesStyle> = match self.metric {
+            Metric::Prefill => prefill_styles(&keys),
+            _ => keys
+                .iter()
+                .enumerate()
+                .map(|(i, k)| style::series_style(&k.kernel, &k.mode, style::palette(i)))
+                .collect(),
+        };
         let style_of = |key: &SeriesKey| {
             let i = keys.iter().position(|k| k.style_key() == key.style_key());
             styles[i.expect("every series has a style slot")]
@@ -427,6 +464,57 @@ triton_peer,,128,1,64,0,64,10,1,1,400,40,0,0
             labels,
             vec!["decode/fast h=128 b=64", "decode/invariant h=128 b=64"]
         );
+    }
+
+    #[test]
+    fn prefill_lines_join_causal_and_noncausal_variants_and_style_by_kind() {
+        let csv = "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm
+prefill_flash,causal/tma,128,4096,1,4096,0,1,1,1,1,600,0,0
+prefill_flash,causal/tma,16,4096,1,4096,0,1,1,1,1,500,0,0
+prefill_flash,causal/tma,128,2048,4,2048,0,1,1,1,1,550,0,0
+prefill_flash,noncausal/tma,128,64,1,2048,0,1,1,1,1,170,0,0
+prefill_flash,causal,128,4096,1,4096,0,1,1,1,1,200,0,0
+prefill_sdpa_cudnn,causal,128,4096,1,4096,0,1,1,1,1,560,0,0
+";
+        let bench = Bench::parse(csv.as_bytes(), "t.csv").unwrap();
+        let series = context_series(&bench, Metric::Prefill);
+        let (q_lens, keys) = panels(&series);
+        assert_eq!(q_lens, vec![0, 64]);
+        let labels: Vec<String> = keys.iter().map(|k| k.label()).collect();
+        // The non-causal tma row shares the causal one's line style (one legend entry).
+        assert_eq!(
+            labels,
+            vec![
+                "prefill_flash h=128 b=1",
+                "prefill_flash/tma h=16 b=1",
+                "prefill_flash/tma h=128 b=1",
+                "prefill_flash/tma h=128 b=4",
+                "prefill_sdpa_cudnn h=128 b=1",
+            ]
+        );
+        let st = prefill_styles(&keys);
+        // One color per (kernel, variant): three kinds.
+        assert_ne!(st[0].color, st[1].color);
+        assert_eq!(st[1].color, st[2].color);
+        assert_eq!(st[2].color, st[3].color);
+        assert_ne!(st[3].color, st[4].color);
+        // 16 heads dashed, batch 4 hollow.
+        assert_eq!(
+            st.iter().map(|s| s.dashed).collect::<Vec<_>>(),
+            vec![
+                Some(false),
+                Some(true),
+                Some(false),
+                Some(false),
+                Some(false)
+            ]
+        );
+        assert_eq!(
+            st.iter().map(|s| s.filled).collect::<Vec<_>>(),
+            vec![true, true, true, false, true]
+        );
+        assert_eq!(prefill_variant("noncausal/wide"), "wide");
+        assert_eq!(prefill_variant("causal"), "");
     }
 
     #[test]

@@ -47,10 +47,10 @@ fn full_csv() -> String {
     // The prefill attention: causal rows (q = keys) and a non-causal one.
     for (keys, tflops) in [(2048u32, 180.0), (4096, 200.0), (8192, 215.0)] {
         csv += &format!(
-            "prefill_flash,causal,128,{keys},1,{keys},0,1000,1e8,1e11,100,{tflops},3,25\n"
+            "prefill_flash,causal/tma,128,{keys},1,{keys},0,1000,1e8,1e11,100,{tflops},3,25\n"
         );
     }
-    csv += "prefill_flash,noncausal,128,64,1,2048,0,80,2e8,1e10,2000,130,60,17\n";
+    csv += "prefill_flash,noncausal/tma,128,64,1,2048,0,80,2e8,1e10,2000,130,60,17\n";
     // Its peer, as gpu/tools/sdpa_peer.py --csv writes it (no ceiling percentages).
     for (keys, tflops) in [(4096u32, 190.0), (8192, 205.0)] {
         csv += &format!(
@@ -124,8 +124,9 @@ fn draws_every_picture_as_png_and_svg_with_text() {
         ),
         (
             "prefill",
-            "prefill_flash/causal h=128",
-            "prefill_sdpa_cudnn/causal h=128",
+            // One line style for causal/tma and noncausal/tma: the panel tells them apart.
+            "prefill_flash/tma h=128",
+            "prefill_sdpa_cudnn h=128",
         ),
     ];
     for (name, axis_label, other_text) in expected {

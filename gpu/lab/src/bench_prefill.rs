@@ -47,6 +47,24 @@ impl PrefillCase {
         ]
     }
 
+    /// The sweep around them, so the shapes draw as curves against keys per row: causal
+    /// prompts of 1024, 2048 and 16384 tokens (with the standard 4096 and 8192); 64
+    /// queries (a few verify rows' worth) over 512 to 16384 keys (with the standard
+    /// 2048); a chunked prefill's 2048 new tokens over a context chunk of 2048 to 16384.
+    pub fn sweep(heads: usize) -> Vec<PrefillCase> {
+        let c = |q_len, k_len, causal| PrefillCase {
+            heads,
+            batch: 1,
+            q_len,
+            k_len,
+            causal,
+        };
+        let mut cases: Vec<PrefillCase> = [1024, 2048, 16384].map(|n| c(n, n, true)).into();
+        cases.extend([512, 1024, 4096, 8192, 16384].map(|k| c(64, k, false)));
+        cases.extend([2048, 4096, 8192, 16384].map(|k| c(2048, k, false)));
+        cases
+    }
+
     /// Keys every query of a row sees, summed over the row.
     fn pairs_per_row(&self) -> f64 {
         if self.causal {
@@ -78,7 +96,7 @@ const MODES: [(PrefillTile, &str, &str); 3] = [
 
 /// Times `flash_prefill` at `c` (hash-filled bf16 inputs) with each CTA size, the two
 /// interleaved round by round; modes `causal` / `noncausal`, `/wide` for 128-query CTAs,
-/// `/wgmma` for the scores on wgmma (on sm_90a).
+/// `/tma` for the TMA kernel (on sm_90a).
 pub fn bench_flash_prefill(
     dev: &GpuDevice,
     k: &Kernels,

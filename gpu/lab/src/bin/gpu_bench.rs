@@ -47,8 +47,9 @@ struct Cli {
     #[arg(long)]
     spec: bool,
     /// Also time the bf16 prefill attention at the prefill shapes (causal B 1 x 4096,
-    /// B 1 x 8192, B 4 x 2048; non-causal 64 queries over 2048 keys; at `--heads`, by
-    /// default 128 and 16).
+    /// B 1 x 8192, B 4 x 2048; non-causal 64 queries over 2048 keys) and a sweep around
+    /// them (causal 1024 to 16384 tokens; 64 and 2048 queries over up to 16384 keys), at
+    /// `--heads` (by default 128 and 16).
     #[arg(long)]
     prefill: bool,
     /// Only the prefill shapes (no decode sweep).
@@ -176,7 +177,8 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     let invariant = |s: &BenchShape| invariant_split_plan(s.q_len * s.heads, FLASH_ROWS).into();
     if cli.prefill || cli.prefill_only || (!cli.quick && !cli.sweep_splits) {
         for heads in or(&cli.heads, &[128, 16]) {
-            for case in PrefillCase::standard(heads) {
+            let cases = PrefillCase::standard(heads).into_iter();
+            for case in cases.chain(PrefillCase::sweep(heads)) {
                 for m in bench_flash_prefill(&dev, &k, &fk, case, reps)? {
                     print_row(&m, &c);
                     rows.push(m);
