@@ -62,6 +62,34 @@ __device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned sho
     q, k_nope, k_rope, v, q_start_loc, k_start_loc, out, lse, heads, total_q, causal,           \
         scale_log2, kn_row, kn_head, kr_row, v_row, v_head
 
+// The end both families share: the quad's row sums, then this thread's two rows (qi[i],
+// of the row's q_len) of output, value 8t + 2 (lane % 4) + e at o_at(t, i, e), scaled by
+// 1 / l, and their LSEs (m2: the row maxima in base-2 units); rows without keys get
+// zeros and -inf.
+template <class OAt>
+__device__ __forceinline__ void fp_store_rows(float* l, const float* m2, OAt o_at, const int* qi,
+                                              int q_len, int qb, int h, int heads, int total_q,
+                                              float* __restrict__ out, float* __restrict__ lse,
+                                              int lane) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        if (qi[i] >= q_len) continue;
+        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        float* dst = out + ((long long)(qb + qi[i]) * heads + h) * FP_DV + (lane % 4) * 2;
+#pragma unroll
+        for (int t = 0; t < FP_DV / 8; ++t)
+            *(float2*)(dst + t * 8) = make_float2(o_at(t, i, 0) * inv, o_at(t, i, 1) * inv);
+        if (lane % 4 == 0)
+            lse[(long long)h * total_q + qb + qi[i]] =
+                l[i] > 0.f ? (m2[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
+    }
+}
+
 // mma.sync with Q in registers. (Measured on an H100 and dropped, as flash_prefill_tma
 // beat them at every shape: wgmma for both products over 64-key tiles loaded by
 // cp.async, 0.37-0.40x its speed; before that, wgmma for the scores alone and P staged
@@ -199,28 +227,9 @@ __device__ __forceinline__ void fp_body(FP_PARAMS) {
         __syncthreads();  // the stage is overwritten by the load two tiles on
     }
     cp_wait_0();
-
-    // The quad's row sums, then the output and the LSE.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int qi = q0 + r0 + 8 * i;
-        if (qi >= q_len) continue;
-        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-        float* dst = out + ((long long)(qb + qi) * heads + h) * FP_DV + (lane % 4) * 2;
-#pragma unroll
-        for (int n = 0; n < FP_DV / 8; ++n) {
-            dst[n * 8] = o[n][2 * i] * inv;
-            dst[n * 8 + 1] = o[n][2 * i + 1] * inv;
-        }
-        if (lane % 4 == 0)
-            lse[(long long)h * total_q + qb + qi] =
-                l[i] > 0.f ? (m[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
-    }
+    const int qi[2] = {q0 + r0, q0 + r0 + 8};
+    fp_store_rows(l, m, [&](int t, int i, int e) { return o[t][2 * i + e]; }, qi, q_len, qb, h,
+                  heads, total_q, out, lse, lane);
 }
 
 extern "C" __global__ void __launch_bounds__(FP_THREADS(64), 1) flash_prefill(FP_PARAMS) {
@@ -522,24 +531,9 @@ extern "C" __global__ void __launch_bounds__(FT_THREADS, 1)
         fw_wait();
     }
 
-    // The quad's row sums, then the output and the LSE.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int qi = q0 + r0 + 8 * i;
-        if (qi >= q_len) continue;
-        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
-        float* dst = out + ((long long)(qb + qi) * heads + h) * FP_DV + (lane % 4) * 2;
-#pragma unroll
-        for (int t = 0; t < FP_DV / 8; ++t)
-            *(float2*)(dst + t * 8) = make_float2(o[4 * t + 2 * i] * inv, o[4 * t + 2 * i + 1] * inv);
-        if (lane % 4 == 0)
-            lse[(long long)h * total_q + qb + qi] =
-                l[i] > 0.f ? (m[i] * scale_log2 + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
-    }
+    const int qi[2] = {q0 + r0, q0 + r0 + 8};
+    const float m2[2] = {m[0] * scale_log2, m[1] * scale_log2};
+    fp_store_rows(l, m2, [&](int t, int i, int e) { return o[4 * t + 2 * i + e]; }, qi, q_len,
+                  qb, h, heads, total_q, out, lse, lane);
 #endif
 }
