@@ -85,8 +85,7 @@ __device__ __forceinline__ void fp_store_rows(float* l, const float* m2, OAt o_a
         for (int t = 0; t < FP_DV / 8; ++t)
             *(float2*)(dst + t * 8) = make_float2(o_at(t, i, 0) * inv, o_at(t, i, 1) * inv);
         if (lane % 4 == 0)
-            lse[(long long)h * total_q + qb + qi[i]] =
-                l[i] > 0.f ? (m2[i] + log2f(l[i])) * 0.6931471805599453f : NEG_INF;
+            lse[(long long)h * total_q + qb + qi[i]] = fw_lse_of(m2[i], l[i]);
     }
 }
 
@@ -260,8 +259,9 @@ extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__
 // ---------------------------------------------------------------------------------------
 // flash_prefill_tma: the same contract on Hopper's own pipeline (sm_90a), FlashAttention-3
 // style. A CTA of 384 threads takes 128 queries of one (row, head): a producer warpgroup
-// (one thread of it, its registers given to the others by setmaxnreg) streams 128-key tiles of K and V with the copy engine (TMA, through four
-// tensor maps that see q, k_nope, k_rope and v as strided 2-D arrays), two stages deep,
+// (one thread of it, its registers given to the others by setmaxnreg) streams 128-key
+// tiles of K and V with the copy engine (TMA, through four tensor maps that see q,
+// k_nope, k_rope and v as strided 2-D arrays), two stages deep,
 // each tile on its own mbarrier and freed by its readers through another; two consumer
 // warpgroups own 64 queries each. Per key tile a consumer issues the scores of tile j
 // (m64n128k16, Q and K from shared memory), then P V of tile j - 1 (m64n128k16, P in
@@ -285,6 +285,13 @@ extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__
 #define FT_V_BYTES (2 * FT_KEYS * 128)
 #define FT_SMEM_BYTES (1024 + FT_Q_BYTES + 2 * (FT_K_BYTES + FT_V_BYTES) + 16 * 8)
 #define FT_BAR_TURN 1  // named barriers 1 and 2: the warpgroups' turns (5, 6: FS_BAR_GROUP)
+// The mbarriers' byte offsets from `bars`: Q full; K full, V full, K empty, V empty, two
+// stages each (stage st at + 8 st).
+#define FT_Q_FULL 0
+#define FT_K_FULL 8
+#define FT_V_FULL 24
+#define FT_K_EMPTY 40
+#define FT_V_EMPTY 56
 
 #ifdef FW_HAVE_WGMMA
 // d[64 x 128] = A[64 x 16] B[16 x 128] (+ d if ACC); both operands K-major in shared
@@ -326,8 +333,8 @@ __device__ __forceinline__ void ft_produce(unsigned qs, unsigned ks, unsigned vs
                                            const FwTensorMap* kr_map, const FwTensorMap* v_map,
                                            int h, int q_row, int k_row, int tiles, int kn_head,
                                            int v_head) {
-    const unsigned q_full = bars, k_full = bars + 8, v_full = bars + 24;
-    const unsigned k_empty = bars + 40, v_empty = bars + 56;
+    const unsigned q_full = bars + FT_Q_FULL, k_full = bars + FT_K_FULL, v_full = bars + FT_V_FULL;
+    const unsigned k_empty = bars + FT_K_EMPTY, v_empty = bars + FT_V_EMPTY;
     fw_expect(q_full, FT_Q_BYTES);
 #pragma unroll
     for (int c = 0; c < 3; ++c) fw_tma(qs + c * FT_ROWS * 128, q_map, h * FP_DQK + c * 64, q_row, q_full);
@@ -399,8 +406,8 @@ extern "C" __global__ void __launch_bounds__(FT_THREADS, 1)
     unsigned char* ks = qs + FT_Q_BYTES;      // [2] K stages: nope, nope, rope blocks
     unsigned char* vs = ks + 2 * FT_K_BYTES;  // [2] V stages: two blocks
     const unsigned bars = smem_addr(vs + 2 * FT_V_BYTES);
-    const unsigned q_full = bars, k_full = bars + 8, v_full = bars + 24;
-    const unsigned k_empty = bars + 40, v_empty = bars + 56;
+    const unsigned q_full = bars + FT_Q_FULL, k_full = bars + FT_K_FULL, v_full = bars + FT_V_FULL;
+    const unsigned k_empty = bars + FT_K_EMPTY, v_empty = bars + FT_V_EMPTY;
     const int h = blockIdx.y, b = blockIdx.z, q0 = (gridDim.x - 1 - blockIdx.x) * FT_ROWS;
     const int qb = q_start_loc[b], q_len = q_start_loc[b + 1] - qb;
     const int kb = k_start_loc[b], k_len = k_start_loc[b + 1] - kb;

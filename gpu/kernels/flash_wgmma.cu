@@ -109,6 +109,13 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 }
 #endif
 
+// The natural-log LSE of a row whose maximum is m (log2 units) and whose sum of 2^(x - m)
+// is total; -inf for a row that saw no key. Outside the sm_90a block: the mma.sync
+// prefill kernels use it too.
+__device__ __forceinline__ float fw_lse_of(float m, float total) {
+    return total > 0.f ? (m + log2f(total)) * 0.6931471805599453f : NEG_INF;
+}
+
 // The parameter list both Hopper decode kernels take (see flash_decode_wgmma).
 #define FW_DECODE_PARAMS                                                                              \
     const unsigned short *__restrict__ q, const unsigned short *__restrict__ cache,                   \
@@ -371,9 +378,6 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
 // - a request's splits launched as one cluster merge on chip (fw_cluster_merge);
 // - otherwise every split writes its normalized partial and the last to finish merges
 //   them from L2 (merge_splits), in split order either way.
-__device__ __forceinline__ float fw_lse_of(float m, float total) {
-    return total > 0.f ? (m + log2f(total)) * 0.6931471805599453f : NEG_INF;
-}
 
 __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, int* last,

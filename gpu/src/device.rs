@@ -103,7 +103,7 @@ pub struct GpuDevice {
     /// e.g. "sm_90a" on Hopper.
     pub arch: String,
     pub name: String,
-    /// The device's multiprocessor count (persistent grids size themselves by it).
+    /// The device's multiprocessor count.
     pub sms: usize,
 }
 

@@ -35,7 +35,7 @@ pub const PREFILL_KERNEL: &str = "prefill_path";
 pub const FLASH_PREFILL_PATH_KERNEL: &str = "prefill_flash_path";
 /// The bf16 prefill attention alone (`context` is the keys per row).
 pub const FLASH_PREFILL_KERNEL: &str = "prefill_flash";
-/// Its peer at the same shapes, PyTorch SDPA on cuDNN (`gpu/tools/sdpa_peer.py --csv`).
+/// Its peer at the same shapes, PyTorch SDPA on cuDNN (`gpu/tools/sdpa_peer.py BENCH_CSV --csv FILE`).
 pub const PREFILL_PEER_KERNEL: &str = "prefill_sdpa_cudnn";
 
 /// Whether `kernel` is a prefill path or the prefill attention: not decode-like work.

@@ -106,7 +106,7 @@ pub fn bench_flash_prefill(
 ) -> Result<Vec<Measurement>, GpuError> {
     let (tq, tk) = (c.batch * c.q_len, c.batch * c.k_len);
     let bf16 = |n: usize, seed: u32, what: &str| -> Result<Buf<u16>, GpuError> {
-        let b = Buf::<u16>::uninit(dev, n.max(1), what)?;
+        let b = Buf::<u16>::uninit(dev, n, what)?;
         k.fill_bf16_hash(dev, b.ptr(), b.len(), seed)?;
         Ok(b)
     };
@@ -114,8 +114,8 @@ pub fn bench_flash_prefill(
     let k_nope = bf16(tk * c.heads * 128, 22, "prefill bench k_nope")?;
     let k_rope = bf16(tk * 64, 24, "prefill bench k_rope")?;
     let v = bf16(tk * c.heads * PREFILL_DV, 23, "prefill bench v")?;
-    let out = Buf::<f32>::uninit(dev, (tq * c.heads * PREFILL_DV).max(1), "prefill bench out")?;
-    let lse = Buf::<f32>::uninit(dev, (tq * c.heads).max(1), "prefill bench lse")?;
+    let out = Buf::<f32>::uninit(dev, tq * c.heads * PREFILL_DV, "prefill bench out")?;
+    let lse = Buf::<f32>::uninit(dev, tq * c.heads, "prefill bench lse")?;
     let ql = Buf::from_host(
         dev,
         &start_locs((0..c.batch).map(|_| c.q_len)),

@@ -112,16 +112,12 @@ pub fn check_flash_prefill(
     );
     let (q_bits, q) = bf16_vec(&mut rng, s.total_q * heads * PREFILL_DQK, 1.0);
     let kv = keys(&mut rng, s.total_k, heads, layout);
-    // At least one element each, so an empty batch still has buffers to point at.
-    let one = |n: usize| n.max(1);
-    let mut out = upload(dev, &vec![f32::NAN; one(s.total_q * heads * PREFILL_DV)])?;
-    let mut lse = upload(dev, &vec![f32::NAN; one(s.total_q * heads)])?;
-    let qd = upload(dev, &padded(q_bits))?;
-    let (nd, rd) = (
-        upload(dev, &padded(kv.k_nope))?,
-        upload(dev, &padded(kv.k_rope))?,
-    );
-    let vd = kv.v.map(|v| upload(dev, &padded(v))).transpose()?;
+    // An empty batch still gets buffers to point at: every Buf holds at least one element.
+    let mut out = upload(dev, &vec![f32::NAN; s.total_q * heads * PREFILL_DV])?;
+    let mut lse = upload(dev, &vec![f32::NAN; s.total_q * heads])?;
+    let qd = upload(dev, &q_bits)?;
+    let (nd, rd) = (upload(dev, &kv.k_nope)?, upload(dev, &kv.k_rope)?);
+    let vd = kv.v.map(|v| upload(dev, &v)).transpose()?;
     let (ql, kl) = (upload(dev, &q_loc)?, upload(dev, &k_loc)?);
     let shared_v = || nd.ptr().offset(128.min(nd.len()));
     let bufs = PrefillBufs {
@@ -185,13 +181,6 @@ pub fn check_flash_prefill(
 
 /// Heads, rows (queries, keys), causal.
 type Case = (usize, Vec<(usize, usize)>, bool);
-
-fn padded(mut v: Vec<u16>) -> Vec<u16> {
-    if v.is_empty() {
-        v.push(0);
-    }
-    v
-}
 
 /// The grid: causal self-attention from 1 to 8192 tokens (non-aligned lengths, many rows
 /// in one launch), causal queries over a longer tail-aligned key range, and non-causal
@@ -294,14 +283,10 @@ fn run_prefill(
 ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
     let (s, q_loc, k_loc) = shape_of(heads, rows, causal);
     assert!(prefill_rows_valid(&s, &q_loc, &k_loc), "rows {rows:?}");
-    let out = upload(
-        dev,
-        &vec![f32::NAN; (s.total_q * heads * PREFILL_DV).max(1)],
-    )?;
-    let lse = upload(dev, &vec![f32::NAN; (s.total_q * heads).max(1)])?;
-    let pad = |v: &[u16]| padded(v.to_vec());
-    let (qd, nd) = (upload(dev, &pad(q))?, upload(dev, &pad(&k.k_nope))?);
-    let (rd, vd) = (upload(dev, &pad(&k.k_rope))?, upload(dev, &pad(&k.v))?);
+    let out = upload(dev, &vec![f32::NAN; s.total_q * heads * PREFILL_DV])?;
+    let lse = upload(dev, &vec![f32::NAN; s.total_q * heads])?;
+    let (qd, nd) = (upload(dev, q)?, upload(dev, &k.k_nope)?);
+    let (rd, vd) = (upload(dev, &k.k_rope)?, upload(dev, &k.v)?);
     let (ql, kl) = (upload(dev, &q_loc)?, upload(dev, &k_loc)?);
     let bufs = PrefillBufs {
         q: qd.ptr(),

@@ -459,7 +459,9 @@ impl FlashKernels {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()
                 .any(|w| w.function() == name)
-                || name == "flash_prefill_tma";
+                || super::PrefillTile::ALL
+                    .iter()
+                    .any(|t| t.hopper() && t.function() == name);
             if hopper && !wide.hopper() {
                 continue; // compiled as a trap off sm_90a; never launched there
             }

@@ -48,7 +48,7 @@ impl PrefillTile {
 
     /// Whether it needs sm_90a (wgmma).
     pub fn hopper(self) -> bool {
-        !matches!(self, PrefillTile::Rows64 | PrefillTile::Rows128)
+        self == PrefillTile::Tma128
     }
 
     /// Queries per CTA.
