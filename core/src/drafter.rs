@@ -72,7 +72,8 @@ impl DrafterPass {
     }
 
     /// Fills `kv_lens` and the split plan from `seq_lens`, `query_start_loc` and the
-    /// sampled indices, as the drafter's attention metadata builder does.
+    /// sampled indices, as the drafter's attention metadata builder does, then the
+    /// data-parallel padded and actual token counts.
     fn plan_keys(&mut self, cfg: &EngineConfig) {
         let max_len = cfg.scheduler.max_model_len;
         self.split_size_tokens = drafter_split_size(cfg);

@@ -117,7 +117,9 @@ impl GraphBuffers {
         if !cfg.faults.has(Fault::F12) {
             self.num_splits[..rows].copy_from_slice(&fresh);
         }
-        plan.idx_mapping = self.idx_mapping[..rows].to_vec();
+        plan.idx_mapping.clear();
+        plan.idx_mapping
+            .extend_from_slice(&self.idx_mapping[..rows]);
         let c = &mut plan.common;
         c.seq_lens.copy_from_slice(&self.seq_lens[..rows]);
         c.query_start_loc
@@ -125,8 +127,9 @@ impl GraphBuffers {
         c.block_table.copy_from_slice(&self.block_table[..rows * w]);
         c.max_seq_len = c.seq_lens.iter().max().map_or(0, |&s| s as usize);
         if let Some(d) = plan.mla.decode.as_mut() {
-            d.plan_seq_lens = c.seq_lens.clone();
-            d.num_splits = self.num_splits[..rows].to_vec();
+            d.plan_seq_lens.clone_from(&c.seq_lens);
+            d.num_splits.clear();
+            d.num_splits.extend_from_slice(&self.num_splits[..rows]);
         }
     }
 
@@ -191,7 +194,8 @@ impl RequestStateTables {
             }
         }
         for r in &batch.rows {
-            self.rows.insert(r.req_state_idx, r.block_ids.clone());
+            let row = self.rows.entry(r.req_state_idx).or_default();
+            row.clone_from(&r.block_ids);
         }
     }
 
@@ -204,13 +208,11 @@ impl RequestStateTables {
 /// The dummy batch an idle data-parallel rank runs so the busy ranks' collectives
 /// complete (vLLM's `InputBatch.make_dummy`: positions from 0, the target's slots PAD).
 /// What matters here is where its drafter decode passes write.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DummyStep {
-    /// Dummy rows: one per padded token, at most `max_num_seqs` (assumed: a decode-only
-    /// dummy batch).
-    pub num_reqs: usize,
     /// The request-state slot each dummy row reads: -1 (vLLM #56734), or its row index
-    /// under F15 (`arange`).
+    /// under F15 (`arange`). One dummy row per padded token, at most `max_num_seqs`
+    /// (assumed: a decode-only dummy batch).
     pub idx_mapping: Vec<i64>,
     /// Per drafter decode pass (1..K-1), each dummy row's KV slot: PAD where its slot is
     /// -1, else the slot of its position in that request-state slot's (stale) table.
@@ -241,7 +243,6 @@ pub fn dummy_step(cfg: &EngineConfig, tables: &RequestStateTables) -> Option<Dum
         })
         .collect();
     Some(DummyStep {
-        num_reqs,
         idx_mapping,
         drafter_slot_mapping,
     })

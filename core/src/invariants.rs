@@ -570,12 +570,13 @@ fn check_graph_buffers(plan: &StepPlan, s: &mut Sink) {
     }
     for r in plan.rows.len()..plan.idx_mapping.len() {
         let slot = plan.idx_mapping[r];
-        let owner = plan.idx_mapping[..plan.rows.len()]
-            .iter()
-            .position(|&s| s == slot)
-            .map(|o| format!(", live request {}'s", plan.rows[o].req_id))
-            .unwrap_or_default();
         s.check(slot == -1, Rule::GraphBuffers, Some(r), || {
+            // Only for the message: whose live slot the padding row writes into.
+            let owner = plan.idx_mapping[..plan.rows.len()]
+                .iter()
+                .position(|&s| s == slot)
+                .map(|o| format!(", live request {}'s", plan.rows[o].req_id))
+                .unwrap_or_default();
             format!(
                 "padding row samples drafts into request-state slot {slot}{owner} (must be \
                  -1: a padding row writes nothing)"

@@ -380,14 +380,10 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
             req_state_idx: r.req_state_idx as usize,
         });
     }
-    let mut ids: Vec<u64> = rows.iter().map(|r| r.req_id).collect();
-    ids.sort_unstable();
-    if ids.windows(2).any(|w| w[0] == w[1]) || rows.len() > s.max_num_seqs {
+    if has_duplicates(rows.iter().map(|r| r.req_id)) || rows.len() > s.max_num_seqs {
         return Err(bad("a request appears twice, or too many rows".into()));
     }
-    let mut slots: Vec<usize> = rows.iter().map(|r| r.req_state_idx).collect();
-    slots.sort_unstable();
-    if slots.windows(2).any(|w| w[0] == w[1]) {
+    if has_duplicates(rows.iter().map(|r| r.req_state_idx)) {
         return Err(bad("two rows share a request-state slot".into()));
     }
     Ok(ScheduledBatch {
@@ -395,4 +391,11 @@ fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, Repl
         rows,
         preempted: rec.preempted.clone(),
     })
+}
+
+/// Whether any value of `v` appears twice.
+fn has_duplicates<T: Ord>(v: impl Iterator<Item = T>) -> bool {
+    let mut v: Vec<T> = v.collect();
+    v.sort_unstable();
+    v.windows(2).any(|w| w[0] == w[1])
 }

@@ -209,13 +209,26 @@ fn hand_edited_records_are_errors_not_panics() {
         assert_exit2(&[p.to_str().unwrap()], "step");
     }
     // Two rows sharing a request-state slot; and a slot as large as a u32 goes, which
-    // must cost nothing (the per-slot tables are sparse): it replays.
+    // must cost nothing (the per-slot tables are sparse): it replays. The tables are
+    // only kept on a data-parallel rank, so the huge slot's replay runs as one (the
+    // padding changes no output).
     let i = records.iter().position(|r| r.rows.len() >= 2).unwrap();
+    let mut dp_header = header.clone();
+    let key = "\"dp_peer_num_tokens\":0";
+    assert!(
+        dp_header.config_json.contains(key),
+        "{}",
+        dp_header.config_json
+    );
+    dp_header.config_json = dp_header
+        .config_json
+        .replace(key, "\"dp_peer_num_tokens\":4");
     for (name, dup) in [("slot-dup", true), ("slot-huge", false)] {
         let mut recs = records.clone();
         let slot = recs[i].rows[0].req_state_idx;
         recs[i].rows[1].req_state_idx = if dup { slot } else { u32::MAX };
-        let mut w = specmla_traces::TraceWriter::new(Vec::new(), &header).unwrap();
+        let h = if dup { &header } else { &dp_header };
+        let mut w = specmla_traces::TraceWriter::new(Vec::new(), h).unwrap();
         for r in &recs {
             w.write_step(r).unwrap();
         }

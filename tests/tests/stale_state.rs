@@ -78,8 +78,8 @@ fn shrink(make: impl Fn(Case, Option<Fault>) -> Scenario, fault: Fault) -> Case 
 }
 
 /// Asserts `case` fails with `fault`, passes without it, and one of its failures says
-/// `needle`.
-fn frozen(make: impl Fn(Option<Fault>) -> Scenario, fault: Fault, needle: &str) {
+/// `needle`; returns the faulted run's summary.
+fn frozen(make: impl Fn(Option<Fault>) -> Scenario, fault: Fault, needle: &str) -> RunSummary {
     assert!(
         passes(&make(None)),
         "{fault:?} case fails without the fault"
@@ -91,6 +91,7 @@ fn frozen(make: impl Fn(Option<Fault>) -> Scenario, fault: Fault, needle: &str) 
         "{fault:?}: {}",
         first_failure(&sum)
     );
+    sum
 }
 
 fn graph_run(c: Case, f: Option<Fault>) -> Scenario {
@@ -138,9 +139,8 @@ fn f12_shrinks_to_one_request_past_one_split() {
 #[test]
 fn f12_frozen_one_request_past_the_capture_schedule() {
     let c = |f| graph_run((1, 1, 8, 12, 1), f);
-    frozen(c, Fault::F12, "replay reads");
+    let sum = frozen(c, Fault::F12, "replay reads");
     // The stale schedule truncates the keys: the logits are wrong too.
-    let sum = summary(&graph_run((1, 1, 8, 12, 1), Some(Fault::F12)));
     assert!(sum.max_logit_error > 1e-2, "{}", sum.max_logit_error);
 }
 
@@ -177,8 +177,7 @@ fn f14_shrinks_to_one_request_with_k_1() {
 #[test]
 fn f14_frozen_one_verify_row_on_the_single_token_kernel() {
     let c = |f| triton_dflash((1, 1, 4, 4, 1), f);
-    frozen(c, Fault::F14, "threshold");
-    let sum = summary(&triton_dflash((1, 1, 4, 4, 1), Some(Fault::F14)));
+    let sum = frozen(c, Fault::F14, "threshold");
     assert!(
         sum.failures
             .iter()
@@ -243,11 +242,18 @@ fn every_scenario_passes_with_poisoned_buffers() {
     }
 }
 
-/// Poison makes F12's stale schedule garbage: still caught, and the logits still wrong.
+/// Poison makes F12's stale schedule garbage: still caught, and the logits still wrong,
+/// but not as the capture-time schedule made them (the replay read what poison wrote).
 #[test]
 fn poison_turns_a_stale_schedule_into_garbage() {
     let mut s = graph_run((1, 1, 8, 12, 1), Some(Fault::F12));
+    let stale = summary(&s);
     s.cfg.poison_stale_buffers = true;
     let sum = summary(&s);
     assert!(!sum.passed() && sum.max_logit_error > 1e-2);
+    assert_ne!(
+        sum.max_logit_error.to_bits(),
+        stale.max_logit_error.to_bits(),
+        "poison left the schedule the replay read as the capture wrote it"
+    );
 }
