@@ -34,6 +34,7 @@ fn config() -> EngineConfig {
         cuda_graphs: true,
         max_capture_size_tokens: 1024,
         split_size_tokens: 512,
+        max_splits: 0,
         kv_cache_dtype: Default::default(),
         dp_peer_num_tokens: 0,
         faults: Default::default(),

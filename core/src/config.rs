@@ -424,8 +424,13 @@ pub struct EngineConfig {
     pub cuda_graphs: bool,
     /// Largest token count captured as a graph.
     pub max_capture_size_tokens: usize,
-    /// Fixed split-KV size of the decode kernel (a multiple of the page size).
+    /// The decode kernels' split-KV unit: keys per split (a multiple of the page size).
     pub split_size_tokens: usize,
+    /// The most splits a decode row takes; a longer row takes longer splits, whole
+    /// multiples of `split_size_tokens` (`split::SplitPolicy`). 0: no cap, every split is
+    /// `split_size_tokens` long.
+    #[serde(default)]
+    pub max_splits: usize,
     /// Element type of the paged latent cache (target and drafter).
     #[serde(default)]
     pub kv_cache_dtype: KvCacheDtype,
@@ -481,11 +486,27 @@ impl EngineConfig {
             cuda_graphs: true,
             max_capture_size_tokens: 64,
             split_size_tokens: 64,
+            max_splits: 0,
             kv_cache_dtype: KvCacheDtype::F32,
             dp_peer_num_tokens: 0,
             faults: Default::default(),
             poison_stale_buffers: false,
             split_override: Default::default(),
+        }
+    }
+
+    /// The split-KV policy every decode kernel runs, the target's and the drafter's: the
+    /// configured unit and cap, where no cap means enough splits for the longest row any
+    /// pass can see (`max_model_len` keys plus a drafter block of 1 + K).
+    pub fn split_policy(&self) -> crate::split::SplitPolicy {
+        let unit = self.split_size_tokens.max(1);
+        let longest = self.scheduler.max_model_len + 1 + self.spec.k();
+        crate::split::SplitPolicy {
+            split_size_tokens: unit,
+            max_splits: match self.max_splits {
+                0 => longest.div_ceil(unit),
+                n => n,
+            },
         }
     }
 
@@ -564,6 +585,7 @@ impl EngineConfig {
                 1 << 20,
             ),
             ("split_size_tokens", self.split_size_tokens, 1 << 24),
+            ("max_splits", self.max_splits, 1 << 12),
         ];
         check_limits("", &limits)?;
         if s.workspace_tokens < s.max_num_seqs * s.page_size {

@@ -10,6 +10,7 @@ use crate::block_pool::{slot_for, NO_BLOCK, PAD_SLOT};
 use crate::config::{DrafterBatch, EngineConfig};
 use crate::fault::{Fault, Faults};
 use crate::plan::StepPlan;
+use crate::split::SplitSchedule;
 
 /// What this step settled for one planned row.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -54,9 +55,8 @@ pub struct DrafterPass {
     /// metadata does from `seq_lens`: the row's seq_len less the row's tokens after the
     /// sampled one, capped at `max_model_len` (nothing past it was ever written).
     pub kv_lens: Vec<u32>,
-    /// The drafter's split-KV plan: the split size and each row's split count.
-    pub split_size_tokens: usize,
-    pub num_splits: Vec<u32>,
+    /// The drafter's split-KV schedule over `kv_lens`, under the target's policy.
+    pub split: SplitSchedule,
     /// Input rows after data-parallel padding: this pass's tokens, or the busiest
     /// rank's count if larger (`dp_peer_num_tokens`). The rows past the tokens are
     /// padding: no slot, no sample.
@@ -76,7 +76,6 @@ impl DrafterPass {
     /// data-parallel padded and actual token counts.
     fn plan_keys(&mut self, cfg: &EngineConfig) {
         let max_len = cfg.scheduler.max_model_len;
-        self.split_size_tokens = drafter_split_size(cfg);
         self.kv_lens = (0..self.num_rows())
             .map(|r| {
                 let end = self.query_start_loc[r + 1] as usize;
@@ -86,7 +85,12 @@ impl DrafterPass {
                     .min(max_len) as u32
             })
             .collect();
-        self.num_splits = split_counts(&self.kv_lens, self.split_size_tokens);
+        self.split = cfg.split_policy().schedule(
+            &self.kv_lens,
+            &self.block_table,
+            self.block_table_width,
+            cfg.scheduler.page_size,
+        );
         self.pad_for_data_parallel(cfg);
     }
 
@@ -132,8 +136,7 @@ pub fn first_pass(
         token_indices_to_sample: Vec::with_capacity(n),
         num_rejected: Vec::with_capacity(n),
         kv_lens: Vec::new(),
-        split_size_tokens: 0,
-        num_splits: Vec::new(),
+        split: SplitSchedule::default(),
         num_padded_tokens: 0,
         num_actual_tokens: 0,
     };
@@ -202,8 +205,7 @@ pub fn next_pass(cfg: &EngineConfig, prev: &DrafterPass, proposals: &[u32]) -> D
         token_indices_to_sample: (0..n as u32).collect(),
         num_rejected: vec![0; n],
         kv_lens: Vec::new(),
-        split_size_tokens: 0,
-        num_splits: Vec::new(),
+        split: SplitSchedule::default(),
         num_padded_tokens: 0,
         num_actual_tokens: 0,
     };
@@ -226,21 +228,6 @@ pub fn next_pass(cfg: &EngineConfig, prev: &DrafterPass, proposals: &[u32]) -> D
     }
     p.plan_keys(cfg);
     p
-}
-
-/// The drafter's split size: one split covers every key a drafter row can see (at most
-/// `max_model_len` cached keys plus a DFlash block), so a row's result never depends on
-/// the rest of the batch and the split reduction is trivially in order.
-pub fn drafter_split_size(cfg: &EngineConfig) -> usize {
-    cfg.scheduler.max_model_len + 1 + cfg.spec.k()
-}
-
-/// Split counts covering `kv_lens` in splits of `split_size_tokens` (at least one each).
-pub fn split_counts(kv_lens: &[u32], split_size_tokens: usize) -> Vec<u32> {
-    kv_lens
-        .iter()
-        .map(|&l| (l as usize).div_ceil(split_size_tokens).max(1) as u32)
-        .collect()
 }
 
 /// The DFlash block pass: this step's committed tokens become drafter context (their
@@ -272,9 +259,9 @@ pub struct DFlashPass {
     pub sample_indices: Vec<u32>,
     /// Keys each row's block attends to: its cached context plus the whole block.
     pub kv_lens: Vec<u32>,
-    /// The split-KV plan of the block attention: the split size and each row's count.
-    pub split_size_tokens: usize,
-    pub num_splits: Vec<u32>,
+    /// The split-KV schedule of the block attention over `kv_lens`, under the target's
+    /// policy.
+    pub split: SplitSchedule,
 }
 
 /// The DFlash slot rule: PAD at or past `max_model_len`; otherwise the block index is
@@ -342,8 +329,7 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
         block_table_width: width,
         sample_indices: Vec::with_capacity(n * k),
         kv_lens: Vec::with_capacity(n),
-        split_size_tokens: drafter_split_size(cfg),
-        num_splits: Vec::new(),
+        split: SplitSchedule::default(),
     };
     for (r, o) in outcomes.iter().enumerate() {
         let toks = c.row_tokens(r);
@@ -376,6 +362,8 @@ pub fn dflash_pass(cfg: &EngineConfig, plan: &StepPlan, outcomes: &[RowOutcome])
             p.block_slots.push(slot);
         }
     }
-    p.num_splits = split_counts(&p.kv_lens, p.split_size_tokens);
+    p.split =
+        cfg.split_policy()
+            .schedule(&p.kv_lens, &p.block_table, width, cfg.scheduler.page_size);
     p
 }

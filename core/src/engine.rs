@@ -722,8 +722,7 @@ impl UnwrapPass for Option<DrafterPass> {
             token_indices_to_sample: Vec::new(),
             num_rejected: Vec::new(),
             kv_lens: Vec::new(),
-            split_size_tokens: 0,
-            num_splits: Vec::new(),
+            split: Default::default(),
             num_padded_tokens: 0,
             num_actual_tokens: 0,
         })

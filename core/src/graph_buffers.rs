@@ -12,9 +12,12 @@
 //!   padding rows have q = 0 (`query_start_loc[num_reqs + 1:]` is filled).
 //! - the block table: the real rows only (the block table commits the first `num_reqs`
 //!   rows); a padding row's entries stay stale, harmless while its seq_len is 0.
-//! - the split-KV schedule: recomputed from the current seq_lens and copied into the
-//!   graph's buffer (vLLM #35175 for FlashMLA's FP8 path). F12 leaves the buffer as the
-//!   capture wrote it, the bug of vLLM #33638: the replay reads the capture-time schedule.
+//! - the split-KV schedule (each row's split length and count): recomputed from the
+//!   current seq_lens and copied into the graph's buffer (vLLM #35175 for FlashMLA's FP8
+//!   path). F12 leaves the buffer as the capture wrote it, the bug of vLLM #33638: the
+//!   replay reads the capture-time schedule. Each row's mapped keys (the flash kernels'
+//!   read bound) are recomputed from the buffer's block table on every replay, F12 or
+//!   not: they belong to the table, which the kernels would otherwise read past.
 //!
 //! - `idx_mapping` (each row's request-state slot, through which draft sampling writes a
 //!   row's draft logits): the real rows', then -1 for the padding rows (vLLM #47066, so
@@ -41,9 +44,9 @@ use crate::block_pool::{slot_for, PAD_SLOT};
 use crate::config::{EngineConfig, SpecMethod};
 use crate::cudagraph::GraphShape;
 use crate::fault::Fault;
-use crate::metadata::decode_split_plan;
 use crate::plan::StepPlan;
 use crate::rng::{keyed_rng, Stream};
+use crate::split::SplitSchedule;
 
 /// The buffers a replayed graph reads, `[max_rows]` (`[max_rows, width]` for the table).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,6 +56,9 @@ pub struct GraphBuffers {
     /// `[max_rows + 1]`.
     query_start_loc: Vec<u32>,
     block_table: Vec<u32>,
+    /// The split-KV schedule's split lengths and counts (its mapped keys are computed
+    /// from `block_table` when read).
+    split_len_tokens: Vec<u32>,
     num_splits: Vec<u32>,
     idx_mapping: Vec<i64>,
 }
@@ -69,6 +75,7 @@ impl GraphBuffers {
             seq_lens: vec![0; rows],
             query_start_loc: vec![0; rows + 1],
             block_table: vec![0; rows * width],
+            split_len_tokens: vec![0; rows],
             num_splits: vec![0; rows],
             // Never written is -1: only an earlier step's entries can be stale.
             idx_mapping: vec![-1; rows],
@@ -76,10 +83,35 @@ impl GraphBuffers {
         for s in shapes.iter().rev() {
             b.seq_lens[..s.num_rows].fill(s.max_query_len as u32);
             b.seq_lens[s.num_rows..].fill(0);
-            let plan = decode_split_plan(&b.seq_lens[..s.num_rows], cfg.split_size_tokens);
-            b.num_splits[..s.num_rows].copy_from_slice(&plan);
+            b.write_schedule(cfg, s.num_rows);
         }
         b
+    }
+
+    /// The schedule of the first `rows` rows, recomputed from their current seq_lens.
+    fn write_schedule(&mut self, cfg: &EngineConfig, rows: usize) {
+        let policy = cfg.split_policy();
+        for r in 0..rows {
+            let (split, n) = policy.split_of(self.seq_lens[r] as usize);
+            self.split_len_tokens[r] = split;
+            self.num_splits[r] = n;
+        }
+    }
+
+    /// The schedule a replay of `rows` rows reads: the buffers' split lengths and counts
+    /// as they stand, and mapped keys from the buffer's block table.
+    fn read_schedule(&self, cfg: &EngineConfig, rows: usize) -> SplitSchedule {
+        let page = cfg.scheduler.page_size;
+        let w = self.width;
+        SplitSchedule {
+            split_len_tokens: self.split_len_tokens[..rows].to_vec(),
+            num_splits: self.num_splits[..rows].to_vec(),
+            mapped_kv_tokens: (0..rows)
+                .map(|r| {
+                    crate::split::mapped_kv_tokens(&self.block_table[r * w..(r + 1) * w], page)
+                })
+                .collect(),
+        }
     }
 
     /// One step: with poison, garbage first in every region this step will not write;
@@ -113,9 +145,8 @@ impl GraphBuffers {
         }
         let Some(g) = plan.cudagraph else { return };
         let rows = g.shape.num_rows;
-        let fresh = decode_split_plan(&self.seq_lens[..rows], cfg.split_size_tokens);
         if !cfg.faults.has(Fault::F12) {
-            self.num_splits[..rows].copy_from_slice(&fresh);
+            self.write_schedule(cfg, rows);
         }
         plan.idx_mapping.clear();
         plan.idx_mapping
@@ -128,8 +159,7 @@ impl GraphBuffers {
         c.max_seq_len = c.seq_lens.iter().max().map_or(0, |&s| s as usize);
         if let Some(d) = plan.mla.decode.as_mut() {
             d.plan_seq_lens.clone_from(&c.seq_lens);
-            d.num_splits.clear();
-            d.num_splits.extend_from_slice(&self.num_splits[..rows]);
+            d.split = self.read_schedule(cfg, rows);
         }
     }
 
@@ -165,9 +195,13 @@ impl GraphBuffers {
             Some(rows) if !cfg.faults.has(Fault::F12) => rows,
             _ => 0,
         };
-        let most = s.max_model_len.div_ceil(cfg.split_size_tokens) as u32;
-        for v in &mut self.num_splits[copied..] {
-            *v = rng.gen_range(1..=most);
+        // Garbage that still looks like a schedule: a split length the policy gives some
+        // length up to max_model_len, and a count up to the policy's cap.
+        let policy = cfg.split_policy();
+        for r in copied..self.num_splits.len() {
+            let (split, _) = policy.split_of(rng.gen_range(0..=s.max_model_len));
+            self.split_len_tokens[r] = split;
+            self.num_splits[r] = rng.gen_range(1..=policy.max_splits as u32);
         }
     }
 }

@@ -11,6 +11,7 @@ use crate::drafter::{DFlashPass, DrafterPass, RowOutcome};
 use crate::graph_buffers::DummyStep;
 use crate::plan::StepPlan;
 use crate::reorder::Region;
+use crate::split::SplitSchedule;
 
 /// The rule a violation breaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -119,10 +120,10 @@ pub fn check_plan(
     check_reorder(cfg, batch, plan, &mut s);
     check_split(plan, &mut s);
     check_common(cfg, batch, plan, &mut s);
-    check_decode_rows(plan, &mut s);
+    check_decode_rows(cfg, plan, &mut s);
     check_chunks(cfg, plan, &mut s);
     check_graph(cfg, plan, capture_sizes, &mut s);
-    check_graph_buffers(plan, &mut s);
+    check_graph_buffers(cfg, plan, &mut s);
     check_sampling(batch, plan, &mut s);
     s.out
 }
@@ -429,7 +430,7 @@ fn check_common(cfg: &EngineConfig, batch: &ScheduledBatch, plan: &StepPlan, s: 
     );
 }
 
-fn check_decode_rows(plan: &StepPlan, s: &mut Sink) {
+fn check_decode_rows(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
     let Some(d) = &plan.mla.decode else { return };
     let c = &plan.common;
     let rows_ok = d.rows.end <= c.num_rows();
@@ -467,17 +468,44 @@ fn check_decode_rows(plan: &StepPlan, s: &mut Sink) {
             )
         },
     );
-    let expect_splits: Vec<u32> = d
-        .plan_seq_lens
-        .iter()
-        .map(|&l| (l as usize).div_ceil(d.split_size_tokens).max(1) as u32)
-        .collect();
-    s.check(
-        d.num_splits == expect_splits,
-        Rule::DecodeRows,
-        None,
-        || "split plan does not cover the decode rows' keys".into(),
-    );
+    let sched = &d.split;
+    let lens = [
+        sched.split_len_tokens.len(),
+        sched.num_splits.len(),
+        sched.mapped_kv_tokens.len(),
+    ];
+    s.check(lens == [d.kernel_rows; 3], Rule::DecodeRows, None, || {
+        format!(
+            "split schedule of {lens:?} entries for {} kernel rows",
+            d.kernel_rows
+        )
+    });
+    let width = c.block_table_width;
+    for (i, &len) in d.plan_seq_lens.iter().enumerate().take(sched.len()) {
+        let (split, n) = (sched.split_len_tokens[i], sched.num_splits[i]);
+        s.check(
+            ref_split_ok(cfg, len as usize, split, n),
+            Rule::DecodeRows,
+            Some(d.rows.start + i),
+            || format!("split schedule {n} x {split} keys for {len} keys"),
+        );
+        let row = c
+            .block_table
+            .get((d.rows.start + i) * width..(d.rows.start + i + 1) * width)
+            .unwrap_or(&[]);
+        let mapped = ref_mapped_keys(row, cfg.scheduler.page_size);
+        s.check(
+            sched.mapped_kv_tokens.get(i) == Some(&mapped),
+            Rule::DecodeRows,
+            Some(d.rows.start + i),
+            || {
+                format!(
+                    "mapped keys {:?}, the row's block table maps {mapped}",
+                    sched.mapped_kv_tokens.get(i)
+                )
+            },
+        );
+    }
     s.check(
         d.tokens.start == c.query_start_loc[d.rows.start] as usize
             && d.tokens.end == c.query_start_loc[d.rows.end] as usize,
@@ -555,7 +583,7 @@ fn check_chunks(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
 /// A replay reads the graph's persistent buffers whole: the padding rows' seq_lens must
 /// be this step's zeros, and the split schedule must be recomputed from the seq_lens the
 /// replay reads (the reference recomputes it here, as vLLM #35175 copies it).
-fn check_graph_buffers(plan: &StepPlan, s: &mut Sink) {
+fn check_graph_buffers(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink) {
     if plan.cudagraph.is_none() {
         return;
     }
@@ -584,20 +612,24 @@ fn check_graph_buffers(plan: &StepPlan, s: &mut Sink) {
         });
     }
     let Some(d) = &plan.mla.decode else { return };
-    let want: Vec<u32> = c
-        .seq_lens
-        .iter()
-        .map(|&l| (l as usize).div_ceil(d.split_size_tokens).max(1) as u32)
-        .collect();
-    let stale = (0..want.len()).find(|&r| d.num_splits.get(r) != Some(&want[r]));
+    let sched = &d.split;
+    let stale = (0..c.seq_lens.len()).find(|&r| {
+        !(r < sched.len()
+            && ref_split_ok(
+                cfg,
+                c.seq_lens[r] as usize,
+                sched.split_len_tokens[r],
+                sched.num_splits[r],
+            ))
+    });
     if let Some(r) = stale {
         s.check(false, Rule::GraphBuffers, Some(r), || {
             format!(
-                "replay reads {:?} splits for seq_len {}; the current seq_lens give {} (a \
-                 schedule left in the graph's buffer)",
-                d.num_splits.get(r),
+                "replay reads a schedule of {:?} splits of {:?} keys for seq_len {} (a \
+                 schedule left in the graph's buffer, not recomputed from the current seq_lens)",
+                sched.num_splits.get(r),
+                sched.split_len_tokens.get(r),
                 c.seq_lens[r],
-                want[r]
             )
         });
     }
@@ -844,10 +876,38 @@ pub fn check_drafter_pass(
     s.out
 }
 
-/// The drafter's split size, restated: one split holds every key a drafter row can see
-/// (`max_model_len` cached keys plus a DFlash block of 1 + K).
-fn ref_drafter_split(cfg: &EngineConfig) -> usize {
-    cfg.scheduler.max_model_len + cfg.spec.k() + 1
+/// Whether `num_splits` splits of `split_len` keys are the policy's schedule for a row
+/// of `kv_len` keys, restated as properties: splits are whole units, at most the cap,
+/// cover the keys, none is empty (but a keyless row's one), and no shorter split
+/// (one unit less) would cover them within the cap.
+fn ref_split_ok(cfg: &EngineConfig, kv_len: usize, split_len: u32, num_splits: u32) -> bool {
+    let policy = cfg.split_policy();
+    let (unit, cap) = (policy.split_size_tokens, policy.max_splits);
+    let (len, n) = (split_len as usize, num_splits as usize);
+    if len == 0 || n == 0 {
+        return false;
+    }
+    let whole = len.is_multiple_of(unit);
+    let covers = (1..=cap).contains(&n) && len * n >= kv_len;
+    let tight = if kv_len == 0 {
+        n == 1
+    } else {
+        (n - 1) * len < kv_len
+    };
+    let shortest = len == unit || (len - unit) * cap < kv_len;
+    whole && covers && tight && shortest
+}
+
+/// Keys a block-table row maps: every entry before the first missing one, restated.
+fn ref_mapped_keys(row: &[u32], page_size: usize) -> u32 {
+    let mut keys = 0;
+    for &b in row {
+        if b == crate::block_pool::NO_BLOCK {
+            break;
+        }
+        keys += page_size as u32;
+    }
+    keys
 }
 
 /// A drafter row reads `kv_len` keys (`want`, capped at max_model_len for the
@@ -872,25 +932,39 @@ fn check_drafter_keys(
             )
         },
     );
-    check_splits(r, want, p.split_size_tokens, p.num_splits.get(r), cfg, s);
+    check_splits(cfg, r, want, (&p.split, p.block_row(r)), s);
 }
 
-/// One split size for every drafter row, and enough splits to cover its keys.
+/// A drafter row's schedule: the policy's splits for its `kv_len` keys, and the keys its
+/// block-table row maps.
 fn check_splits(
+    cfg: &EngineConfig,
     r: usize,
     kv_len: usize,
-    split_size_tokens: usize,
-    num_splits: Option<&u32>,
-    cfg: &EngineConfig,
+    (sched, table_row): (&SplitSchedule, &[u32]),
     s: &mut Sink,
 ) {
-    let split = ref_drafter_split(cfg);
-    let want = kv_len.div_ceil(split).max(1) as u32;
+    let (split, n) = (
+        sched.split_len_tokens.get(r).copied().unwrap_or(0),
+        sched.num_splits.get(r).copied().unwrap_or(0),
+    );
     s.check(
-        split_size_tokens == split && num_splits == Some(&want),
+        ref_split_ok(cfg, kv_len, split, n),
         Rule::DrafterInputs,
         Some(r),
-        || format!("drafter split plan {num_splits:?} x {split_size_tokens} for {kv_len} keys"),
+        || format!("drafter split schedule {n} x {split} keys for {kv_len} keys"),
+    );
+    let mapped = ref_mapped_keys(table_row, cfg.scheduler.page_size);
+    s.check(
+        sched.mapped_kv_tokens.get(r) == Some(&mapped),
+        Rule::DrafterInputs,
+        Some(r),
+        || {
+            format!(
+                "drafter mapped keys {:?}, the row's block table maps {mapped}",
+                sched.mapped_kv_tokens.get(r)
+            )
+        },
     );
 }
 
@@ -928,14 +1002,9 @@ pub fn check_dflash(
                 )
             },
         );
-        check_splits(
-            r,
-            keys,
-            p.split_size_tokens,
-            p.num_splits.get(r),
-            cfg,
-            &mut s,
-        );
+        let w = p.block_table_width;
+        let table_row = &p.block_table[r * w..(r + 1) * w];
+        check_splits(cfg, r, keys, (&p.split, table_row), &mut s);
         for i in 0..p.block_len {
             let j = r * p.block_len + i;
             let pos = p.block_positions[j] as usize;
@@ -996,6 +1065,7 @@ mod tests {
             cuda_graphs: false,
             max_capture_size_tokens: 64,
             split_size_tokens: 64,
+            max_splits: 0,
             kv_cache_dtype: Default::default(),
             dp_peer_num_tokens: 0,
             faults: Default::default(),

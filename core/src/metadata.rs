@@ -7,6 +7,7 @@ use std::ops::Range;
 use serde::{Deserialize, Serialize};
 
 use crate::chunked_context::ChunkedContext;
+use crate::split::SplitSchedule;
 
 /// Per-batch tensors every attention backend reads. Rows include q = 0 padding rows
 /// when the step replays a graph; tokens include padding tokens (slot PAD).
@@ -67,9 +68,10 @@ pub struct MlaDecodeMetadata {
     pub kernel_rows: usize,
     /// seq_lens the split planner was built from, one per kernel row.
     pub plan_seq_lens: Vec<u32>,
-    /// Split-KV plan: number of fixed-size splits per kernel row.
-    pub num_splits: Vec<u32>,
-    pub split_size_tokens: usize,
+    /// The split-KV schedule the kernel reads, one entry per kernel row: split length and
+    /// count from `plan_seq_lens` under the config's policy, mapped keys from the row's
+    /// block table.
+    pub split: SplitSchedule,
 }
 
 /// What the prefill (materialized) path runs on.
@@ -93,14 +95,4 @@ pub struct MlaMetadata {
     pub num_prefill_tokens: usize,
     pub decode: Option<MlaDecodeMetadata>,
     pub prefill: Option<MlaPrefillMetadata>,
-}
-
-/// Number of fixed-size KV splits per row: split boundaries sit at absolute positions
-/// (multiples of `split_size_tokens`), so a row's reduction order never depends on the
-/// rest of the batch (batch invariance).
-pub fn decode_split_plan(seq_lens: &[u32], split_size_tokens: usize) -> Vec<u32> {
-    seq_lens
-        .iter()
-        .map(|&s| (s as usize).div_ceil(split_size_tokens).max(1) as u32)
-        .collect()
 }

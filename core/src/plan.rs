@@ -12,7 +12,7 @@ use crate::cudagraph::{dispatch, GraphDispatch};
 use crate::fault::Fault;
 use crate::grammar::{GrammarState, TokenAutomaton, TokenMask};
 use crate::metadata::{
-    decode_split_plan, CommonAttentionMetadata, MlaDecodeMetadata, MlaMetadata, MlaPrefillMetadata,
+    CommonAttentionMetadata, MlaDecodeMetadata, MlaMetadata, MlaPrefillMetadata,
 };
 use crate::reorder::{reorder_and_split, PlanRules, Region, ReorderSplit, RowShape};
 
@@ -247,6 +247,12 @@ fn build_mla(
         let plan_seq_lens: Vec<u32> = planned
             .map(|r| common.seq_lens.get(r).copied().unwrap_or(0))
             .collect();
+        // Kernel row i reads table row `rows.start + i` (none past the metadata's rows).
+        let width = common.block_table_width;
+        let tables = common
+            .block_table
+            .get(dec_rows.start * width..)
+            .unwrap_or(&[]);
         MlaDecodeMetadata {
             tokens,
             uniform_query_len: if single {
@@ -255,9 +261,13 @@ fn build_mla(
                 uniform.then(|| common.query_len(dec_rows.start))
             },
             kernel_rows,
-            num_splits: decode_split_plan(&plan_seq_lens, cfg.split_size_tokens),
+            split: cfg.split_policy().schedule(
+                &plan_seq_lens,
+                tables,
+                width,
+                cfg.scheduler.page_size,
+            ),
             plan_seq_lens,
-            split_size_tokens: cfg.split_size_tokens,
             rows: dec_rows.clone(),
         }
     });

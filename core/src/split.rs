@@ -1,23 +1,93 @@
-//! The decode kernels' split-KV policy: how many splits of how many keys each request
-//! takes. Split boundaries sit at absolute positions and splits merge in split order, so
-//! a plan that depends only on the request and the model's shape keeps a request's bits
-//! independent of its batch. The device facts a plan needs (query rows per CTA, tile
-//! keys, how many split groups fit at once) come in as arguments: the core stays pure.
+//! The decode kernels' split-KV rule, the one every decode kernel reads: a policy (keys
+//! per split, the most splits a request takes), and from it each row's schedule (its split
+//! length, its split count and how many keys its block table maps), which the plan
+//! carries and the kernels read as given. Split boundaries sit at absolute positions and
+//! splits merge in split order, so a schedule that depends only on the request and the
+//! policy keeps a request's bits independent of its batch. The device facts a policy
+//! needs (query rows per CTA, tile keys, how many split groups fit at once) come in as
+//! arguments: the core stays pure.
 
 use serde::{Deserialize, Serialize};
 
-/// A split plan: keys per split (a multiple of the kernel's tile) and the most splits a
-/// request takes; a longer request takes longer splits.
+use crate::block_pool::NO_BLOCK;
+
+/// A split policy: keys per split (a multiple of the kernel's tile) and the most splits a
+/// request takes; a longer request takes longer splits (see [`SplitPolicy::split_of`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SplitPlan {
+pub struct SplitPolicy {
     pub split_size_tokens: usize,
     pub max_splits: usize,
 }
 
-impl From<SplitPlan> for (usize, usize) {
-    fn from(p: SplitPlan) -> Self {
+impl From<SplitPolicy> for (usize, usize) {
+    fn from(p: SplitPolicy) -> Self {
         (p.split_size_tokens, p.max_splits)
     }
+}
+
+impl SplitPolicy {
+    /// The split of a row of `kv_len` keys: `(split_len_tokens, num_splits)`. The split
+    /// length is the smallest multiple of `split_size_tokens` that covers the keys in at
+    /// most `max_splits` splits; a row without keys takes one (empty) split. It depends
+    /// on the row's own length and the policy alone.
+    pub fn split_of(&self, kv_len: usize) -> (u32, u32) {
+        let unit = self.split_size_tokens.max(1);
+        let per = kv_len.div_ceil(self.max_splits.max(1));
+        let len = per.div_ceil(unit).max(1) * unit;
+        (len as u32, kv_len.div_ceil(len).max(1) as u32)
+    }
+
+    /// The schedule of rows with `kv_lens` keys, whose block tables are the rows of
+    /// `block_table` (`width` entries each; a row past the table maps nothing).
+    pub fn schedule(
+        &self,
+        kv_lens: &[u32],
+        block_table: &[u32],
+        width: usize,
+        page_size: usize,
+    ) -> SplitSchedule {
+        let mut s = SplitSchedule::default();
+        for (r, &len) in kv_lens.iter().enumerate() {
+            let (split, n) = self.split_of(len as usize);
+            s.split_len_tokens.push(split);
+            s.num_splits.push(n);
+            let row = block_table.get(r * width..(r + 1) * width).unwrap_or(&[]);
+            s.mapped_kv_tokens.push(mapped_kv_tokens(row, page_size));
+        }
+        s
+    }
+}
+
+/// Each row's split-KV schedule, as the decode kernels read it (one entry per kernel row).
+/// Row r covers keys `[i * split_len_tokens[r], (i + 1) * split_len_tokens[r])` in split
+/// i for i below `num_splits[r]`, merged in split order, and reads no key at or past
+/// `mapped_kv_tokens[r]`.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SplitSchedule {
+    pub split_len_tokens: Vec<u32>,
+    pub num_splits: Vec<u32>,
+    /// Keys the row's block table maps before its first hole ([`mapped_kv_tokens`]): the
+    /// kernels' read bound, rewritten with the block table on every step.
+    pub mapped_kv_tokens: Vec<u32>,
+}
+
+impl SplitSchedule {
+    pub fn len(&self) -> usize {
+        self.num_splits.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.num_splits.is_empty()
+    }
+}
+
+/// Keys a block-table row maps before its first hole: `page_size` times the index of its
+/// first [`NO_BLOCK`] entry, or the whole row. A flash kernel reads nothing past it, so
+/// it never dereferences a missing block (a row whose window reaches past it comes out
+/// NaN instead).
+pub fn mapped_kv_tokens(row: &[u32], page_size: usize) -> u32 {
+    let blocks = row.iter().position(|&b| b == NO_BLOCK).unwrap_or(row.len());
+    (blocks * page_size) as u32
 }
 
 /// The batch-invariant split plan for requests of `query_rows` query rows, on a kernel
@@ -38,12 +108,12 @@ impl From<SplitPlan> for (usize, usize) {
 /// q 1) up to 2 of 2048+; four or more (H 128, q 2 and up) one split, no merge at all.
 ///
 /// Batches far below 32 requests leave SMs idle under this plan; the fast plan does not.
-pub fn invariant_split_plan(query_rows: usize, block_rows: usize) -> SplitPlan {
+pub fn invariant_split_plan(query_rows: usize, block_rows: usize) -> SplitPolicy {
     let (split_size_tokens, max_splits) = match query_rows.div_ceil(block_rows) {
         0 | 1 => (1024, 2),
         blocks => (2048, (4 / blocks).max(1)),
     };
-    SplitPlan {
+    SplitPolicy {
         split_size_tokens,
         max_splits,
     }
@@ -51,9 +121,9 @@ pub fn invariant_split_plan(query_rows: usize, block_rows: usize) -> SplitPlan {
 
 /// `splits` equal splits of a `context`-key request, each a whole number of `tile_keys`
 /// tiles (a tile may span pages or part of one).
-pub fn equal_split_plan(context: usize, splits: usize, tile_keys: usize) -> SplitPlan {
+pub fn equal_split_plan(context: usize, splits: usize, tile_keys: usize) -> SplitPolicy {
     let split = context.div_ceil(splits).div_ceil(tile_keys) * tile_keys;
-    SplitPlan {
+    SplitPolicy {
         split_size_tokens: split,
         max_splits: context.div_ceil(split),
     }
@@ -71,7 +141,7 @@ pub fn fast_split_plan(
     context: usize,
     resident: &dyn Fn(usize) -> usize,
     tile_keys: usize,
-) -> SplitPlan {
+) -> SplitPolicy {
     let most = context.div_ceil(256).max(1);
     let splits = (1..=most)
         .filter(|&n| groups <= resident(n))
@@ -83,6 +153,52 @@ pub fn fast_split_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_split_is_the_shortest_multiple_of_the_unit_within_the_cap() {
+        let p = SplitPolicy {
+            split_size_tokens: 64,
+            max_splits: 4,
+        };
+        assert_eq!(p.split_of(0), (64, 1));
+        assert_eq!(p.split_of(1), (64, 1));
+        assert_eq!(p.split_of(64), (64, 1));
+        assert_eq!(p.split_of(65), (64, 2));
+        assert_eq!(p.split_of(256), (64, 4));
+        // Past four units the splits grow by whole units, never past four of them.
+        assert_eq!(p.split_of(257), (128, 3));
+        assert_eq!(p.split_of(4096), (1024, 4));
+        assert_eq!(p.split_of(4097), (1088, 4));
+        for len in 0..3000 {
+            let (split, n) = p.split_of(len);
+            assert!(
+                split % 64 == 0 && (1..=4).contains(&n),
+                "{len}: {split} x {n}"
+            );
+            assert!(
+                (split * n) as usize >= len,
+                "{len} uncovered by {split} x {n}"
+            );
+            assert!(
+                len == 0 || ((n - 1) * split) < len as u32,
+                "{len}: an empty split"
+            );
+        }
+    }
+
+    #[test]
+    fn the_schedule_maps_keys_up_to_the_first_hole() {
+        let p = SplitPolicy {
+            split_size_tokens: 16,
+            max_splits: 8,
+        };
+        let table = [4, 5, NO_BLOCK, 7, 8, 9, NO_BLOCK, 1, 2];
+        let s = p.schedule(&[40, 17, 0, 5], &table, 3, 16);
+        assert_eq!(s.split_len_tokens, vec![16, 16, 16, 16]);
+        assert_eq!(s.num_splits, vec![3, 2, 1, 1]);
+        // The fourth row is past the table: it maps nothing.
+        assert_eq!(s.mapped_kv_tokens, vec![32, 48, 0, 0]);
+    }
 
     #[test]
     fn the_invariant_plan_depends_on_the_model_shape_only() {

@@ -76,13 +76,17 @@ __device__ __forceinline__ int swz(int r, int ch) { return r * FD_D + ((ch ^ (r 
 
 #define FD_PSTRIDE (FD_KEYS + 8)
 
-// Keys per split of a request of `len` keys: the smallest multiple of `unit` that covers it
-// in at most `max_splits` splits. It depends on the request alone, never on the batch, so a
-// fixed (unit, max_splits) is batch-invariant; capping the count bounds the partial results
-// (f32, as many bytes per row and split as 1.8 keys of cache) that flash_combine re-reads.
-__device__ __forceinline__ int fd_split(int len, int unit, int max_splits) {
-    int per = (len + max_splits - 1) / max_splits;
-    return max(unit, (per + unit - 1) / unit * unit);
+// Request b's split-KV schedule, as the plan gives it (core's `SplitSchedule`, one policy for
+// every decode kernel): split i covers keys [i * len, (i + 1) * len), for i below count. The
+// kernels never derive it; a schedule that does not cover the keys (a stale one: F12) drops
+// the keys past it, as a real kernel would. The count is clamped to the launch's
+// `max_splits` (the partial buffers hold that many) and to at least one.
+struct FdSplit {
+    int len, count;
+};
+__device__ __forceinline__ FdSplit fd_schedule(const int* split_lens, const int* num_splits, int b,
+                                               int max_splits) {
+    return FdSplit{split_lens[b], max(1, min(num_splits[b], max_splits))};
 }
 
 // Where the final LSE of row r of request b goes: [heads, B * q_len], the layout of the f32
@@ -119,9 +123,10 @@ __device__ __forceinline__ float fd_max(float a, float b) { return a != a || b !
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                  const int* __restrict__ block_table, const int* __restrict__ seq_lens,
-                 const int* __restrict__ mapped_kv_tokens,
+                 const int* __restrict__ mapped_kv_tokens, const int* __restrict__ split_lens,
+                 const int* __restrict__ num_splits,
                  float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                 int heads, int q_len, int page, int width, int split_size, int max_splits,
+                 int heads, int q_len, int page, int width, int max_splits,
                  float scale_log2) {
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* qs = smem;                          // [64][576] swizzled
@@ -132,11 +137,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int rg = warp % 4, vh = warp / 4;
     const int row0 = blockIdx.x * FD_ROWS, sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
-    const int split = fd_split(seq_len, split_size, max_splits);
+    const FdSplit sched = fd_schedule(split_lens, num_splits, b, max_splits);
+    if (sp >= sched.count) return;  // the request takes fewer splits: nothing reads this one
+    const int split = sched.len;
     const int kv_start = sp * split;
     const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
     const int kv_end = min(min(kv_start + split, seq_len), mapped);
-    if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     // Q rows of this CTA (zero-filled past the request's rows).
     const unsigned short* qb = q + (long long)b * rows * FD_D;
@@ -329,10 +335,11 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
 extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     flash_decode_narrow(const unsigned short* __restrict__ q, const unsigned short* __restrict__ cache,
                         const int* __restrict__ block_table, const int* __restrict__ seq_lens,
-                 const int* __restrict__ mapped_kv_tokens,
+                        const int* __restrict__ mapped_kv_tokens, const int* __restrict__ split_lens,
+                        const int* __restrict__ num_splits,
                         float* __restrict__ o_part, float* __restrict__ lse_part, int batch, int rows,
-                        int heads, int q_len, int page, int width, int split_size, int max_splits,
-                 float scale_log2) {
+                        int heads, int q_len, int page, int width, int max_splits,
+                        float scale_log2) {
     extern __shared__ __align__(16) unsigned short smem[];
     unsigned short* qs = smem;                 // [16 used of 64][576] swizzled
     unsigned short* ks = qs + FD_ROWS * FD_D;  // [FD_STAGES][FD_KEYS][576] swizzled
@@ -340,11 +347,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     const int kg = warp % 4, vh = warp / 4;    // key quarter, V part
     const int sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
-    const int split = fd_split(seq_len, split_size, max_splits);
+    const FdSplit sched = fd_schedule(split_lens, num_splits, b, max_splits);
+    if (sp >= sched.count) return;
+    const int split = sched.len;
     const int kv_start = sp * split;
     const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
     const int kv_end = min(min(kv_start + split, seq_len), mapped);
-    if (kv_start >= seq_len && sp > 0) return;
 
     const unsigned short* qb = q + (long long)b * rows * FD_D;
     for (int c = tid; c < 16 * (FD_D / 8); c += FD_THREADS) {
@@ -515,12 +523,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
 // [heads, B * q_len] (FdLseLayout).
 // (flash_decode_wgmma merges its own splits the same way.)
 extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
-                                         const int* __restrict__ seq_lens, float* __restrict__ out,
-                                         float* __restrict__ lse, int batch, int rows, int heads, int split_size,
+                                         const int* __restrict__ split_lens,
+                                         const int* __restrict__ num_splits, float* __restrict__ out,
+                                         float* __restrict__ lse, int batch, int rows, int heads,
                                          int max_splits) {
     int r = blockIdx.x, b = blockIdx.y;
-    int split = fd_split(seq_lens[b], split_size, max_splits);
-    int n = max(1, (seq_lens[b] + split - 1) / split);
+    int n = fd_schedule(split_lens, num_splits, b, max_splits).count;
     float mx = NEG_INF;
     for (int s = 0; s < n; ++s) mx = fd_max(mx, lse_part[((long long)s * batch + b) * rows + r]);
     float denom = 0.f;

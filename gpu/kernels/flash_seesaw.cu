@@ -94,11 +94,12 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
     const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
-    const int split = fd_split(seq_len, split_size, max_splits);
+    const FdSplit sched = fd_schedule(split_lens, num_splits, b, max_splits);
+    if (sp >= sched.count) return;  // the request takes fewer splits: nothing reads this one
+    const int split = sched.len;
     const int kv_start = sp * split;
     const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
     const int kv_end = min(min(kv_start + split, seq_len), mapped);  // nothing past a hole
-    if (kv_start >= seq_len && sp > 0) return;  // the merge never reads this split
 
     fw_load_q(qs, q, b, rows, row0);
     const int* bt = block_table + (long long)b * width;
@@ -396,7 +397,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         }
     }
     __syncthreads();
-    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, heads, row0,
+    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
                 mapped, o_part, lse_part, out, lse, done);
 #endif
 }

@@ -120,9 +120,10 @@ __device__ __forceinline__ float fw_lse_of(float m, float total) {
 #define FW_DECODE_PARAMS                                                                              \
     const unsigned short *__restrict__ q, const unsigned short *__restrict__ cache,                   \
         const int *__restrict__ block_table, const int *__restrict__ seq_lens,                        \
-        const int *__restrict__ mapped_kv_tokens,                                                     \
+        const int *__restrict__ mapped_kv_tokens, const int *__restrict__ split_lens,                  \
+        const int *__restrict__ num_splits,                                                           \
         float *__restrict__ o_part, float *__restrict__ lse_part, int batch, int rows, int heads,      \
-        int q_len, int page, int width, int split_size, int max_splits, float scale_log2,             \
+        int q_len, int page, int width, int max_splits, float scale_log2,                             \
         float *__restrict__ out, float *__restrict__ lse, int *__restrict__ done,                      \
         const __grid_constant__ FwTensorMap cache_map
 
@@ -382,7 +383,7 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
 __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, int* last,
                                             unsigned char* scratch, int seq_len,
-                                            int split, int sp, int b, int batch, int rows, int heads, int row0,
+                                            int splits, int sp, int b, int batch, int rows, int heads, int row0,
                                             int mapped,
                                             float* __restrict__ o_part, float* __restrict__ lse_part,
                                             float* __restrict__ out, float* __restrict__ lse,
@@ -405,7 +406,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
         if (mapped < seq_len - rows / heads + (row0 + lrow[i]) / heads + 1) inv[i] = lse_own[i] = NAN_F;
     }
     const int col0 = wg * 256 + (lane % 4) * 2;  // + 8 j: this thread's column pairs
-    const bool final_here = seq_len <= split;
+    const bool final_here = splits == 1;
     const long long split_rows = (long long)batch * rows;
     const FdLseLayout lay{batch, rows, heads};
     // Writes this CTA's rows (times inv) as [.., rows, 512] at `obase` and their LSE: the
@@ -433,7 +434,6 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
     write_rows(o_part, lse_part, ((long long)sp * batch + b) * rows);  // diagnostic: no merge
     return;
 #endif
-    const int splits = (seq_len + split - 1) / split;
     unsigned cluster_ctas;
     asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(cluster_ctas));
     if (cluster_ctas > 1) {
@@ -474,11 +474,12 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
     const int seq_len = seq_lens[b];
-    const int split = fd_split(seq_len, split_size, max_splits);
+    const FdSplit sched = fd_schedule(split_lens, num_splits, b, max_splits);
+    if (sp >= sched.count) return;  // the request takes fewer splits: nothing reads this one
+    const int split = sched.len;
     const int kv_start = sp * split;
     const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
     const int kv_end = min(min(kv_start + split, seq_len), mapped);  // nothing past a hole
-    if (kv_start >= seq_len && sp > 0) return;  // the combine never reads this split
 
     fw_load_q(qs, q, b, rows, row0);
     const int* bt = block_table + (long long)b * width;
@@ -696,7 +697,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         // which both groups reach only past this wait.
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
-    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, split, sp, b, batch, rows, heads, row0,
+    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
                 mapped, o_part, lse_part, out, lse, done);
 #endif
 }

@@ -20,18 +20,19 @@ extern "C" __global__ void kv_write(const float* __restrict__ latent,
 
 // Absorbed MLA decode for a uniform q_len. One block per (query token, head): token
 // j of row r sits at r * q_len + j (a uniform kernel never reads query_start_loc) and
-// sees keys below seq_len - q_len + j + 1. Keys are cut into fixed splits of
-// split_size absolute positions; each split is reduced on its own and the splits are
+// sees keys below seq_len - q_len + j + 1. Keys are cut into the plan's schedule:
+// num_splits[r] splits of split_lens[r] absolute positions, each reduced on its own and
 // combined in split order in f32, so a request's bits do not depend on the batch.
 extern "C" __global__ void mla_decode(const float* __restrict__ q,          // [tokens, H, D]
                                       const float* __restrict__ cache,      // [slots, D]
                                       const int* __restrict__ block_table,  // [rows, width]
                                       const int* __restrict__ seq_lens,     // [rows]
+                                      const int* __restrict__ split_lens,   // [rows]
                                       const int* __restrict__ num_splits,   // [rows]
                                       float* __restrict__ out,              // [tokens, H, Dv]
                                       float* __restrict__ lse,              // [H, tokens]
                                       int num_rows, int q_len, int heads, int dim, int dv,
-                                      int page, int width, int split_size, float scale) {
+                                      int page, int width, float scale) {
     __shared__ float scratch[THREADS / 32];
     int t = blockIdx.x, h = blockIdx.y;
     int r = t / q_len, j = t % q_len;
@@ -42,8 +43,9 @@ extern "C" __global__ void mla_decode(const float* __restrict__ q,          // [
     if (limit < 0) limit = 0;
     float m_tot = NEG_INF, l_tot = 0.f, acc_tot[MAX_DV_PER_THREAD];
     for (int i = 0; i < MAX_DV_PER_THREAD; ++i) acc_tot[i] = 0.f;
+    const int split = split_lens[r];
     for (int s = 0; s < num_splits[r]; ++s) {
-        int from = s * split_size, to = min((s + 1) * split_size, limit);
+        int from = s * split, to = min((s + 1) * split, limit);
         if (from >= to) continue;
         float m = NEG_INF, l = 0.f, acc[MAX_DV_PER_THREAD];
         for (int i = 0; i < MAX_DV_PER_THREAD; ++i) acc[i] = 0.f;

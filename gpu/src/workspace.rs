@@ -18,6 +18,8 @@ pub struct Workspace {
     pub slots: Buf<i64>,
     pub block_table: Buf<i32>,
     pub seq_lens: Buf<i32>,
+    /// The decode split schedule's split lengths and counts, `[rows_cap]` each.
+    pub split_lens: Buf<i32>,
     pub num_splits: Buf<i32>,
     pub logits_idx: Buf<i32>,
     /// Residual stream `[cap, hidden]`.
@@ -67,6 +69,7 @@ impl Workspace {
             slots: Buf::uninit(dev, cap, "workspace slot_mapping")?,
             block_table: i(rows_cap * width, "block_table")?,
             seq_lens: i(rows_cap, "seq_lens")?,
+            split_lens: i(rows_cap, "split_lens")?,
             num_splits: i(rows_cap, "num_splits")?,
             logits_idx: i(cap, "logits_indices")?,
             x: f(cap * hid, "hidden")?,

@@ -152,6 +152,10 @@ pub const FIELD_DOCS: &[(&str, &str)] = &[
         "split-KV size of the decode kernel, a multiple of page_size (tokens)",
     ),
     (
+        "engine.max_splits",
+        "most split-KV splits a decode row takes; longer rows take longer splits (0: no cap)",
+    ),
+    (
         "engine.faults",
         "known-bug switches, e.g. [\"F1\"] (see the README's catalog)",
     ),

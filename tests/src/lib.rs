@@ -73,6 +73,7 @@ pub fn engine_config(profile: BackendProfile, k: usize, page_size: usize) -> Eng
         max_capture_size_tokens: 512,
         // A positive multiple of the page size near 64 tokens.
         split_size_tokens: page_size * (64 / page_size).max(1),
+        max_splits: 0,
         kv_cache_dtype: Default::default(),
         dp_peer_num_tokens: 0,
         faults: Default::default(),

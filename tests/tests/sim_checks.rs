@@ -289,6 +289,8 @@ prop_compose! {
         mixed in any::<bool>(), graphs in any::<bool>(), chunk in prop::sample::select(vec![8usize, 32]),
         rate in 0.0f64..=1.0, requests in 2usize..6, max_len in 48usize..128,
         planner in prop::sample::select(Planner::ALL.to_vec()),
+        // 0: uncapped; 1..=3: longer rows take longer splits (the policy's cap).
+        max_splits in 0usize..=3,
     ) -> Scenario {
         let non_causal = profile.capabilities().non_causal;
         let spec = if dflash && non_causal { SpecConfig::dflash(k) } else {
@@ -315,6 +317,7 @@ prop_compose! {
             cuda_graphs: graphs,
             max_capture_size_tokens: 24,
             split_size_tokens: 16usize.div_ceil(page) * page,
+            max_splits,
             kv_cache_dtype: Default::default(),
             dp_peer_num_tokens: 0,
             faults: Default::default(),

@@ -11,11 +11,11 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::shuffled_ids;
-use specmla_core::split::invariant_split_plan;
+use specmla_core::split::{invariant_split_plan, SplitPolicy};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
-    mapped_kv_tokens, DecodeBufs, DecodeShape, FlashKernels, FlashShape, FlashWorkspace, Kernels,
+    DecodeBufs, DecodeShape, FlashKernels, FlashSchedule, FlashShape, FlashWorkspace, Kernels,
     KeyBufs, MlaDims, State, WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
@@ -250,7 +250,8 @@ pub struct DecodeInputs {
     pub cache: Buf<u16>,
     pub block_table: Buf<i32>,
     pub seq_lens: Buf<i32>,
-    pub mapped_kv_tokens: Buf<i32>,
+    /// The block table on the host, which split schedules are built over.
+    pub table: Vec<i32>,
     pub width: usize,
 }
 
@@ -271,11 +272,7 @@ impl DecodeInputs {
             cache,
             block_table: Buf::from_host(dev, &table, "bench block table")?,
             seq_lens: Buf::from_host(dev, &vec![s.context as i32; s.batch], "bench seq_lens")?,
-            mapped_kv_tokens: Buf::from_host(
-                dev,
-                &mapped_kv_tokens(&table, width, s.page),
-                "bench mapped keys",
-            )?,
+            table,
             width,
         })
     }
@@ -315,17 +312,31 @@ pub fn bench_flash(
         .iter()
         .map(|v| FlashWorkspace::new(dev, shape(v.plan), None))
         .collect::<Result<Vec<_>, _>>()?;
+    // Each variant's schedule, from core's policy over the inputs' table.
+    let seq = vec![s.context as i32; s.batch];
+    let schedules = variants
+        .iter()
+        .map(|v| {
+            let (split_size_tokens, max_splits) = v.plan;
+            let policy = SplitPolicy {
+                split_size_tokens,
+                max_splits,
+            };
+            let sched = crate::checks::schedule_of(policy, &seq, &inp.table, inp.width, s.page);
+            FlashSchedule::upload(dev, &sched, split_size_tokens)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let scale = 1.0 / 192f32.sqrt();
     let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = variants
         .iter()
-        .zip(&outs)
-        .map(|(v, o)| {
+        .zip(outs.iter().zip(&schedules))
+        .map(|(v, (o, sched))| {
             let bufs = o.bufs(
                 inp.q.ptr(),
                 inp.cache.ptr(),
                 inp.block_table.ptr(),
                 inp.seq_lens.ptr(),
-                inp.mapped_kv_tokens.ptr(),
+                sched,
             );
             let (wide, fs) = (v.wide, shape(v.plan));
             // SAFETY: DecodeInputs builds a block table with no hole, every entry inside
@@ -370,13 +381,19 @@ pub fn bench_baseline_decode(
     let q = Buf::<f32>::uninit(dev, tokens * s.heads * FLASH_DIM, "baseline queries")?;
     k.fill(dev, cache.ptr(), 0.01, cache.len())?;
     k.fill(dev, q.ptr(), 0.01, q.len())?;
-    let split = invariant_split_plan(s.q_len * s.heads, FLASH_ROWS).split_size_tokens;
+    // The invariant plan's unit, uncapped: the f32 kernel's splits are one CTA's loop.
+    let unit = invariant_split_plan(s.q_len * s.heads, FLASH_ROWS).split_size_tokens;
+    let (split, n) = SplitPolicy {
+        split_size_tokens: unit,
+        max_splits: s.context.div_ceil(unit).max(1),
+    }
+    .split_of(s.context);
     let seq = vec![s.context as i32; s.batch];
-    let splits = vec![s.context.div_ceil(split) as i32; s.batch];
-    let (td, sd, nd) = (
+    let (td, sd, ld, nd) = (
         Buf::from_host(dev, &table, "baseline table")?,
         Buf::from_host(dev, &seq, "baseline seq_lens")?,
-        Buf::from_host(dev, &splits, "baseline splits")?,
+        Buf::from_host(dev, &vec![split as i32; s.batch], "baseline split lengths")?,
+        Buf::from_host(dev, &vec![n as i32; s.batch], "baseline splits")?,
     );
     let out = Buf::<f32>::uninit(dev, tokens * s.heads * FLASH_DV, "baseline out")?;
     let lse = Buf::<f32>::uninit(dev, tokens * s.heads, "baseline lse")?;
@@ -388,13 +405,13 @@ pub fn bench_baseline_decode(
         dv: FLASH_DV,
         page: s.page,
         width,
-        split_size_tokens: split,
     };
     let bufs = DecodeBufs {
         q: q.ptr(),
         cache: cache.ptr(),
         block_table: td.ptr(),
         seq_lens: sd.ptr(),
+        split_lens: ld.ptr(),
         num_splits: nd.ptr(),
         out: out.ptr(),
         lse: lse.ptr(),

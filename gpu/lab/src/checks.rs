@@ -5,7 +5,9 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::reference::{decode_f64, prefill_f64};
+use specmla_core::block_pool::NO_BLOCK;
 use specmla_core::config::ModelDims;
+use specmla_core::split::{SplitPolicy, SplitSchedule};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{
@@ -167,11 +169,29 @@ impl Holes<'_> {
     }
 }
 
-/// One decode case: `rows` rows with the given context lengths (seq_len = ctx + q_len).
+/// The schedule core's `policy` gives requests of `seq_lens` over a block table in the
+/// kernels' form (-1 for a missing block).
+pub fn schedule_of(
+    policy: SplitPolicy,
+    seq_lens: &[i32],
+    table: &[i32],
+    width: usize,
+    page: usize,
+) -> SplitSchedule {
+    let table: Vec<u32> = table
+        .iter()
+        .map(|&e| u32::try_from(e).unwrap_or(NO_BLOCK))
+        .collect();
+    let lens: Vec<u32> = seq_lens.iter().map(|&l| l as u32).collect();
+    policy.schedule(&lens, &table, width, page)
+}
+
+/// One decode case: `rows` rows with the given context lengths (seq_len = ctx + q_len),
+/// in the splits core's `policy` schedules.
 pub fn check_decode(
     dev: &GpuDevice,
     k: &Kernels,
-    s: DecodeShape,
+    (s, policy): (DecodeShape, SplitPolicy),
     ctx: &[usize],
     holes: Holes,
     seed: u64,
@@ -193,10 +213,9 @@ pub fn check_decode(
     let q: Vec<f32> = (0..tokens * s.heads * s.dim)
         .map(|_| rng.gen_range(-1.0..1.0))
         .collect();
-    let num_splits: Vec<i32> = seq_lens
-        .iter()
-        .map(|&l| (l as usize).div_ceil(s.split_size_tokens).max(1) as i32)
-        .collect();
+    let sched = schedule_of(policy, &seq_lens, &block_table, s.width, s.page);
+    let split_lens: Vec<i32> = sched.split_len_tokens.iter().map(|&l| l as i32).collect();
+    let num_splits: Vec<i32> = sched.num_splits.iter().map(|&n| n as i32).collect();
     let scale = 1.0 / (s.dim as f32).sqrt();
     let out = upload(dev, &vec![f32::NAN; tokens * s.heads * s.dv])?;
     let lse = upload(dev, &vec![f32::NAN; s.heads * tokens])?;
@@ -204,6 +223,7 @@ pub fn check_decode(
     let ints = [
         upload(dev, &block_table)?,
         upload(dev, &seq_lens)?,
+        upload(dev, &split_lens)?,
         upload(dev, &num_splits)?,
     ];
     let bufs = DecodeBufs {
@@ -211,7 +231,8 @@ pub fn check_decode(
         cache: inputs[1].ptr(),
         block_table: ints[0].ptr(),
         seq_lens: ints[1].ptr(),
-        num_splits: ints[2].ptr(),
+        split_lens: ints[2].ptr(),
+        num_splits: ints[3].ptr(),
         out: out.ptr(),
         lse: lse.ptr(),
     };
@@ -225,14 +246,15 @@ pub fn check_decode(
     Ok(CaseResult {
         kernel: "mla_decode",
         case: format!(
-            "rows {} q {} heads {} dim {}/{} page {} split {} ctx {:?}{}",
+            "rows {} q {} heads {} dim {}/{} page {} split {} x {} ctx {:?}{}",
             s.num_rows,
             s.q_len,
             s.heads,
             s.dim,
             s.dv,
             s.page,
-            s.split_size_tokens,
+            policy.split_size_tokens,
+            policy.max_splits,
             ctx,
             holes.label()
         ),
@@ -271,9 +293,19 @@ fn missing_block_checks(
             dv: 512,
             page,
             width: 1025usize.div_ceil(page),
-            split_size_tokens: 256,
         };
-        results.push(check_decode(dev, k, s, &ctx, holes, 700 + q_len as u64)?);
+        let policy = SplitPolicy {
+            split_size_tokens: 256,
+            max_splits: 4,
+        };
+        results.push(check_decode(
+            dev,
+            k,
+            (s, policy),
+            &ctx,
+            holes,
+            700 + q_len as u64,
+        )?);
         // q 1 x 16 heads takes the narrow mma.sync kernel, 2 x 16 the wide one.
         for wide in wide_kernels(fk) {
             let shape = (q_len, 16, page, 256);
@@ -398,7 +430,94 @@ pub fn check_flash_decode(
     holes: Holes,
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{mapped_kv_tokens, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
+    let shape = (q_len, heads, page, split);
+    let run = run_flash_case(dev, k, (wide, merge), shape, ctx, holes, seed, None)?;
+    Ok(CaseResult {
+        kernel: run.kernel,
+        case: format!(
+            "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}{}{}",
+            merge_label(wide, merge),
+            holes.label(),
+            if run.rearmed {
+                ""
+            } else {
+                "; split counters left non-zero"
+            }
+        ),
+        max_rel_err: run.err,
+        passed: run.err <= BF16_TOL && run.rearmed,
+    })
+}
+
+/// F12 on the tensor-core decode: the kernel given the schedule a graph's capture wrote
+/// (every request one split of `split` keys, as for `seq_len` 1) instead of this step's.
+/// The kernel reads the schedule as given, so the requests longer than one split lose
+/// their later keys: the case passes when the output is wrong (beyond the bf16
+/// tolerance) but finite, and the split counters are re-armed.
+pub fn check_flash_stale_schedule(
+    dev: &GpuDevice,
+    k: &FlashKernels,
+    (wide, merge): (WideKernel, SplitMerge),
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    let (q_len, heads, page, split) = (2, 64, 64, 256);
+    let ctx = [700, 90, 1500];
+    let captured = |seq: &[i32]| vec![1; seq.len()];
+    let shape = (q_len, heads, page, split);
+    let holes = Holes::default();
+    let run = run_flash_case(
+        dev,
+        k,
+        (wide, merge),
+        shape,
+        &ctx,
+        holes,
+        seed,
+        Some(&captured),
+    )?;
+    Ok(CaseResult {
+        kernel: run.kernel,
+        case: format!(
+            "F12 mutant (the capture's schedule replayed), q {q_len} heads {heads} ctx {ctx:?}{}: \
+             error {:.3} (must exceed {BF16_TOL:e}){}",
+            merge_label(wide, merge),
+            run.err,
+            if run.finite {
+                ""
+            } else {
+                "; non-finite output"
+            }
+        ),
+        max_rel_err: run.err,
+        passed: run.err > BF16_TOL && run.err.is_finite() && run.finite && run.rearmed,
+    })
+}
+
+/// The seq_lens a case's schedule is built from, given the requests' real ones.
+type ScheduleLens = dyn Fn(&[i32]) -> Vec<i32>;
+
+/// What one tensor-core decode case measured.
+struct FlashRun {
+    kernel: &'static str,
+    err: f64,
+    rearmed: bool,
+    finite: bool,
+}
+
+/// Runs one tensor-core decode case against f64: the schedule core's policy gives for
+/// the requests' seq_lens, or for `schedule_lens(seq_lens)` where given (a stale one).
+#[allow(clippy::too_many_arguments)]
+fn run_flash_case(
+    dev: &GpuDevice,
+    k: &FlashKernels,
+    (wide, merge): (WideKernel, SplitMerge),
+    (q_len, heads, page, split): (usize, usize, usize, usize),
+    ctx: &[usize],
+    holes: Holes,
+    seed: u64,
+    schedule_lens: Option<&ScheduleLens>,
+) -> Result<FlashRun, GpuError> {
+    use specmla_gpu::ops::{FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let batch = ctx.len();
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
@@ -426,8 +545,14 @@ pub fn check_flash_decode(
     let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
     let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
     let (td, sd) = (upload(dev, &table)?, upload(dev, &seq_lens)?);
-    let md = upload(dev, &mapped_kv_tokens(&table, width, page))?;
-    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr(), md.ptr());
+    let policy = SplitPolicy {
+        split_size_tokens: s.split_size_tokens,
+        max_splits: s.max_splits,
+    };
+    let planned = schedule_lens.map_or_else(|| seq_lens.clone(), |f| f(&seq_lens));
+    let sched = schedule_of(policy, &planned, &table, width, page);
+    let sched = FlashSchedule::upload(dev, &sched, split)?;
+    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr(), &sched);
     let scale = 1.0 / 192f32.sqrt();
     // SAFETY: the check's block table names blocks inside its cache or -1, and its mapped
     // keys stop at the first -1 of each row.
@@ -439,20 +564,12 @@ pub fn check_flash_decode(
     let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale as f64);
     // The kernel's LSE is the reference's [heads, tokens]: compared as it comes.
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
-    Ok(CaseResult {
+    let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());
+    Ok(FlashRun {
         kernel: k.decode_function(rows, page, wide),
-        case: format!(
-            "bf16, q {q_len} heads {heads} page {page} split {split} ctx {ctx:?}{}{}{}",
-            merge_label(wide, merge),
-            holes.label(),
-            if rearmed {
-                ""
-            } else {
-                "; split counters left non-zero"
-            }
-        ),
-        max_rel_err: err,
-        passed: err <= BF16_TOL && rearmed,
+        err,
+        rearmed,
+        finite,
     })
 }
 
@@ -467,7 +584,7 @@ pub fn check_flash_invariance(
     (q_len, heads, page, split): (usize, usize, usize, usize),
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{mapped_kv_tokens, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ctx = [700usize, 1500, 90];
     let rows = q_len * heads;
@@ -496,8 +613,13 @@ pub fn check_flash_invariance(
         };
         let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
         let (qd, td, sd) = (upload(dev, q)?, upload(dev, table)?, upload(dev, seq)?);
-        let md = upload(dev, &mapped_kv_tokens(table, width, page))?;
-        let bufs = ws.bufs(qd.ptr(), cache.ptr(), td.ptr(), sd.ptr(), md.ptr());
+        let policy = SplitPolicy {
+            split_size_tokens: split,
+            max_splits: s.max_splits,
+        };
+        let sched = schedule_of(policy, seq, table, width, page);
+        let sched = FlashSchedule::upload(dev, &sched, split)?;
+        let bufs = ws.bufs(qd.ptr(), cache.ptr(), td.ptr(), sd.ptr(), &sched);
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
         unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, 1.0 / 192f32.sqrt()) }?;
         let mut v = download(dev, &ws.out)?;
@@ -677,10 +799,21 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
                     dv,
                     page,
                     width,
+                };
+                // Splits of four pages, up to eight: the 1000-key rows take longer ones.
+                let policy = SplitPolicy {
                     split_size_tokens: page * 4,
+                    max_splits: 8,
                 };
                 seed += 1;
-                results.push(check_decode(dev, &k, s, &ctx, Holes::default(), seed)?);
+                results.push(check_decode(
+                    dev,
+                    &k,
+                    (s, policy),
+                    &ctx,
+                    Holes::default(),
+                    seed,
+                )?);
             }
         }
     }
@@ -716,6 +849,9 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         }
     }
     missing_block_checks(dev, &k, &fk, &mut results)?;
+    for wide in wide_kernels(&fk) {
+        results.push(check_flash_stale_schedule(dev, &fk, wide, 800)?);
+    }
     results.extend(crate::checks_prefill::run_prefill_checks(dev, &k, &fk)?);
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
         .into_iter()

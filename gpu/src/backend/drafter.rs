@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use specmla_core::backend::{DrafterOutput, TargetOutput};
 use specmla_core::drafter::{DFlashPass, DrafterPass};
+use specmla_core::split::SplitSchedule;
 
 use super::{as_i32, DecodeLaunch, GpuBackend, Result};
 use crate::launch::{copy, Buf, DPtr};
@@ -12,12 +13,11 @@ use crate::ops::{DecodeBufs, DecodeShape};
 use crate::weights::LayerWeights;
 use crate::workspace::Workspace;
 
-/// The keys and split plan of the sampled drafter rows, as the core planned them.
+/// The keys and split schedule of the sampled drafter rows, as the core planned them.
 #[derive(Clone, Copy)]
 pub(super) struct KeyPlan<'a> {
     pub kv_lens: &'a [u32],
-    pub num_splits: &'a [u32],
-    pub split_size_tokens: usize,
+    pub split: &'a SplitSchedule,
 }
 
 impl GpuBackend {
@@ -86,8 +86,7 @@ impl GpuBackend {
             .collect();
         let plan = KeyPlan {
             kv_lens: &pass.kv_lens,
-            num_splits: &pass.num_splits,
-            split_size_tokens: pass.split_size_tokens,
+            split: &pass.split,
         };
         self.set_gather_rows(ws, &sample, n)?;
         self.sampled_attention(
@@ -124,15 +123,17 @@ impl GpuBackend {
         copy(&dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
         ws.block_table.write(&dev, &self.block_ids(table)?)?;
         ws.seq_lens.write(&dev, &as_i32(keys.kv_lens))?;
-        ws.num_splits.write(&dev, &as_i32(keys.num_splits))?;
+        let (lens, counts) = self.split_schedule(keys.split, rows)?;
+        ws.split_lens.write(&dev, &lens)?;
+        ws.num_splits.write(&dev, &counts)?;
         let dl = DecodeLaunch {
             token_start: 0,
             rows,
             q_len: 1,
-            split_size_tokens: keys.split_size_tokens,
             block_table: ws.block_table.ptr(),
             width,
             seq_lens: ws.seq_lens.ptr(),
+            split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
         };
         k.fill(&dev, attn, 0.0, rows * hv)?;
@@ -257,11 +258,9 @@ impl GpuBackend {
             // "row", all K rows seeing all ctx + K keys.
             let n_keys = pass.kv_lens[r] as usize;
             let seq = Buf::from_host(dev, &vec![n_keys as i32; b - 1], "dflash seq_lens")?;
-            let splits = Buf::from_host(
-                dev,
-                &vec![pass.num_splits[r] as i32; b - 1],
-                "dflash splits",
-            )?;
+            let (len, count) = self.split_schedule(&pass.split, r + 1)?;
+            let split_lens = Buf::from_host(dev, &vec![len[r]; b - 1], "dflash split lengths")?;
+            let splits = Buf::from_host(dev, &vec![count[r]; b - 1], "dflash splits")?;
             let table_rows: Vec<i32> = (0..b - 1).flat_map(|_| 0..n_keys as i32).collect();
             let ident = Buf::from_host(dev, &table_rows, "dflash identity table")?;
             let shape = DecodeShape {
@@ -272,7 +271,6 @@ impl GpuBackend {
                 dv: md.kv_lora,
                 page: 1,
                 width: n_keys,
-                split_size_tokens: pass.split_size_tokens,
             };
             let first = r * b + 1;
             let q_lat = ws.q_lat.ptr().offset(first * md.heads * lat);
@@ -290,6 +288,7 @@ impl GpuBackend {
                 cache: sc.keys.ptr(),
                 block_table: ident.ptr(),
                 seq_lens: seq.ptr(),
+                split_lens: split_lens.ptr(),
                 num_splits: splits.ptr(),
                 out: o_lat,
                 lse: ws.lse.ptr(),

@@ -19,10 +19,10 @@ impl GpuBackend {
             token_start: 0,
             rows: shape.num_rows,
             q_len: shape.query_len,
-            split_size_tokens: self.cfg.split_size_tokens,
             block_table: ws.block_table.ptr(),
             width: ws.width,
             seq_lens: ws.seq_lens.ptr(),
+            split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
         }
     }
@@ -83,29 +83,29 @@ impl GpuBackend {
         let s = g.shape;
         let c = &plan.common;
         let d = plan.mla.decode.as_ref();
-        if d.is_some_and(|d| d.split_size_tokens != self.cfg.split_size_tokens) {
-            return Err(GpuBackendError::BadPlan(
-                "split size differs from the captured one".into(),
-            ));
-        }
         self.write_token_inputs(&mut g.ws, plan, s.num_tokens)?;
         // Rows past the plan's are padding: seq_len 0 and no blocks, so they see no key.
         let width = g.ws.width;
         let mut table = vec![-1i32; s.num_rows * width];
         let mut seq = vec![0i32; s.num_rows];
-        let mut splits = vec![1i32; s.num_rows];
+        // A row the schedule does not reach takes no split.
+        let (mut split_lens, mut splits) = (vec![0i32; s.num_rows], vec![0i32; s.num_rows]);
+        if let Some(d) = d {
+            let n = s.num_rows.min(d.split.len());
+            let (lens, counts) = self.split_schedule(&d.split, n)?;
+            split_lens[..n].copy_from_slice(&lens);
+            splits[..n].copy_from_slice(&counts);
+        }
         for r in 0..s.num_rows.min(c.num_rows()) {
             let row = self.block_ids(c.block_row(r))?;
             table[r * width..r * width + row.len().min(width)]
                 .copy_from_slice(&row[..row.len().min(width)]);
             seq[r] = c.seq_lens[r] as i32;
-            if let Some(n) = d.and_then(|d| d.num_splits.get(r)) {
-                splits[r] = *n as i32;
-            }
         }
         let dev = Arc::clone(&self.dev);
         g.ws.block_table.write(&dev, &table)?;
         g.ws.seq_lens.write(&dev, &seq)?;
+        g.ws.split_lens.write(&dev, &split_lens)?;
         g.ws.num_splits.write(&dev, &splits)?;
         g.graph
             .launch()

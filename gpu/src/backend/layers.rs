@@ -199,13 +199,13 @@ impl GpuBackend {
             dv: md.kv_lora,
             page: self.cfg.scheduler.page_size,
             width: dl.width,
-            split_size_tokens: dl.split_size_tokens,
         };
         let bufs = DecodeBufs {
             q: q_lat,
             cache,
             block_table: dl.block_table,
             seq_lens: dl.seq_lens,
+            split_lens: dl.split_lens,
             num_splits: dl.num_splits,
             out: o_lat,
             lse: ws.lse.ptr(),

@@ -15,6 +15,7 @@ use specmla_core::config::{EngineConfig, ModelDims};
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
 use specmla_core::plan::StepPlan;
+use specmla_core::split::SplitSchedule;
 use specmla_model::{DrafterModel, TargetModel};
 
 use crate::device::{GpuDevice, GpuError};
@@ -70,10 +71,11 @@ struct DecodeLaunch {
     token_start: usize,
     rows: usize,
     q_len: usize,
-    split_size_tokens: usize,
     block_table: DPtr<i32>,
     width: usize,
     seq_lens: DPtr<i32>,
+    /// The rows' split schedule (lengths, then counts), `[rows]` each.
+    split_lens: DPtr<i32>,
     num_splits: DPtr<i32>,
 }
 
@@ -220,6 +222,22 @@ impl GpuBackend {
                 .gather_rows(&self.dev, src, ws.logits_idx.ptr(), out, rows, width)
         }?;
         Ok(())
+    }
+
+    /// The first `n` rows of a split schedule as the decode kernels take them, `(split
+    /// lengths, split counts)`, checked so no split offset overflows the kernels' ints.
+    fn split_schedule(&self, s: &SplitSchedule, n: usize) -> Result<(Vec<i32>, Vec<i32>)> {
+        let (lens, counts) = (&s.split_len_tokens[..n], &s.num_splits[..n]);
+        let bad = lens
+            .iter()
+            .zip(counts)
+            .find(|&(&l, &c)| l == 0 || (l as u64) * (c as u64 + 1) > i32::MAX as u64);
+        if let Some((l, c)) = bad {
+            return Err(GpuBackendError::BadPlan(format!(
+                "split schedule of {c} splits of {l} keys"
+            )));
+        }
+        Ok((as_i32(lens), as_i32(counts)))
     }
 
     /// Block ids as the kernels take them: NO_BLOCK becomes -1 (reads as NaN).

@@ -183,10 +183,9 @@ impl GpuBackend {
         seq.resize(rows, 0);
         ws.seq_lens.write(&dev, &seq)?;
         if let Some(d) = &plan.mla.decode {
-            let splits: Vec<i32> = (0..d.kernel_rows)
-                .map(|i| d.num_splits.get(i).copied().unwrap_or(1) as i32)
-                .collect();
-            ws.num_splits.write(&dev, &splits)?;
+            let (lens, counts) = self.split_schedule(&d.split, d.kernel_rows)?;
+            ws.split_lens.write(&dev, &lens)?;
+            ws.num_splits.write(&dev, &counts)?;
         }
         let idx: Vec<i32> = plan.logits_indices.iter().map(|&i| i as i32).collect();
         self.set_gather_rows(ws, &idx, n)?;
@@ -221,10 +220,10 @@ impl GpuBackend {
             token_start: d.tokens.start,
             rows: d.kernel_rows,
             q_len: 1,
-            split_size_tokens: d.split_size_tokens,
             block_table: ws.block_table.ptr().offset(d.rows.start * width),
             width,
             seq_lens: ws.seq_lens.ptr().offset(d.rows.start),
+            split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
         };
         let n = plan.num_tokens();
@@ -245,6 +244,7 @@ impl GpuBackend {
                 q_len: c.query_len(r),
                 block_table: ws.block_table.ptr().offset(r * width),
                 seq_lens: ws.seq_lens.ptr().offset(r),
+                split_lens: ws.split_lens.ptr().offset(i),
                 num_splits: ws.num_splits.ptr().offset(i),
                 ..base
             };

@@ -24,7 +24,6 @@ pub struct DecodeShape {
     pub page: usize,
     /// Block-table width.
     pub width: usize,
-    pub split_size_tokens: usize,
 }
 
 /// Device buffers of one decode launch.
@@ -35,6 +34,8 @@ pub struct DecodeBufs {
     pub cache: DPtr<f32>,
     pub block_table: DPtr<i32>,
     pub seq_lens: DPtr<i32>,
+    /// The split schedule, `[rows]` each: keys per split and splits per row.
+    pub split_lens: DPtr<i32>,
     pub num_splits: DPtr<i32>,
     /// `[rows * q_len, heads, dv]`.
     pub out: DPtr<f32>,
@@ -92,7 +93,8 @@ impl Kernels {
     }
 
     /// Uniform absorbed decode: token j of row r at `r * q_len + j` sees keys below
-    /// `seq_lens[r] - q_len + j + 1`, in fixed splits of `split_size_tokens` positions.
+    /// `seq_lens[r] - q_len + j + 1`, in the schedule's splits: `num_splits[r]` of
+    /// `split_lens[r]` positions (keys past them are never read).
     ///
     /// # Safety
     /// Every block-table entry a row's `seq_len` reaches is -1 (no block: read as NaN)
@@ -105,13 +107,14 @@ impl Kernels {
         scale: f32,
     ) -> Result<(), GpuError> {
         assert!(
-            s.dv <= MAX_DECODE_DV && s.dv <= s.dim && s.q_len >= 1 && s.split_size_tokens >= 1,
+            s.dv <= MAX_DECODE_DV && s.dv <= s.dim && s.q_len >= 1,
             "unsupported decode shape {s:?}"
         );
         let tokens = s.num_rows * s.q_len;
         b.q.need(tokens * s.heads * s.dim);
         b.block_table.need(s.num_rows * s.width);
         b.seq_lens.need(s.num_rows);
+        b.split_lens.need(s.num_rows);
         b.num_splits.need(s.num_rows);
         b.out.need(tokens * s.heads * s.dv);
         b.lse.need(tokens * s.heads);
@@ -120,20 +123,12 @@ impl Kernels {
             b.cache.into(),
             b.block_table.into(),
             b.seq_lens.into(),
+            b.split_lens.into(),
             b.num_splits.into(),
             b.out.into(),
             b.lse.into(),
         ];
-        for x in [
-            s.num_rows,
-            s.q_len,
-            s.heads,
-            s.dim,
-            s.dv,
-            s.page,
-            s.width,
-            s.split_size_tokens,
-        ] {
+        for x in [s.num_rows, s.q_len, s.heads, s.dim, s.dv, s.page, s.width] {
             args.push(x.into());
         }
         args.push(scale.into());

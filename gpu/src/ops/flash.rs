@@ -12,6 +12,7 @@ use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::{launch_cfg, launch_cluster, max_active_clusters, Arg, TensorMap, THREADS};
 use crate::launch::{Buf, DPtr};
+use specmla_core::split::SplitSchedule;
 
 /// The tensor-core decode's source, compiled on its own with its tile configuration.
 pub const FLASH_SRC: &str = include_str!("../../kernels/flash_decode.cu");
@@ -227,24 +228,40 @@ fn parse_defines(v: &str) -> Result<String, String> {
     Ok(out)
 }
 
-/// Keys each request's row of a `[batch, width]` block table maps before its first hole:
-/// `page` times the index of its first negative entry, or `width * page` if it has none.
-/// The flash kernels' bound on what they read (see [`FlashBufs::mapped_kv_tokens`]):
-/// computed on the host, where the table is built, so the kernels need one load per
-/// request instead of a scan of the table.
-pub fn mapped_kv_tokens(block_table: &[i32], width: usize, page: usize) -> Vec<i32> {
-    assert!(
-        width > 0 && block_table.len().is_multiple_of(width),
-        "a block table of {} entries is not rows of {width}",
-        block_table.len()
-    );
-    block_table
-        .chunks(width)
-        .map(|row| {
-            let blocks = row.iter().position(|&e| e < 0).unwrap_or(width);
-            i32::try_from(blocks * page).expect("mapped keys fit in i32")
+/// A split schedule on the device, `[batch]` each: what the flash decode kernels read to
+/// know each request's splits and read bound (core's [`SplitSchedule`]).
+pub struct FlashSchedule {
+    pub split_lens: Buf<i32>,
+    pub num_splits: Buf<i32>,
+    pub mapped_kv_tokens: Buf<i32>,
+}
+
+impl FlashSchedule {
+    /// Uploads `s`. Every split length must be a positive multiple of `unit` (the launch's
+    /// [`FlashShape::split_size_tokens`]), as a schedule from a policy of that unit is:
+    /// anything else is a caller bug, and panics.
+    pub fn upload(dev: &GpuDevice, s: &SplitSchedule, unit: usize) -> Result<Self, GpuError> {
+        let bad = s
+            .split_len_tokens
+            .iter()
+            .find(|&&l| l == 0 || !(l as usize).is_multiple_of(unit));
+        assert!(
+            bad.is_none(),
+            "split length {bad:?} is not a positive multiple of {unit}"
+        );
+        let up = |v: &[u32], what: &str| {
+            let v: Vec<i32> = v
+                .iter()
+                .map(|&x| i32::try_from(x).expect("fits in i32"))
+                .collect();
+            Buf::from_host(dev, &v, what)
+        };
+        Ok(Self {
+            split_lens: up(&s.split_len_tokens, "flash split lengths")?,
+            num_splits: up(&s.num_splits, "flash split counts")?,
+            mapped_kv_tokens: up(&s.mapped_kv_tokens, "flash mapped keys")?,
         })
-        .collect()
+    }
 }
 
 /// Shape of one tensor-core decode launch (bf16 cache, 576/512 widths).
@@ -256,12 +273,11 @@ pub struct FlashShape {
     pub page: usize,
     /// Block-table width.
     pub width: usize,
-    /// Keys per split, a multiple of the configuration's keys per tile.
+    /// The split policy's unit: every request's split length (in [`FlashBufs`]'s
+    /// schedule) is a multiple of it, and it is a multiple of the kernel's keys per tile.
     pub split_size_tokens: usize,
-    /// Most splits a request takes (the partial buffers hold that many): a request that
-    /// would need more takes longer splits, the smallest multiple of `split_size_tokens` that
-    /// fits. A request's splits depend on its own length and these two numbers alone, so
-    /// keeping both fixed is the batch-invariant mode.
+    /// Most splits a request takes (the partial buffers hold that many, and a Hopper
+    /// launch's clusters are this wide); a schedule entry above it is clamped.
     pub max_splits: usize,
 }
 
@@ -282,9 +298,13 @@ pub struct FlashBufs {
     pub cache: DPtr<u16>,
     pub block_table: DPtr<i32>,
     pub seq_lens: DPtr<i32>,
-    /// `[batch]`: keys each request's table maps before its first hole, from
-    /// [`mapped_kv_tokens`]. The kernels read nothing at or past it.
+    /// `[batch]`: keys each request's table maps before its first hole (core's
+    /// `split::mapped_kv_tokens`). The kernels read nothing at or past it.
     pub mapped_kv_tokens: DPtr<i32>,
+    /// `[batch]` each: the split schedule (split i of request b covers keys
+    /// `[i * split_lens[b], (i + 1) * split_lens[b])` for i below `num_splits[b]`).
+    pub split_lens: DPtr<i32>,
+    pub num_splits: DPtr<i32>,
     /// `[max_splits, batch, rows, 512]`.
     pub o_part: DPtr<f32>,
     /// `[max_splits, batch, rows]`.
@@ -341,14 +361,16 @@ impl FlashWorkspace {
         cache: DPtr<u16>,
         block_table: DPtr<i32>,
         seq_lens: DPtr<i32>,
-        mapped_kv_tokens: DPtr<i32>,
+        schedule: &FlashSchedule,
     ) -> FlashBufs {
         FlashBufs {
             q,
             cache,
             block_table,
             seq_lens,
-            mapped_kv_tokens,
+            mapped_kv_tokens: schedule.mapped_kv_tokens.ptr(),
+            split_lens: schedule.split_lens.ptr(),
+            num_splits: schedule.num_splits.ptr(),
             o_part: self.o_part.ptr(),
             lse_part: self.lse_part.ptr(),
             out: self.out.ptr(),
@@ -531,17 +553,20 @@ impl FlashKernels {
         }
     }
 
-    /// Tensor-core decode: every request's keys `[0, seq_len)` in splits of
-    /// `split_size_tokens`, token j of a request seeing keys below `seq_len - q_len + j + 1`;
-    /// then the splits merged in split order. `scale` is the softmax scale.
+    /// Tensor-core decode: every request's keys `[0, seq_len)` in the schedule's splits
+    /// (`b.split_lens`, `b.num_splits`: the plan's, never derived here), token j of a
+    /// request seeing keys below `seq_len - q_len + j + 1`; then the splits merged in split
+    /// order. `scale` is the softmax scale.
     ///
     /// A row whose causal window reaches a missing block (a -1 entry, or past the table's
     /// `width`) comes out NaN, output and LSE, as in the f32 decode; the other rows are exact.
     ///
     /// # Safety
-    /// `mapped_kv_tokens` is [`mapped_kv_tokens`] of the block table on the device: every
+    /// `mapped_kv_tokens` is core's `split::mapped_kv_tokens` of the block table on the device: every
     /// entry below `mapped_kv_tokens[b] / page` in request b's row names a block inside
-    /// `cache`. The kernels read those entries unchecked and nothing past them.
+    /// `cache`. The kernels read those entries unchecked and nothing past them. Every
+    /// `split_lens` entry is a positive multiple of `s.split_size_tokens` (a
+    /// [`FlashSchedule`] is).
     pub unsafe fn flash_decode(
         &self,
         dev: &GpuDevice,
@@ -609,6 +634,8 @@ impl FlashKernels {
         b.block_table.need(s.batch * s.width);
         b.seq_lens.need(s.batch);
         b.mapped_kv_tokens.need(s.batch);
+        b.split_lens.need(s.batch);
+        b.num_splits.need(s.batch);
         b.o_part.need(s.max_splits * s.batch * rows * FLASH_DV);
         b.lse_part.need(s.max_splits * s.batch * rows);
         b.out.need(s.batch * rows * FLASH_DV);
@@ -619,6 +646,8 @@ impl FlashKernels {
             b.block_table.into(),
             b.seq_lens.into(),
             b.mapped_kv_tokens.into(),
+            b.split_lens.into(),
+            b.num_splits.into(),
             b.o_part.into(),
             b.lse_part.into(),
         ];
@@ -629,7 +658,6 @@ impl FlashKernels {
             s.q_len,
             s.page,
             s.width,
-            s.split_size_tokens,
             s.max_splits,
         ] {
             args.push(x.into());
@@ -665,7 +693,7 @@ impl FlashKernels {
         };
         // SAFETY: argument list matches the kernel (the wgmma one also takes the outputs,
         // the split counters and the tensor map); sizes checked above; no request takes more
-        // than max_splits splits (the kernels lengthen them instead); the caller's table names
+        // than max_splits splits (the kernels clamp the schedule's count); the caller's table names
         // blocks inside `cache` below each request's mapped_kv_tokens, the kernels' read
         // bound (they do not check the entries); the narrow
         // kernel runs only for at most 16 rows; a cluster holds one request's splits of one
@@ -682,13 +710,13 @@ impl FlashKernels {
         let args = [
             b.o_part.into(),
             b.lse_part.into(),
-            b.seq_lens.into(),
+            b.split_lens.into(),
+            b.num_splits.into(),
             b.out.into(),
             b.lse.into(),
             s.batch.into(),
             rows.into(),
             s.heads.into(),
-            s.split_size_tokens.into(),
             s.max_splits.into(),
         ];
         let cfg = LaunchConfig {
@@ -733,16 +761,6 @@ mod tests {
         assert!(super::FLASH_WGMMA_SRC.contains(
             "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8 + 16)"
         ));
-    }
-
-    #[test]
-    fn mapped_keys_stop_at_the_first_hole() {
-        use super::mapped_kv_tokens;
-        // Rows of 3: whole, a hole in the middle (the block after it is not reached),
-        // a hole first, a hole last.
-        let table = [4, 5, 6, 7, -1, 8, -1, 9, 10, 11, 12, -1];
-        assert_eq!(mapped_kv_tokens(&table, 3, 16), vec![48, 16, 0, 32]);
-        assert_eq!(mapped_kv_tokens(&[], 3, 16), Vec::<i32>::new());
     }
 
     #[test]

@@ -201,6 +201,7 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
         cuda_graphs: true,
         max_capture_size_tokens: a.max_capture_size,
         split_size_tokens: page,
+        max_splits: 0,
         // DeepSeek-V3 served as engines do by default: the cache in the model's bf16.
         kv_cache_dtype: specmla_core::config::KvCacheDtype::Bf16,
         dp_peer_num_tokens: 0,

@@ -11,6 +11,7 @@ use specmla_core::cudagraph::GraphShape;
 use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
 use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
+use specmla_core::split::SplitSchedule;
 
 use crate::attention::{
     absorbed_attention, materialized_attention, merge_attention_states, AttnDims, AttnOutput, Mask,
@@ -195,13 +196,13 @@ impl Backend for CpuBackend {
             let t = pass.token_indices_to_sample[r] as usize;
             let pos = pass.positions[t] as usize;
             let (q, _) = layer.qkv(dims, &x[t], pos);
-            // The plan says how many keys the sampled token sees (one split covers them).
+            // The plan says how many keys the sampled token sees, and in which splits.
             let visible = pass.kv_lens[r] as usize;
             let keys = self
                 .drafter_cache
                 .gather(0, pass.block_row(r), self.page(), 0, visible);
-            let a = absorbed_attention(&self.dims, layer, &q, 1, &keys, visible, Mask::Full);
-            let h = layer.finish(dims, &x[t], &a.out);
+            let a = self.split_kv_attention(layer, &q, &keys, visible, split_at(&pass.split, r));
+            let h = layer.finish(dims, &x[t], &a);
             out.logits.extend(dr.logits(&h));
             out.hidden.extend(h);
         }
@@ -248,8 +249,8 @@ impl Backend for CpuBackend {
             // The plan names the block positions that produce logits.
             while let Some(j) = samples.next_if(|&j| j < (r + 1) * b) {
                 let (xb, q, _) = &block[j];
-                let a = absorbed_attention(&self.dims, layer, q, 1, &keys, n_keys, Mask::Full);
-                let h = layer.finish(dims, xb, &a.out);
+                let a = self.split_kv_attention(layer, q, &keys, n_keys, split_at(&pass.split, r));
+                let h = layer.finish(dims, xb, &a);
                 out.logits.extend(dr.logits(&h));
                 out.hidden.extend(h);
             }
@@ -270,6 +271,15 @@ fn transposed_lse(mut a: AttnOutput, m: usize, heads: usize) -> AttnOutput {
         }
     }
     a
+}
+
+/// Row `r`'s `(split length, split count)` in a schedule; a row the schedule does not
+/// reach (a kernel row past the metadata's) takes no split.
+fn split_at(s: &SplitSchedule, r: usize) -> (usize, usize) {
+    match (s.split_len_tokens.get(r), s.num_splits.get(r)) {
+        (Some(&len), Some(&n)) => (len as usize, n as usize),
+        _ => (0, 0),
+    }
 }
 
 fn block_row(pass: &DFlashPass, r: usize) -> &[u32] {
@@ -302,7 +312,7 @@ impl CpuBackend {
                 (None, None) => (c.query_start_loc[r] as usize, c.query_len(r)),
             };
             let seq_len = c.seq_lens.get(r).copied().unwrap_or(0) as usize;
-            let num_splits = d.num_splits.get(i).copied().unwrap_or(1) as usize;
+            let split = split_at(&d.split, i);
             let block_row = if r < c.num_rows() {
                 c.block_row(r)
             } else {
@@ -314,43 +324,37 @@ impl CpuBackend {
                     continue; // a padding token: its output is discarded
                 }
                 let limit = (seq_len + j + 1).saturating_sub(q_len);
-                io.attn[t] = self.split_kv_decode(
-                    l,
-                    layer,
-                    &io.q[t],
-                    block_row,
-                    limit,
-                    num_splits,
-                    d.split_size_tokens,
-                );
+                let keys = self
+                    .target_cache
+                    .gather(l, block_row, self.page(), 0, limit);
+                io.attn[t] = self.split_kv_attention(layer, &io.q[t], &keys, limit, split);
             }
         }
     }
 
-    /// One query token over keys `[0, limit)`, in fixed splits of `split` positions,
-    /// combined in split order; the split count comes from the plan, as a kernel would.
-    #[allow(clippy::too_many_arguments)]
-    fn split_kv_decode(
+    /// One query token over `keys[..n_keys]` (absolute positions from 0) in the
+    /// schedule's splits: split i covers positions `[i * len, (i + 1) * len)`, each reduced
+    /// on its own and merged in split order, as the decode kernels do. The schedule comes
+    /// from the plan: keys past its splits (a stale schedule, F12) are never read.
+    fn split_kv_attention(
         &self,
-        l: usize,
         layer: &MlaLayer,
         q: &[f32],
-        block_row: &[u32],
-        limit: usize,
-        num_splits: usize,
-        split: usize,
+        keys: &[f32],
+        n_keys: usize,
+        (split, num_splits): (usize, usize),
     ) -> Vec<f32> {
+        let width = self.dims.latent();
         let mut acc = AttnOutput::empty(1, &self.dims);
         for s in 0..num_splits {
-            let from = (s * split).min(limit);
-            let to = ((s + 1) * split).min(limit);
+            let from = (s * split).min(n_keys);
+            let to = ((s + 1) * split).min(n_keys);
             if from == to {
                 continue;
             }
-            let keys = self
-                .target_cache
-                .gather(l, block_row, self.page(), from, to);
-            let part = absorbed_attention(&self.dims, layer, q, 1, &keys, to - from, Mask::Full);
+            let part_keys = &keys[from * width..to * width];
+            let part =
+                absorbed_attention(&self.dims, layer, q, 1, part_keys, to - from, Mask::Full);
             acc = merge_attention_states(&acc, &part, 1, &self.dims);
         }
         acc.out
