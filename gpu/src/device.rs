@@ -42,6 +42,13 @@ pub enum GpuError {
 }
 
 impl GpuError {
+    /// Whether the error is the machine's (no driver, no device, a driver too old, no
+    /// NVRTC, a kernel the device's compiler refuses, out of memory) rather than a CUDA
+    /// call that failed mid-run (a launch, a copy), which is a failed run.
+    pub fn is_environment(&self) -> bool {
+        !matches!(self, GpuError::Driver { .. })
+    }
+
     /// Wraps a driver error with what was being done.
     pub fn driver(what: impl Into<String>) -> impl FnOnce(cudarc::driver::DriverError) -> GpuError {
         let what = what.into();

@@ -375,8 +375,9 @@ pub fn check_prefill_invariance(
 
 /// The chunked prefill on the bf16 path: each row's new tokens causal over themselves,
 /// its context non-causal, the two merged by LSE (`merge_states`), against one f64
-/// softmax over context + new tokens. With the merge reading the context's LSE
-/// transposed (F1, the mutant) the same inputs must fail.
+/// softmax over context + new tokens. The merge runs as the backend's does (the context's
+/// state, then the new tokens' merged into it); with it reading the new tokens' LSE
+/// transposed (F1 as the catalog has it, the mutant) the same inputs must fail.
 pub fn check_prefill_merge(
     dev: &GpuDevice,
     k: &Kernels,
@@ -417,8 +418,8 @@ pub fn check_prefill_merge(
         false,
         (&q_bits, &keys.rows(heads, &ctx_rows)),
     )?;
-    let (a_out, a_lse) = (upload(dev, &new.0)?, upload(dev, &new.1)?);
-    let (b_out, b_lse) = (upload(dev, &ctx.0)?, upload(dev, &ctx.1)?);
+    let (a_out, a_lse) = (upload(dev, &ctx.0)?, upload(dev, &ctx.1)?);
+    let (b_out, b_lse) = (upload(dev, &new.0)?, upload(dev, &new.1)?);
     let d = MlaDims {
         heads,
         kv_lora: 512,
@@ -452,7 +453,7 @@ pub fn check_prefill_merge(
         case: format!(
             "new tokens causal + context non-causal, merged, rows (q, ctx) {rows:?}{}",
             if f1 {
-                "; mutant F1 (LSE read transposed): must fail"
+                "; mutant F1 (the new tokens' LSE read transposed): must fail"
             } else {
                 ""
             }

@@ -46,7 +46,7 @@ impl GpuBackendError {
     /// mid-run (a launch, a copy) is an engine failure and exits 1, like a bad plan.
     pub fn is_environment(&self) -> bool {
         match self {
-            GpuBackendError::Gpu(e) => !matches!(e, GpuError::Driver { .. }),
+            GpuBackendError::Gpu(e) => e.is_environment(),
             _ => false,
         }
     }

@@ -410,6 +410,25 @@ impl SplitMerge {
     }
 }
 
+/// Compile-time checks appended to the flash module: each kernel's own shared-memory
+/// formula must equal the size the host launches it with, or the module does not build
+/// (NVRTC compares the values every time the kernels are compiled).
+fn smem_asserts() -> String {
+    use super::PrefillTile;
+    [
+        ("FW_SMEM_BYTES", WGMMA_SMEM_BYTES),
+        ("FS_SMEM_BYTES", SEESAW_SMEM_BYTES),
+        ("FP_SMEM_BYTES(64)", PrefillTile::Rows64.smem_bytes()),
+        ("FP_SMEM_BYTES(128)", PrefillTile::Rows128.smem_bytes()),
+        ("FT_SMEM_BYTES", PrefillTile::Tma128.smem_bytes()),
+    ]
+    .iter()
+    .map(|(kernel, host)| {
+        format!("static_assert({kernel} == {host}, \"{kernel}: the host launches with {host} bytes\");\n")
+    })
+    .collect()
+}
+
 /// The compiled tensor-core decode kernels.
 pub struct FlashKernels {
     _module: Arc<CudaModule>,
@@ -438,10 +457,11 @@ impl FlashKernels {
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let flash_src = format!(
-            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}",
+            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}\n{}",
             flash.defines(),
             diagnostic_defines()?,
-            super::FLASH_PREFILL_SRC
+            super::FLASH_PREFILL_SRC,
+            smem_asserts()
         );
         let module = dev.compile("flash_decode.cu", &flash_src)?;
         let mut fns = BTreeMap::new();
@@ -747,20 +767,29 @@ mod tests {
     }
 
     #[test]
-    fn the_seesaw_kernel_fits_in_shared_memory() {
+    fn the_hopper_decode_kernels_fit_in_shared_memory() {
         const { assert!(super::SEESAW_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
-        assert!(super::FLASH_SEESAW_SRC.contains(
-            "#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 18 * 8 + 16)"
-        ));
+        const { assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
+        assert_eq!(super::WGMMA_SMEM_BYTES, 230_944);
+        assert_eq!(super::SEESAW_SMEM_BYTES, 223_392);
     }
 
+    /// The module checks every kernel's shared-memory formula against the host's size at
+    /// compile time: one static_assert per kernel, each naming the host's value.
     #[test]
-    fn the_wgmma_kernel_fits_in_shared_memory() {
-        const { assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
-        // The host's size is the kernel's own formula, term for term.
-        assert!(super::FLASH_WGMMA_SRC.contains(
-            "#define FW_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + FW_BLOCK_BYTES + 2 * 64 * 4 + 2 * 8 + 16)"
-        ));
+    fn the_module_asserts_every_shared_memory_size() {
+        let asserts = super::smem_asserts();
+        for (kernel, host) in [
+            ("FW_SMEM_BYTES", super::WGMMA_SMEM_BYTES),
+            ("FS_SMEM_BYTES", super::SEESAW_SMEM_BYTES),
+            ("FP_SMEM_BYTES(64)", 106_496),
+            ("FP_SMEM_BYTES(128)", 131_072),
+            ("FT_SMEM_BYTES", 214_144),
+        ] {
+            let line = format!("static_assert({kernel} == {host}, ");
+            assert!(asserts.contains(&line), "{line} missing from {asserts}");
+        }
+        assert_eq!(asserts.lines().count(), 5);
     }
 
     #[test]

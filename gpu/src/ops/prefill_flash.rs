@@ -387,17 +387,12 @@ impl FlashKernels {
 mod tests {
     use super::*;
 
+    /// The kernels' own formulas are compared with these sizes when the module compiles
+    /// (`smem_asserts` in ops/flash.rs).
     #[test]
     fn the_prefill_kernels_fit_in_shared_memory() {
-        // The host's size is the kernel's own formula, term for term.
-        assert!(FLASH_PREFILL_SRC.contains(
-            "#define FP_SMEM_BYTES(rows) (((rows) * FP_DQK + 2 * FP_KEYS * (FP_DQK + FP_DV)) * 2)"
-        ));
         assert_eq!(PrefillTile::Rows64.smem_bytes(), 106_496);
         assert_eq!(PrefillTile::Rows128.smem_bytes(), 131_072);
-        assert!(FLASH_PREFILL_SRC.contains(
-            "#define FT_SMEM_BYTES (1024 + FT_Q_BYTES + 2 * (FT_K_BYTES + FT_V_BYTES) + 16 * 8)"
-        ));
         assert_eq!(PrefillTile::Tma128.smem_bytes(), 214_144);
         assert!(PrefillTile::ALL.iter().all(|t| t.smem_bytes() <= 232_448));
     }

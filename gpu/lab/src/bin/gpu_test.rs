@@ -1,17 +1,20 @@
 //! `gpu-test`: runs every kernel check on the GPU and prints a pass/fail table.
-//! Exit 0 all passed, 1 a check failed, 2 no usable GPU (one line saying why).
+//! Exit 0 all passed; 1 a check failed or a CUDA call failed mid-run (a launch, a copy);
+//! 2 no usable GPU (no driver or device, NVRTC missing or refusing a kernel, out of
+//! memory), one line saying why.
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use specmla_gpu::GpuDevice;
+use specmla_gpu::{GpuDevice, GpuError};
 use specmla_gpu_lab::checks::{run_all, F32_TOL};
 use specmla_gpu_lab::checks_dense::DENSE_TOL;
 use specmla_gpu_lab::invariance::run_invariance;
 
 /// Runs every CUDA kernel check on GPU 0 against f64 (attention) or the CPU's f32
 /// (dense kernels), then the batch-invariance cases, and prints a pass/fail table.
-/// Exit 0 all passed, 1 a check failed, 2 no usable GPU (one line saying why).
+/// Exit 0 all passed; 1 a check failed, or a CUDA call failed mid-run; 2 no usable GPU
+/// (one line saying why).
 #[derive(clap::Parser)]
 #[command(name = "gpu-test", version)]
 struct Cli {}
@@ -33,15 +36,13 @@ fn main() -> ExitCode {
     );
     let mut results = match run_all(&dev) {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return stopped("kernel checks", &e),
     };
     match run_invariance(&dev) {
         Ok(r) => results.extend(r),
         Err(e) => {
-            eprintln!("error: invariance checks: {e}");
+            // The device already ran the kernel checks: a failure here is the engine's.
+            eprintln!("error: invariance checks stopped: {e}");
             return ExitCode::from(1);
         }
     }
@@ -60,6 +61,18 @@ fn main() -> ExitCode {
     if failed == 0 {
         ExitCode::SUCCESS
     } else {
+        ExitCode::from(1)
+    }
+}
+
+/// A run that stopped before its table: exit 2 where the machine is at fault, else 1
+/// (a launch or copy failing mid-run is a failure of the code under test, not "no GPU").
+fn stopped(what: &str, e: &GpuError) -> ExitCode {
+    if e.is_environment() {
+        eprintln!("error: {what}: {e}");
+        ExitCode::from(2)
+    } else {
+        eprintln!("error: {what} stopped: {e} (a failed run, not a missing GPU)");
         ExitCode::from(1)
     }
 }
