@@ -73,6 +73,13 @@ pub trait Backend {
         Ok(())
     }
 
+    /// What this backend keeps in host memory for `cfg` (the CPU backend: its caches); a
+    /// device backend checks its device allocations against the device's free memory
+    /// when it is built.
+    fn host_allocations(_cfg: &crate::config::EngineConfig) -> Vec<crate::memory::Allocation> {
+        Vec::new()
+    }
+
     /// Captures (or emulates capturing) uniform-decode graphs of these shapes.
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error>;
 

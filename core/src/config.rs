@@ -27,6 +27,10 @@ pub struct ModelDims {
     pub num_layers: usize,
     /// Query heads (per tensor-parallel rank).
     pub num_heads: usize,
+    /// Width of the query's low-rank compression (`q_a_proj`, normed, then `q_b_proj`);
+    /// 0 projects the query straight from the hidden state (DeepSeek-V2-Lite's form).
+    #[serde(default)]
+    pub q_lora_rank: usize,
     /// Width of the compressed latent KV (V is its first `kv_lora_rank` columns).
     pub kv_lora_rank: usize,
     /// Width of the decoupled RoPE key part, shared by all heads.
@@ -43,6 +47,15 @@ pub struct ModelDims {
     pub rope_theta: f64,
 }
 
+/// The models `--model` names, with what each is (`sim list`).
+pub const MODEL_NAMES: [(&str, &str); 2] = [
+    ("tiny", "the reference model: hidden 64, 4 heads, latent 32 + 8, 2 layers, vocabulary 512"),
+    (
+        "deepseek-v3-attn",
+        "DeepSeek-V3's attention widths (hidden 7168, 128 heads, q_lora 1536, latent 512 + 64, nope 128, v 128); 2 layers, MLP 2048, vocabulary 4096",
+    ),
+];
+
 impl ModelDims {
     /// The tiny reference model the CPU backend runs (RULES §10).
     pub fn tiny() -> Self {
@@ -50,6 +63,7 @@ impl ModelDims {
             hidden_size: 64,
             num_layers: 2,
             num_heads: 4,
+            q_lora_rank: 0,
             kv_lora_rank: 32,
             qk_rope_head_dim: 8,
             qk_nope_head_dim: 16,
@@ -66,6 +80,7 @@ impl ModelDims {
             hidden_size: 7168,
             num_layers: 61,
             num_heads: 128,
+            q_lora_rank: 1536,
             kv_lora_rank: 512,
             qk_rope_head_dim: 64,
             qk_nope_head_dim: 128,
@@ -74,6 +89,65 @@ impl ModelDims {
             intermediate_size: 18_432,
             rope_theta: 10_000.0,
         }
+    }
+
+    /// An attention-faithful model at DeepSeek-V3's widths (`--model deepseek-v3-attn`):
+    /// every attention width of [`Self::deepseek_v3`] (hidden 7168, 128 heads, q_lora 1536,
+    /// kv_lora 512, nope 128, rope 64, v 128), but 2 layers, a dense MLP of 2048 and a
+    /// vocabulary of 4096, so a run fits one GPU and the CPU reference can check it. Not
+    /// DeepSeek-V3: no MoE, no YaRN, random weights.
+    pub fn deepseek_v3_attn() -> Self {
+        Self {
+            num_layers: 2,
+            vocab_size: 4096,
+            intermediate_size: 2048,
+            ..Self::deepseek_v3()
+        }
+    }
+
+    /// The model `--model` names, if any ([`MODEL_NAMES`]).
+    pub fn named(name: &str) -> Option<Self> {
+        match name {
+            "tiny" => Some(Self::tiny()),
+            "deepseek-v3-attn" => Some(Self::deepseek_v3_attn()),
+            _ => None,
+        }
+    }
+
+    /// The slice of the heads one of `tp` tensor-parallel ranks holds (`--tp`): MLA
+    /// shards attention by head (each rank projects, attends and up-projects its own
+    /// `num_heads / tp` heads; the latent cache is replicated), so a rank's attention is
+    /// this model's with fewer heads. The rest of the model stays whole here.
+    pub fn tensor_parallel(&self, tp: usize) -> Result<Self, ConfigError> {
+        if tp == 0 || !self.num_heads.is_multiple_of(tp) {
+            return Err(ConfigError::Invalid(format!(
+                "--tp {tp} does not divide the model's {} heads",
+                self.num_heads
+            )));
+        }
+        Ok(Self {
+            num_heads: self.num_heads / tp,
+            ..self.clone()
+        })
+    }
+
+    /// The widths on one line, as run summaries print them.
+    pub fn summary(&self) -> String {
+        let q = match self.q_lora_rank {
+            0 => String::new(),
+            r => format!(", q_lora {r}"),
+        };
+        format!(
+            "hidden {}, {} heads{q}, latent {} + {}, nope {}, v {}, {} layers, vocabulary {}",
+            self.hidden_size,
+            self.num_heads,
+            self.kv_lora_rank,
+            self.qk_rope_head_dim,
+            self.qk_nope_head_dim,
+            self.v_head_dim,
+            self.num_layers,
+            self.vocab_size
+        )
     }
 
     /// Values cached per token per layer: `kv_lora_rank + qk_rope_head_dim` (576 for DSv3).
@@ -91,6 +165,7 @@ impl ModelDims {
             ("hidden_size", self.hidden_size, 1 << 16),
             ("num_layers", self.num_layers, 1 << 10),
             ("num_heads", self.num_heads, 1 << 12),
+            ("q_lora_rank", self.q_lora_rank, 1 << 14),
             ("kv_lora_rank", self.kv_lora_rank, 1 << 14),
             ("qk_rope_head_dim", self.qk_rope_head_dim, 1 << 12),
             ("qk_nope_head_dim", self.qk_nope_head_dim, 1 << 12),

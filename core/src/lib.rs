@@ -17,6 +17,7 @@ pub mod fault;
 pub mod grammar;
 pub mod graph_buffers;
 pub mod invariants;
+pub mod memory;
 pub mod metadata;
 pub mod plan;
 pub mod reorder;

@@ -33,6 +33,10 @@ pub enum GpuError {
         #[source]
         source: cudarc::driver::DriverError,
     },
+    /// A configuration whose allocations exceed the device's free memory, refused before
+    /// any is made (the message names them).
+    #[error("{0}")]
+    DoesNotFit(String),
     #[error("CUDA call failed while {what}: {source}")]
     Driver {
         what: String,
@@ -162,6 +166,28 @@ impl GpuDevice {
             name,
             sms,
         })
+    }
+
+    /// Refuses `allocs` when together they exceed the device's free memory: one line
+    /// naming them, an environment error (exit 2).
+    pub fn check_fits(&self, allocs: &[specmla_core::memory::Allocation]) -> Result<(), GpuError> {
+        use specmla_core::memory::{describe, gib, total_bytes};
+        let (free, _) = self
+            .ctx
+            .mem_get_info()
+            .map_err(GpuError::driver("reading the free device memory"))?;
+        let total = total_bytes(allocs);
+        if total <= free as u64 {
+            return Ok(());
+        }
+        Err(GpuError::DoesNotFit(format!(
+            "the configuration needs {} of device memory ({}), but {} has {} free; lower \
+             --num-layers or --num-gpu-blocks, or raise --tp",
+            gib(total),
+            describe(allocs),
+            self.name,
+            gib(free as u64)
+        )))
     }
 
     /// Compiles CUDA C `src` (after the shared `common.cuh`) for this device and loads it.

@@ -9,6 +9,8 @@ use crate::launch::Buf;
 /// One MLA layer's weights (layouts as in [`MlaLayer`]).
 pub struct LayerWeights {
     pub attn_norm: Buf<f32>,
+    /// The query's compression `(w_q_a, q_a_norm)`, where the model has one.
+    pub q_lora: Option<(Buf<f32>, Buf<f32>)>,
     pub w_q: Buf<f32>,
     pub w_dkv: Buf<f32>,
     pub kv_norm: Buf<f32>,
@@ -26,6 +28,10 @@ impl LayerWeights {
         let up = |v: &[f32], w: &str| Buf::from_host(dev, v, &format!("{name}.{w}"));
         Ok(Self {
             attn_norm: up(&l.attn_norm, "attn_norm")?,
+            q_lora: match &l.q_lora {
+                Some(q) => Some((up(&q.w_q_a, "w_q_a")?, up(&q.q_a_norm, "q_a_norm")?)),
+                None => None,
+            },
             w_q: up(&l.w_q, "w_q")?,
             w_dkv: up(&l.w_dkv, "w_dkv")?,
             kv_norm: up(&l.kv_norm, "kv_norm")?,

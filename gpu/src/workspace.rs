@@ -26,6 +26,8 @@ pub struct Workspace {
     pub x: Buf<f32>,
     /// Normed activations `[cap, hidden]`.
     pub h: Buf<f32>,
+    /// The compressed queries `[cap, q_lora_rank]` (one value where the model has none).
+    pub q_a: Buf<f32>,
     /// Queries `[cap, heads, nope + rope]`.
     pub q: Buf<f32>,
     /// Latent rows `[cap, kv_lora + rope]`.
@@ -74,6 +76,7 @@ impl Workspace {
             logits_idx: i(cap, "logits_indices")?,
             x: f(cap * hid, "hidden")?,
             h: f(cap * hid, "normed hidden")?,
+            q_a: f(cap * d.q_lora_rank.max(1), "compressed queries")?,
             q: f(cap * heads * d.qk_head_dim(), "queries")?,
             latent: f(cap * d.latent_dim(), "latent rows")?,
             q_lat: f(cap * heads * d.latent_dim(), "absorbed queries")?,

@@ -86,6 +86,15 @@ pub fn apply_rope(x: &mut [f32], pos: usize, theta: f64) {
     }
 }
 
+/// Width of the query projection's input: the compressed query's (`q_lora_rank`) where
+/// the model compresses it, else the hidden state's.
+pub fn q_in_dim(dims: &ModelDims) -> usize {
+    match dims.q_lora_rank {
+        0 => dims.hidden_size,
+        r => r,
+    }
+}
+
 /// Index of the largest logit; the lowest index wins a tie, so greedy decoding is a
 /// function of the logits alone.
 pub fn argmax(logits: &[f32]) -> u32 {
@@ -132,12 +141,26 @@ fn table_row(table: &[f32], token: u32, width: usize) -> Vec<f32> {
     table[start..start + width].to_vec()
 }
 
+/// The query's low-rank compression, DeepSeek-V2/V3's `q_a_proj` and `q_a_layernorm`
+/// (a model with `q_lora_rank` 0 has none).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QLora {
+    /// `[hidden, q_lora]`.
+    pub w_q_a: Vec<f32>,
+    /// RMSNorm gain on the compressed query, `[q_lora]`.
+    pub q_a_norm: Vec<f32>,
+}
+
 /// One transformer layer with multi-head latent attention and a SwiGLU MLP.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MlaLayer {
     /// RMSNorm gain before attention, `[hidden]`.
     pub attn_norm: Vec<f32>,
-    /// Query projection `[hidden, H*(nope+rope)]`; each head is its nope part then its rope part.
+    /// The query's compression, where `q_lora_rank` > 0.
+    pub q_lora: Option<QLora>,
+    /// Query projection `[q_in, H*(nope+rope)]` (each head its nope part, then its rope
+    /// part) from the normed hidden state, or with `q_lora` from the normed compressed
+    /// query (DeepSeek's `q_b_proj`): `q_in` is [`q_in_dim`].
     pub w_q: Vec<f32>,
     /// KV down-projection `[hidden, kv_lora + rope]`: `c_kv` then the shared `k_rope`.
     pub w_dkv: Vec<f32>,
@@ -164,9 +187,16 @@ impl MlaLayer {
     pub fn random(dims: &ModelDims, rng: &mut ChaCha8Rng) -> Self {
         let (d, h) = (dims.hidden_size, dims.num_heads);
         let (lora, nope, v) = (dims.kv_lora_rank, dims.qk_nope_head_dim, dims.v_head_dim);
+        let attn_norm = norm_weight(rng, d);
+        let r = dims.q_lora_rank;
+        let q_lora = (r > 0).then(|| QLora {
+            w_q_a: linear(rng, d, r),
+            q_a_norm: norm_weight(rng, r),
+        });
         Self {
-            attn_norm: norm_weight(rng, d),
-            w_q: linear(rng, d, h * dims.qk_head_dim()),
+            attn_norm,
+            q_lora,
+            w_q: linear(rng, q_in_dim(dims), h * dims.qk_head_dim()),
             w_dkv: linear(rng, d, dims.latent_dim()),
             kv_norm: norm_weight(rng, lora),
             w_uk: uniform(rng, h * lora * nope, (3.0 / lora as f32).sqrt()),
@@ -184,7 +214,14 @@ impl MlaLayer {
     pub fn qkv(&self, dims: &ModelDims, x: &[f32], pos: usize) -> (Vec<f32>, Vec<f32>) {
         let h = rms_norm(x, &self.attn_norm);
         let qk = dims.qk_head_dim();
-        let mut q = matvec(&h, &self.w_q, dims.hidden_size, dims.num_heads * qk);
+        let q_in = match &self.q_lora {
+            Some(l) => {
+                let c_q = matvec(&h, &l.w_q_a, dims.hidden_size, dims.q_lora_rank);
+                rms_norm(&c_q, &l.q_a_norm)
+            }
+            None => h.clone(),
+        };
+        let mut q = matvec(&q_in, &self.w_q, q_in_dim(dims), dims.num_heads * qk);
         for head in q.chunks_exact_mut(qk) {
             apply_rope(&mut head[dims.qk_nope_head_dim..], pos, dims.rope_theta);
         }

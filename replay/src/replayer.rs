@@ -17,7 +17,7 @@ use specmla_core::grammar::{GrammarState, TokenAutomaton};
 use specmla_cpu::{cpu_backend, CpuBackend};
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::record::step_record;
-use specmla_sim::runner::{cache_bytes, weight_bytes, CACHE_LIMIT_BYTES};
+use specmla_sim::runner::check_host_memory;
 use specmla_sim::scenarios::grammar_from_seed;
 use specmla_traces::{StepRecord, TraceHeader};
 
@@ -132,6 +132,8 @@ impl<B: Backend> Replayer<B> {
         make: impl FnOnce(&EngineConfig, Arc<TargetModel>, Arc<DrafterModel>) -> Result<B, B::Error>,
     ) -> Result<Self, ReplayError> {
         let mut cfg = parse_config(header)?;
+        check_host_memory::<B>(&cfg)
+            .map_err(|e| ReplayError::Config(format!("the trace's {e}")))?;
         B::check_dims(&cfg.model)
             .map_err(|e| ReplayError::Environment(format!("--backend {}: {e}", B::KIND)))?;
         cfg.faults = faults;
@@ -301,15 +303,6 @@ pub fn parse_config(header: &TraceHeader) -> Result<EngineConfig, ReplayError> {
     let cfg: EngineConfig = serde_json::from_str(&header.config_json)
         .map_err(|e| ReplayError::Config(e.to_string()))?;
     cfg.validate()?;
-    let (bytes, limit) = (
-        cache_bytes(&cfg).saturating_add(weight_bytes(&cfg)),
-        CACHE_LIMIT_BYTES,
-    );
-    if bytes > limit {
-        return Err(ReplayError::Config(format!(
-            "its KV caches and weights would need {bytes} bytes (limit {limit})"
-        )));
-    }
     Ok(cfg)
 }
 

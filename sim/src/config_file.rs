@@ -163,6 +163,10 @@ pub const FIELD_DOCS: &[(&str, &str)] = &[
     ("engine.model.num_layers", "target model layers"),
     ("engine.model.num_heads", "query heads"),
     (
+        "engine.model.q_lora_rank",
+        "width of the query's low-rank compression (0: the query comes straight from the hidden state)",
+    ),
+    (
         "engine.model.kv_lora_rank",
         "latent KV width; V is its first columns (values)",
     ),

@@ -72,6 +72,8 @@ struct LayerCache {
 /// An [`MlaLayer`] widened to f64.
 struct Layer64 {
     attn_norm: Vec<f64>,
+    /// The query's compression (`q_a_proj`, `q_a_layernorm`), where the model has one.
+    q_lora: Option<(Vec<f64>, Vec<f64>)>,
     w_q: Vec<f64>,
     w_dkv: Vec<f64>,
     kv_norm: Vec<f64>,
@@ -88,6 +90,10 @@ impl Layer64 {
     fn new(l: &MlaLayer) -> Self {
         Self {
             attn_norm: widen(&l.attn_norm),
+            q_lora: l
+                .q_lora
+                .as_ref()
+                .map(|q| (widen(&q.w_q_a), widen(&q.q_a_norm))),
             w_q: widen(&l.w_q),
             w_dkv: widen(&l.w_dkv),
             kv_norm: widen(&l.kv_norm),
@@ -118,7 +124,11 @@ impl Layer64 {
             d.qk_head_dim(),
         );
         let h = rms_norm(x, &self.attn_norm);
-        let mut q = matvec(&h, &self.w_q, d.num_heads * qk);
+        let q_in = match &self.q_lora {
+            Some((w_q_a, q_a_norm)) => rms_norm(&matvec(&h, w_q_a, d.q_lora_rank), q_a_norm),
+            None => h.clone(),
+        };
+        let mut q = matvec(&q_in, &self.w_q, d.num_heads * qk);
         for head in q.chunks_exact_mut(qk) {
             apply_rope(&mut head[d.qk_nope_head_dim..], pos, d.rope_theta);
         }

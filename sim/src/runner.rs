@@ -10,6 +10,7 @@ use serde::Serialize;
 use specmla_core::backend::Backend;
 use specmla_core::config::EngineConfig;
 use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
+use specmla_core::memory::{self, Allocation};
 use specmla_core::scheduler::{validate_workload, WorkloadError};
 
 use crate::checks::{CheckFailure, CheckKind, NearTie, SimChecker, Tolerances};
@@ -28,8 +29,9 @@ pub enum RunError {
     Config(#[from] specmla_core::error::ConfigError),
     #[error("invalid workload: {0}")]
     Workload(WorkloadError),
-    #[error("the KV caches and weights would need {0} bytes (limit {CACHE_LIMIT_BYTES}); lower --max-model-len or --num-gpu-blocks")]
-    CacheTooLarge(u64),
+    /// The run would not fit in host memory (the message names the allocations).
+    #[error("{0}")]
+    TooLarge(String),
     /// The engine failed mid-run: a stall, or a backend error that is not the
     /// environment's.
     #[error("{0}")]
@@ -77,31 +79,38 @@ pub trait StepSink {
     fn end(&mut self) -> Result<(), RunError>;
 }
 
-/// Largest cache the CPU backend allocates, so no flag can make it abort on memory.
-pub const CACHE_LIMIT_BYTES: u64 = 4 << 30;
+/// The most host memory a run may take (the harness's models and oracle, and a
+/// backend's host allocations), so no flag can make it abort on memory.
+pub const HOST_LIMIT_BYTES: u64 = 16 << 30;
 
-/// Bytes of the target and drafter weights under `cfg` (f32), an upper estimate.
-pub fn weight_bytes(cfg: &specmla_core::config::EngineConfig) -> u64 {
-    let m = &cfg.model;
-    let (h, heads) = (m.hidden_size as u64, m.num_heads as u64);
-    let per_layer = h * heads * m.qk_head_dim() as u64
-        + h * m.latent_dim() as u64
-        + heads * m.kv_lora_rank as u64 * (m.qk_nope_head_dim + m.v_head_dim) as u64
-        + heads * m.v_head_dim as u64 * h
-        + 3 * h * m.intermediate_size as u64;
-    let embeddings = 2 * m.vocab_size as u64 * h;
-    // The drafter: one layer, its own embeddings and head, and the input fusions.
-    ((m.num_layers as u64 + 1) * per_layer + 2 * embeddings + 3 * h * h) * 4
+/// What a run on backend `B` allocates in host memory: the f32 models the harness draws
+/// (`core::memory`), the f64 oracle's copy of the target (twice its f32 bytes), and what
+/// `B` keeps on the host (the CPU backend's caches).
+pub fn host_allocations<B: Backend>(cfg: &EngineConfig) -> Vec<Allocation> {
+    let mut a = specmla_core::memory::allocations(cfg);
+    a.truncate(2);
+    a.push(Allocation {
+        what: "f64 oracle",
+        bytes: 2 * a[0].bytes,
+    });
+    a.extend(B::host_allocations(cfg));
+    a
 }
 
-/// Bytes the CPU backend's target and drafter caches take under `cfg`.
-pub fn cache_bytes(cfg: &specmla_core::config::EngineConfig) -> u64 {
-    let m = &cfg.model;
-    let slots =
-        (cfg.scheduler.num_gpu_blocks as u64).saturating_mul(cfg.scheduler.page_size as u64);
-    (m.num_layers as u64 + 1)
-        .saturating_mul(slots)
-        .saturating_mul(m.latent_dim() as u64 * 4)
+/// Refuses a run whose host allocations pass [`HOST_LIMIT_BYTES`], naming them.
+pub fn check_host_memory<B: Backend>(cfg: &EngineConfig) -> Result<(), String> {
+    let a = host_allocations::<B>(cfg);
+    let total = memory::total_bytes(&a);
+    if total <= HOST_LIMIT_BYTES {
+        return Ok(());
+    }
+    Err(format!(
+        "the run needs {} of host memory ({}), above the limit of {}; lower --num-layers, \
+         --num-gpu-blocks or --max-model-len, or raise --tp",
+        memory::gib(total),
+        memory::describe(&a),
+        memory::gib(HOST_LIMIT_BYTES)
+    ))
 }
 
 impl RunError {
@@ -284,10 +293,7 @@ where
     cfg.validate()?;
     let workload = generate_workload(&scenario.workload, &cfg, seed);
     validate_workload(&cfg, &workload)?;
-    let bytes = cache_bytes(&cfg).saturating_add(weight_bytes(&cfg));
-    if bytes > CACHE_LIMIT_BYTES {
-        return Err(RunError::CacheTooLarge(bytes));
-    }
+    check_host_memory::<B>(&cfg).map_err(RunError::TooLarge)?;
     B::check_dims(&cfg.model)
         .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
     let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));

@@ -12,7 +12,8 @@ use crate::weights::LayerWeights;
 use crate::workspace::Workspace;
 
 impl GpuBackend {
-    /// `h = norm(x)`, `q = rope(h W_q)`, `latent = [norm(c_kv) | rope(k_rope)]`.
+    /// `h = norm(x)`, `q = rope(h W_q)` (with a query compression `q = rope(norm(h W_q_a)
+    /// W_q)`), `latent = [norm(c_kv) | rope(k_rope)]`.
     pub(super) fn qkv(
         &self,
         w: &LayerWeights,
@@ -35,14 +36,24 @@ impl GpuBackend {
             RMS_EPS,
         )?;
         if with_q {
+            let (q_in, q_dim) = match &w.q_lora {
+                Some((w_q_a, q_a_norm)) => {
+                    let r = d.q_lora_rank;
+                    let c_q = ws.q_a.ptr();
+                    k.matmul(dev, ws.h.ptr(), hid, w_q_a.ptr(), None, c_q, (n, hid, r))?;
+                    k.rms_norm(dev, c_q, r, q_a_norm.ptr(), c_q, r, n, r, RMS_EPS)?;
+                    (c_q, r)
+                }
+                None => (ws.h.ptr(), hid),
+            };
             k.matmul(
                 dev,
-                ws.h.ptr(),
-                hid,
+                q_in,
+                q_dim,
                 w.w_q.ptr(),
                 None,
                 ws.q.ptr(),
-                (n, hid, heads * qk),
+                (n, q_dim, heads * qk),
             )?;
             let rope = (d.qk_nope_head_dim, d.qk_rope_head_dim);
             k.rope(

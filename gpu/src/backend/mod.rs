@@ -117,6 +117,7 @@ impl GpuBackend {
         target: Arc<TargetModel>,
         drafter: Arc<DrafterModel>,
     ) -> Result<Self> {
+        dev.check_fits(&specmla_core::memory::allocations(cfg))?;
         let k = Kernels::load(&dev)?;
         let d = cfg.model.clone();
         let num_slots = cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size;

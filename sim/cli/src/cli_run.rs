@@ -6,7 +6,8 @@ use std::process::ExitCode;
 use anyhow::{bail, Result};
 use clap::{Args, ValueEnum};
 use specmla_core::config::{
-    BackendProfile, DrafterBatch, KvCacheDtype, Planner, RowLayout, SpecMethod,
+    BackendProfile, DrafterBatch, KvCacheDtype, ModelDims, Planner, RowLayout, SpecMethod,
+    MODEL_NAMES,
 };
 use specmla_core::fault::Fault;
 
@@ -140,6 +141,19 @@ pub struct RunArgs {
     /// Attention backend profile (see `sim list`).
     #[arg(long, value_parser = backend_names())]
     pub profile: Option<String>,
+    /// Model (see `sim list`): `tiny` (the default of every scenario) or
+    /// `deepseek-v3-attn` (DeepSeek-V3's attention widths, 2 small layers).
+    #[arg(long, value_parser = model_names())]
+    pub model: Option<String>,
+    /// Tensor parallelism: run the slice of the model's heads one of N ranks holds.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub tp: Option<u64>,
+    /// Target model layers (the model's own by default).
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    pub num_layers: Option<u64>,
+    /// Most split-KV splits a decode row takes; longer rows take longer splits (0: no cap).
+    #[arg(long)]
+    pub max_splits: Option<usize>,
     /// Device that executes the run: the CPU reference or the CUDA backend on GPU 0.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub backend: DeviceArg,
@@ -236,6 +250,10 @@ fn scenario_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(names)
 }
 
+fn model_names() -> clap::builder::PossibleValuesParser {
+    clap::builder::PossibleValuesParser::new(MODEL_NAMES.map(|(name, _)| name))
+}
+
 fn backend_names() -> clap::builder::PossibleValuesParser {
     clap::builder::PossibleValuesParser::new(BackendProfile::ALL.map(|p| p.name()))
 }
@@ -321,6 +339,18 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
     }
     if let Some(b) = &a.profile {
         s.cfg.backends = vec![BackendProfile::from_name(b).expect("clap checked the name")];
+    }
+    if let Some(m) = &a.model {
+        s.cfg.model = ModelDims::named(m).expect("clap checked the name");
+    }
+    if let Some(n) = a.num_layers {
+        s.cfg.model.num_layers = n as usize;
+    }
+    if let Some(tp) = a.tp {
+        s.cfg.model = s.cfg.model.tensor_parallel(tp as usize)?;
+    }
+    if let Some(n) = a.max_splits {
+        s.cfg.max_splits = n;
     }
     if let Some(r) = a.acceptance_rate {
         if !(0.0..=1.0).contains(&r) {
@@ -474,6 +504,7 @@ fn print_summary(s: &RunSummary) {
         s.backend
     );
     line("device", s.device.clone());
+    line("model", s.config.engine.model.summary());
     line(
         "requests",
         format!("{} ({} finished)", st.requests, st.finished),

@@ -99,6 +99,10 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
                 "config": specmla_sim::config_file::RunConfig::of(s, 0),
             })).collect::<Vec<_>>(),
             "planners": specmla_core::config::Planner::ALL.map(|p| p.name()),
+            "models": specmla_core::config::MODEL_NAMES.iter().map(|(name, what)| serde_json::json!({
+                "name": name, "description": what,
+                "dims": specmla_core::config::ModelDims::named(name),
+            })).collect::<Vec<_>>(),
             "backends": BackendProfile::ALL.iter().map(|p| serde_json::json!({"name": p.name(), "capabilities": p.capabilities()})).collect::<Vec<_>>(),
         });
         say!("{}", serde_json::to_string_pretty(&v)?);
@@ -133,6 +137,10 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
         "\nplanners: {} (the first is the default)",
         planners.join(", ")
     );
+    say!("\nmodels (`--model NAME`; `--tp N` keeps 1/N of the heads):");
+    for (name, what) in specmla_core::config::MODEL_NAMES {
+        say!("  {name:<17} {what}");
+    }
     Ok(ExitCode::SUCCESS)
 }
 

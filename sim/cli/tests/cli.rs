@@ -213,12 +213,40 @@ fn list_names_scenarios_and_profiles() {
         "{out}"
     );
     assert!(out.contains("planners: vllm, vllm-3region"), "{out}");
+    assert!(
+        out.contains("deepseek-v3-attn  DeepSeek-V3's attention widths"),
+        "{out}"
+    );
     let o = sim(&["list", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
         v["scenarios"][3]["config"]["engine"]["spec"]["method"],
         "dflash"
     );
+    assert_eq!(v["models"][1]["dims"]["q_lora_rank"], 1536);
+}
+
+/// DeepSeek-V3's attention widths, one tensor-parallel rank of 16 (8 heads): every check
+/// passes on the CPU reference against the f64 oracle, and the summary names the widths.
+#[test]
+fn the_real_width_model_passes_on_one_tp_rank() {
+    let args = [
+        "--model",
+        "deepseek-v3-attn",
+        "--tp",
+        "16",
+        "--requests",
+        "2",
+        "--prompt-len",
+        "8..24",
+        "--max-new-tokens",
+        "4..8",
+    ];
+    let o = sim(&args);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+    assert!(out.contains("hidden 7168, 8 heads, q_lora 1536, latent 512 + 64, nope 128, v 128, 2 layers, vocabulary 4096"), "{out}");
+    assert!(out.contains("PASS: all checks passed"), "{out}");
 }
 
 #[test]
@@ -254,9 +282,26 @@ fn impossible_configs_fail_at_start_up_with_one_line() {
     assert_bad_input(&["--max-num-seqs", "0"], &["max_num_seqs"]);
     assert_bad_input(&["--max-model-len", "1"], &["max_model_len"]);
     assert_bad_input(
-        &["--max-model-len", "10000000"],
-        &["KV caches and weights would need", "--num-gpu-blocks"],
+        &["--num-gpu-blocks", "30000000"],
+        &["of host memory (target KV cache", "--num-gpu-blocks"],
     );
+    // A real-width model too deep for the host: refused before a weight is drawn.
+    assert_bad_input(
+        &["--model", "deepseek-v3-attn", "--num-layers", "40"],
+        &[
+            "needs",
+            "target weights",
+            "f64 oracle",
+            "above the limit of 16.00 GiB",
+            "--tp",
+        ],
+    );
+    assert_bad_input(
+        &["--model", "deepseek-v3-attn", "--tp", "3"],
+        &["--tp 3", "128 heads"],
+    );
+    assert_bad_input(&["--model", "gpt-2"], &["tiny", "deepseek-v3-attn"]);
+    assert_bad_input(&["--tp", "0"], &["--tp"]);
     assert_bad_input(
         &["--max-model-len", "100000000"],
         &["max_model_len", "above"],

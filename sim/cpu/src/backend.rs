@@ -101,6 +101,11 @@ impl Backend for CpuBackend {
         false
     }
 
+    /// Both latent caches live in host memory.
+    fn host_allocations(cfg: &EngineConfig) -> Vec<specmla_core::memory::Allocation> {
+        specmla_core::memory::allocations(cfg).split_off(2)
+    }
+
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
         // The core hands over the shapes as the capture froze them (F2 included).
         self.graphs = shapes.to_vec();
