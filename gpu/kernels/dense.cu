@@ -132,6 +132,20 @@ extern "C" __global__ void round_bf16(float* __restrict__ x, int n) {
     x[i] = __uint_as_float(u & 0xffff0000u);
 }
 
+// out[i] = x[i] as bf16 bits, rounded to nearest even (round_bf16's rounding; a NaN stays a
+// NaN). What the flash kernels read: absorbed queries, and latents already rounded.
+extern "C" __global__ void to_bf16(const float* __restrict__ x, unsigned short* __restrict__ out, int n) {
+    int i = blockIdx.x * THREADS + threadIdx.x;
+    if (i >= n) return;
+    unsigned u = __float_as_uint(x[i]);
+    if ((u & 0x7fffffffu) > 0x7f800000u) {
+        out[i] = (unsigned short)((u >> 16) | 0x40u);
+        return;
+    }
+    u += 0x7fffu + ((u >> 16) & 1u);
+    out[i] = (unsigned short)(u >> 16);
+}
+
 // x[i] = v for n values (zeros, -inf LSEs, NaN poison).
 extern "C" __global__ void fill(float* __restrict__ x, float v, int n) {
     int i = blockIdx.x * THREADS + threadIdx.x;

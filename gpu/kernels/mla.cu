@@ -16,6 +16,22 @@ extern "C" __global__ void kv_write(const float* __restrict__ latent,
     }
 }
 
+// kv_write into a bf16 cache (the flash kernels' [slots, D]): each value rounded to
+// nearest even, exact for a latent the backend already rounded to bf16.
+extern "C" __global__ void kv_write_bf16(const float* __restrict__ latent,
+                                         const long long* __restrict__ slot_mapping,
+                                         unsigned short* __restrict__ cache, int num_tokens, int dim) {
+    int t = blockIdx.x;
+    if (t >= num_tokens) return;
+    long long slot = slot_mapping[t];
+    if (slot < 0) return;
+    for (int d = threadIdx.x; d < dim; d += blockDim.x) {
+        unsigned u = __float_as_uint(latent[(long long)t * dim + d]);
+        u = (u & 0x7fffffffu) > 0x7f800000u ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+        cache[slot * dim + d] = (unsigned short)(u >> 16);
+    }
+}
+
 #define MAX_DV_PER_THREAD 8  // kv_lora up to 1024
 
 // Absorbed MLA decode for a uniform q_len. One block per (query token, head): token

@@ -18,9 +18,12 @@ pub struct Workspace {
     pub slots: Buf<i64>,
     pub block_table: Buf<i32>,
     pub seq_lens: Buf<i32>,
-    /// The decode split schedule's split lengths and counts, `[rows_cap]` each.
+    /// The decode split schedule's split lengths, counts and mapped keys, `[rows_cap]` each.
     pub split_lens: Buf<i32>,
     pub num_splits: Buf<i32>,
+    pub mapped_kv: Buf<i32>,
+    /// The flash decode's inputs and scratch, where the backend runs it.
+    pub flash: Option<FlashScratch>,
     pub logits_idx: Buf<i32>,
     /// Residual stream `[cap, hidden]`.
     pub x: Buf<f32>,
@@ -58,6 +61,7 @@ impl Workspace {
         d: &ModelDims,
         layers: usize,
         (cap, rows_cap, width): (usize, usize, usize),
+        flash_splits: Option<usize>,
     ) -> Result<Self, GpuError> {
         let (hid, heads) = (d.hidden_size, d.num_heads);
         let f = |len: usize, what: &str| Buf::<f32>::uninit(dev, len, &format!("workspace {what}"));
@@ -73,6 +77,11 @@ impl Workspace {
             seq_lens: i(rows_cap, "seq_lens")?,
             split_lens: i(rows_cap, "split_lens")?,
             num_splits: i(rows_cap, "num_splits")?,
+            mapped_kv: i(rows_cap, "mapped keys")?,
+            flash: match flash_splits {
+                Some(n) => Some(FlashScratch::new(dev, d, (cap, rows_cap), n)?),
+                None => None,
+            },
             logits_idx: i(cap, "logits_indices")?,
             x: f(cap * hid, "hidden")?,
             h: f(cap * hid, "normed hidden")?,
@@ -95,6 +104,50 @@ impl Workspace {
     /// Whether this workspace can hold a step of this size.
     pub fn fits(&self, cap: usize, rows: usize, width: usize) -> bool {
         cap <= self.cap && rows <= self.rows_cap && width == self.width
+    }
+}
+
+/// What the flash decode reads and writes beyond the shared activations: the absorbed
+/// queries in bf16, the split partials for up to `max_splits` splits, and the split
+/// counters (zero; the kernels re-arm them, so a graph replays them as captured).
+pub struct FlashScratch {
+    /// `[cap, heads, 576]` bf16.
+    pub q: Buf<u16>,
+    pub o_part: Buf<f32>,
+    pub lse_part: Buf<f32>,
+    pub done: Buf<i32>,
+    pub max_splits: usize,
+}
+
+impl FlashScratch {
+    fn new(
+        dev: &GpuDevice,
+        d: &ModelDims,
+        (cap, rows_cap): (usize, usize),
+        max_splits: usize,
+    ) -> Result<Self, GpuError> {
+        let rows = cap * d.num_heads;
+        Ok(Self {
+            q: Buf::uninit(
+                dev,
+                rows * d.latent_dim(),
+                "workspace bf16 absorbed queries",
+            )?,
+            o_part: Buf::uninit(
+                dev,
+                max_splits * rows * d.kv_lora_rank,
+                "workspace split partials",
+            )?,
+            lse_part: Buf::uninit(dev, max_splits * rows, "workspace split partial lse")?,
+            // A request's counters: one per 64 query rows; rows of all requests together
+            // are at most cap * heads, plus one partial block per request.
+            done: Buf::from_host(
+                dev,
+                &vec![0i32; rows.div_ceil(64) + rows_cap],
+                "workspace split counters",
+            )?,
+            max_splits,
+        })
     }
 }
 

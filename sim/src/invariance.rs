@@ -175,10 +175,24 @@ fn graph_vs_eager<B: Backend>(
     Ok(r)
 }
 
-/// Every invariance case, on the backend `make` builds.
+/// Every invariance case, on the backend `make` builds, with the tiny model.
 pub fn run_invariance<B: Backend>(make: &Factory<'_, B>) -> Result<Vec<InvarianceCase>, String> {
+    run_invariance_on(make, &|_| {})
+}
+
+/// Every invariance case, each configuration changed by `adapt` first (another model,
+/// another cache dtype: what selects another kernel path).
+pub fn run_invariance_on<B: Backend>(
+    make: &Factory<'_, B>,
+    adapt: &dyn Fn(&mut EngineConfig),
+) -> Result<Vec<InvarianceCase>, String> {
+    let base = |profile, spec| {
+        let mut c = EngineConfig::tiny(profile, spec);
+        adapt(&mut c);
+        c
+    };
     let mtp = SpecConfig::multi_step(3, DrafterBatch::Padded);
-    let cfg = EngineConfig::tiny(BackendProfile::FlashMla, mtp.clone());
+    let cfg = base(BackendProfile::FlashMla, mtp.clone());
     let mut out = vec![graph_vs_eager(make, "FlashMLA MTP K=3", &cfg, false)?];
     let mut f2 = cfg.clone();
     f2.faults = f2.faults.with(Fault::F2);
@@ -201,7 +215,7 @@ pub fn run_invariance<B: Backend>(make: &Factory<'_, B>) -> Result<Vec<Invarianc
     );
     r.passed &= shared > 0;
     out.push(r);
-    let padded = EngineConfig::tiny(
+    let padded = base(
         BackendProfile::FlashInferMla,
         SpecConfig::multi_step(5, DrafterBatch::Padded),
     );
@@ -215,7 +229,7 @@ pub fn run_invariance<B: Backend>(make: &Factory<'_, B>) -> Result<Vec<Invarianc
         differing: p.mismatches,
         passed: p.mismatches == 0 && !p.rows.is_empty(),
     });
-    let mut dflash = EngineConfig::tiny(BackendProfile::FlashAttnMla, SpecConfig::dflash(8));
+    let mut dflash = base(BackendProfile::FlashAttnMla, SpecConfig::dflash(8));
     dflash.scheduler.max_model_len = 160;
     dflash.scheduler.num_gpu_blocks = 96;
     out.push(graph_vs_eager(make, "DFlash K=8", &dflash, false)?);

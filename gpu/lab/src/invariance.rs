@@ -3,22 +3,51 @@
 
 use std::sync::Arc;
 
+use specmla_core::config::{BackendProfile, EngineConfig, KvCacheDtype, ModelDims, SpecConfig};
+use specmla_gpu::backend::portable_because;
 use specmla_gpu::{GpuBackend, GpuDevice};
 
 use crate::checks::CaseResult;
 
-/// Every invariance case on `dev`.
+/// Every invariance case on `dev`: with the tiny model (the portable kernels), then at
+/// DeepSeek-V3's widths on one tensor-parallel rank of 8 (16 heads) with a bf16 cache,
+/// where a Hopper device runs the decode rows on the flash kernels.
 pub fn run_invariance(dev: &Arc<GpuDevice>) -> Result<Vec<CaseResult>, String> {
     let make =
         |cfg: &_, target, drafter| GpuBackend::on_device(Arc::clone(dev), cfg, target, drafter);
-    let cases = specmla_sim::invariance::run_invariance(&make)?;
-    Ok(cases
-        .into_iter()
-        .map(|c| CaseResult {
-            kernel: "invariance",
+    let rows = |cases: Vec<specmla_sim::invariance::InvarianceCase>, kernel| {
+        cases.into_iter().map(move |c| CaseResult {
+            kernel,
             case: c.case,
             max_rel_err: c.differing as f64,
             passed: c.passed,
         })
-        .collect())
+    };
+    let mut out: Vec<CaseResult> = rows(
+        specmla_sim::invariance::run_invariance(&make)?,
+        "invariance",
+    )
+    .collect();
+    let real_width = |c: &mut EngineConfig| {
+        c.model = ModelDims::deepseek_v3_attn()
+            .tensor_parallel(8)
+            .expect("8 divides 128");
+        c.kv_cache_dtype = KvCacheDtype::Bf16;
+    };
+    let mut probe = EngineConfig::tiny(BackendProfile::FlashMla, SpecConfig::off());
+    real_width(&mut probe);
+    match portable_because(&probe, &dev.arch) {
+        Some(why) if dev.arch == "sm_90a" => out.push(CaseResult {
+            kernel: "invariance flash",
+            case: format!("DeepSeek-V3 widths should take the flash path: {why}"),
+            max_rel_err: f64::INFINITY,
+            passed: false,
+        }),
+        Some(why) => println!("skipping the flash-path invariance cases: {why}"),
+        None => {
+            let cases = specmla_sim::invariance::run_invariance_on(&make, &real_width)?;
+            out.extend(rows(cases, "invariance flash"));
+        }
+    }
+    Ok(out)
 }

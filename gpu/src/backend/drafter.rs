@@ -7,7 +7,7 @@ use specmla_core::backend::{DrafterOutput, TargetOutput};
 use specmla_core::drafter::{DFlashPass, DrafterPass};
 use specmla_core::split::SplitSchedule;
 
-use super::{as_i32, DecodeLaunch, GpuBackend, Result};
+use super::{as_i32, CacheOf, DecodeLaunch, GpuBackend, Result};
 use crate::launch::{copy, Buf, DPtr};
 use crate::ops::{DecodeBufs, DecodeShape};
 use crate::weights::LayerWeights;
@@ -27,17 +27,7 @@ impl GpuBackend {
         self.check_slots(slots)?;
         ws.slots.write(&self.dev, slots)?;
         // SAFETY: every slot just passed check_slots.
-        unsafe {
-            self.k.kv_write(
-                &self.dev,
-                ws.latent.ptr(),
-                ws.slots.ptr(),
-                self.drafter_cache.ptr(),
-                n,
-                self.dims.latent_dim(),
-            )
-        }?;
-        Ok(())
+        unsafe { self.write_latents(ws, CacheOf::Drafter, n) }
     }
 
     pub(super) fn drafter_body(
@@ -123,9 +113,10 @@ impl GpuBackend {
         copy(&dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
         ws.block_table.write(&dev, &self.block_ids(table)?)?;
         ws.seq_lens.write(&dev, &as_i32(keys.kv_lens))?;
-        let (lens, counts) = self.split_schedule(keys.split, rows)?;
+        let [lens, counts, mapped] = self.split_schedule(keys.split, rows)?;
         ws.split_lens.write(&dev, &lens)?;
         ws.num_splits.write(&dev, &counts)?;
+        ws.mapped_kv.write(&dev, &mapped)?;
         let dl = DecodeLaunch {
             token_start: 0,
             rows,
@@ -135,9 +126,10 @@ impl GpuBackend {
             seq_lens: ws.seq_lens.ptr(),
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
+            mapped_kv: ws.mapped_kv.ptr(),
         };
         k.fill(&dev, attn, 0.0, rows * hv)?;
-        self.decode(w, ws, self.drafter_cache.ptr(), dl, rows, attn)?;
+        self.decode(w, ws, CacheOf::Drafter, dl, rows, attn)?;
         // The residual of the sampled rows now lives in xs; finish it there.
         self.finish(w, ws, xs, attn, rows)?;
         copy(&dev, xs, ws.x.ptr(), rows * hid)?;
@@ -258,7 +250,7 @@ impl GpuBackend {
             // "row", all K rows seeing all ctx + K keys.
             let n_keys = pass.kv_lens[r] as usize;
             let seq = Buf::from_host(dev, &vec![n_keys as i32; b - 1], "dflash seq_lens")?;
-            let (len, count) = self.split_schedule(&pass.split, r + 1)?;
+            let [len, count, _] = self.split_schedule(&pass.split, r + 1)?;
             let split_lens = Buf::from_host(dev, &vec![len[r]; b - 1], "dflash split lengths")?;
             let splits = Buf::from_host(dev, &vec![count[r]; b - 1], "dflash splits")?;
             let table_rows: Vec<i32> = (0..b - 1).flat_map(|_| 0..n_keys as i32).collect();

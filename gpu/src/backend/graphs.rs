@@ -8,7 +8,7 @@ use specmla_core::backend::TargetOutput;
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::plan::StepPlan;
 
-use super::{CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Result};
+use super::{CacheOf, CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Result};
 use crate::device::GpuError;
 use crate::launch::copy;
 use crate::workspace::Workspace;
@@ -24,6 +24,7 @@ impl GpuBackend {
             seq_lens: ws.seq_lens.ptr(),
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
+            mapped_kv: ws.mapped_kv.ptr(),
         }
     }
 
@@ -33,7 +34,7 @@ impl GpuBackend {
         let n = shape.num_tokens;
         let dl = self.graph_launch(ws, shape);
         self.target_layers(ws, n, &|me, l, w, attn| {
-            me.decode(w, ws, me.layer_cache(l), dl, n, attn)
+            me.decode(w, ws, CacheOf::Target(l), dl, n, attn)
         })?;
         copy(
             self.dev(),
@@ -46,12 +47,7 @@ impl GpuBackend {
 
     pub(super) fn capture(&self, shape: GraphShape) -> Result<CapturedGraph> {
         let width = self.cfg.scheduler.max_blocks_per_seq();
-        let ws = Workspace::new(
-            &self.dev,
-            &self.dims,
-            self.dims.num_layers,
-            (shape.num_tokens, shape.num_rows, width),
-        )?;
+        let ws = self.new_workspace((shape.num_tokens, shape.num_rows, width))?;
         let stream = &self.dev.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -89,12 +85,12 @@ impl GpuBackend {
         let mut table = vec![-1i32; s.num_rows * width];
         let mut seq = vec![0i32; s.num_rows];
         // A row the schedule does not reach takes no split.
-        let (mut split_lens, mut splits) = (vec![0i32; s.num_rows], vec![0i32; s.num_rows]);
+        let mut sched = [(); 3].map(|_| vec![0i32; s.num_rows]);
         if let Some(d) = d {
             let n = s.num_rows.min(d.split.len());
-            let (lens, counts) = self.split_schedule(&d.split, n)?;
-            split_lens[..n].copy_from_slice(&lens);
-            splits[..n].copy_from_slice(&counts);
+            for (buf, v) in sched.iter_mut().zip(self.split_schedule(&d.split, n)?) {
+                buf[..n].copy_from_slice(&v);
+            }
         }
         for r in 0..s.num_rows.min(c.num_rows()) {
             let row = self.block_ids(c.block_row(r))?;
@@ -105,8 +101,9 @@ impl GpuBackend {
         let dev = Arc::clone(&self.dev);
         g.ws.block_table.write(&dev, &table)?;
         g.ws.seq_lens.write(&dev, &seq)?;
-        g.ws.split_lens.write(&dev, &split_lens)?;
-        g.ws.num_splits.write(&dev, &splits)?;
+        g.ws.split_lens.write(&dev, &sched[0])?;
+        g.ws.num_splits.write(&dev, &sched[1])?;
+        g.ws.mapped_kv.write(&dev, &sched[2])?;
         g.graph
             .launch()
             .map_err(GpuError::driver("launching a captured graph"))?;

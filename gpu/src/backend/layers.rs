@@ -5,7 +5,7 @@
 use specmla_core::config::KvCacheDtype;
 use specmla_model::RMS_EPS;
 
-use super::{DecodeLaunch, GpuBackend, Result};
+use super::{CacheOf, DecodeLaunch, GpuBackend, Result};
 use crate::launch::{Buf, DPtr};
 use crate::ops::{DecodeBufs, DecodeShape};
 use crate::weights::LayerWeights;
@@ -184,13 +184,14 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Absorbed decode of one uniform launch; writes the attention output of tokens
-    /// below `n_real` into `attn` (the rest belong to padding and are dropped).
+    /// Absorbed decode of one uniform launch over cache `c`, on the flash kernels where
+    /// the backend has them; writes the attention output of tokens below `n_real` into
+    /// `attn` (the rest belong to padding and are dropped).
     pub(super) fn decode(
         &self,
         w: &LayerWeights,
         ws: &Workspace,
-        cache: DPtr<f32>,
+        c: CacheOf,
         dl: DecodeLaunch,
         n_real: usize,
         attn: DPtr<f32>,
@@ -202,6 +203,24 @@ impl GpuBackend {
         let q_lat = ws.q_lat.ptr().offset(s * md.heads * md.latent());
         let o_lat = ws.o_lat.ptr().offset(s * md.heads * md.kv_lora);
         k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?;
+        if let Some(fp) = &self.flash {
+            let cache = match c {
+                CacheOf::Target(l) => fp.layer_cache(l),
+                CacheOf::Drafter => fp.drafter_cache.ptr(),
+            };
+            self.flash_decode(ws, cache, dl, (q_lat, o_lat))?;
+            let keep = tokens.min(n_real.saturating_sub(s));
+            k.apply_uv(
+                dev,
+                md,
+                o_lat,
+                w.w_uv.ptr(),
+                attn.offset(s * md.heads * md.dv),
+                keep,
+            )?;
+            return Ok(());
+        }
+        let cache = self.f32_cache(c);
         let shape = DecodeShape {
             num_rows: dl.rows,
             q_len: dl.q_len,

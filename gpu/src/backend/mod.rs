@@ -25,7 +25,11 @@ use crate::weights::{DrafterWeights, LayerWeights, TargetWeights};
 use crate::workspace::{PrefillScratch, Workspace};
 
 mod drafter;
+mod flash_path;
 mod graphs;
+
+pub use flash_path::portable_because;
+use flash_path::FlashPath;
 mod layers;
 mod target;
 
@@ -74,9 +78,18 @@ struct DecodeLaunch {
     block_table: DPtr<i32>,
     width: usize,
     seq_lens: DPtr<i32>,
-    /// The rows' split schedule (lengths, then counts), `[rows]` each.
+    /// The rows' split schedule (lengths, counts, mapped keys), `[rows]` each.
     split_lens: DPtr<i32>,
     num_splits: DPtr<i32>,
+    mapped_kv: DPtr<i32>,
+}
+
+/// Which latent cache a decode launch reads.
+#[derive(Clone, Copy, Debug)]
+enum CacheOf {
+    /// The target's, of this layer.
+    Target(usize),
+    Drafter,
 }
 
 /// The CUDA backend.
@@ -97,6 +110,10 @@ pub struct GpuBackend {
     eager: Option<Workspace>,
     scratch: Option<PrefillScratch>,
     graphs: Vec<CapturedGraph>,
+    /// The tensor-core decode path, where the configuration and device take it.
+    flash: Option<FlashPath>,
+    /// Why the decode rows run the portable kernels (`None` on the flash path).
+    portable_because: Option<String>,
 }
 
 impl GpuBackend {
@@ -117,7 +134,16 @@ impl GpuBackend {
         target: Arc<TargetModel>,
         drafter: Arc<DrafterModel>,
     ) -> Result<Self> {
-        dev.check_fits(&specmla_core::memory::allocations(cfg))?;
+        let portable_because = flash_path::portable_because(cfg, &dev.arch);
+        let mut allocs = specmla_core::memory::allocations(cfg);
+        if portable_because.is_none() {
+            allocs.extend(flash_path::flash_allocations(cfg));
+        }
+        dev.check_fits(&allocs)?;
+        let flash = match portable_because {
+            None => Some(FlashPath::new(&dev, cfg)?),
+            Some(_) => None,
+        };
         let k = Kernels::load(&dev)?;
         let d = cfg.model.clone();
         let num_slots = cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size;
@@ -140,6 +166,8 @@ impl GpuBackend {
             eager: None,
             scratch: None,
             graphs: Vec::new(),
+            flash,
+            portable_because,
             k,
             dev,
         })
@@ -148,6 +176,68 @@ impl GpuBackend {
     /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
     pub fn device_name(&self) -> &str {
         &self.dev.name
+    }
+
+    /// The device and the kernels its decode rows run, for reports.
+    pub fn device_line(&self) -> String {
+        match &self.portable_because {
+            None => format!(
+                "{}; decode rows on the bf16 flash kernels ({})",
+                self.dev.name,
+                self.flash.as_ref().map_or("", |f| f.fk.wide.function())
+            ),
+            Some(why) => format!("{}; portable f32 kernels ({why})", self.dev.name),
+        }
+    }
+
+    /// A workspace for `dims` (tokens, rows, table width), with the flash decode's
+    /// scratch on the flash path.
+    fn new_workspace(&self, dims: (usize, usize, usize)) -> Result<Workspace> {
+        let splits = self.flash.as_ref().map(|f| f.policy.max_splits);
+        Ok(Workspace::new(
+            &self.dev,
+            &self.dims,
+            self.dims.num_layers,
+            dims,
+            splits,
+        )?)
+    }
+
+    fn f32_cache(&self, c: CacheOf) -> DPtr<f32> {
+        match c {
+            CacheOf::Target(l) => self.layer_cache(l),
+            CacheOf::Drafter => self.drafter_cache.ptr(),
+        }
+    }
+
+    /// Writes `n` latents of `ws.latent` to `slots` of cache `c`, and of its bf16 copy on
+    /// the flash path.
+    ///
+    /// # Safety
+    /// Every slot in `ws.slots[..n]` passed [`Self::check_slots`].
+    unsafe fn write_latents(&self, ws: &Workspace, c: CacheOf, n: usize) -> Result<()> {
+        let lat = self.dims.latent_dim();
+        let (dev, k) = (self.dev(), &self.k);
+        // SAFETY: the caller's promise; both caches hold num_slots slots.
+        unsafe {
+            k.kv_write(
+                dev,
+                ws.latent.ptr(),
+                ws.slots.ptr(),
+                self.f32_cache(c),
+                n,
+                lat,
+            )
+        }?;
+        if let Some(fp) = &self.flash {
+            let bf16 = match c {
+                CacheOf::Target(l) => fp.layer_cache(l),
+                CacheOf::Drafter => fp.drafter_cache.ptr(),
+            };
+            // SAFETY: as above.
+            unsafe { k.kv_write_bf16(dev, ws.latent.ptr(), ws.slots.ptr(), bf16, n, lat) }?;
+        }
+        Ok(())
     }
 
     fn dev(&self) -> &GpuDevice {
@@ -225,20 +315,30 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// The first `n` rows of a split schedule as the decode kernels take them, `(split
-    /// lengths, split counts)`, checked so no split offset overflows the kernels' ints.
-    fn split_schedule(&self, s: &SplitSchedule, n: usize) -> Result<(Vec<i32>, Vec<i32>)> {
+    /// The first `n` rows of a split schedule as the decode kernels take them, `[split
+    /// lengths, split counts, mapped keys]`, checked so no split offset overflows the
+    /// kernels' ints.
+    fn split_schedule(&self, s: &SplitSchedule, n: usize) -> Result<[Vec<i32>; 3]> {
         let (lens, counts) = (&s.split_len_tokens[..n], &s.num_splits[..n]);
-        let bad = lens
-            .iter()
-            .zip(counts)
-            .find(|&(&l, &c)| l == 0 || (l as u64) * (c as u64 + 1) > i32::MAX as u64);
+        let mapped = &s.mapped_kv_tokens[..n];
+        if let Some(m) = mapped.iter().find(|&&m| m > i32::MAX as u32) {
+            return Err(GpuBackendError::BadPlan(format!("{m} mapped keys")));
+        }
+        // The flash kernels' tiles need whole units of 64 keys (the path requires a unit
+        // that is a multiple of 64).
+        let unit = self
+            .flash
+            .as_ref()
+            .map_or(1, |f| f.policy.split_size_tokens as u32);
+        let bad = lens.iter().zip(counts).find(|&(&l, &c)| {
+            l == 0 || l % unit != 0 || (l as u64) * (c as u64 + 1) > i32::MAX as u64
+        });
         if let Some((l, c)) = bad {
             return Err(GpuBackendError::BadPlan(format!(
                 "split schedule of {c} splits of {l} keys"
             )));
         }
-        Ok((as_i32(lens), as_i32(counts)))
+        Ok([as_i32(lens), as_i32(counts), as_i32(mapped)])
     }
 
     /// Block ids as the kernels take them: NO_BLOCK becomes -1 (reads as NaN).
@@ -268,7 +368,7 @@ impl Backend for GpuBackend {
     const KIND: &'static str = "gpu";
 
     fn device_name(&self) -> String {
-        GpuBackend::device_name(self).to_string()
+        self.device_line()
     }
 
     fn is_environment(e: &GpuBackendError) -> bool {

@@ -8,7 +8,7 @@ use specmla_core::block_pool::PAD_SLOT;
 use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 
-use super::{as_i32, AttendFn, DecodeLaunch, GpuBackend, Result};
+use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Result};
 use crate::launch::DPtr;
 use crate::ops::{KeyBufs, State};
 use crate::weights::LayerWeights;
@@ -39,16 +39,7 @@ impl GpuBackend {
         for (l, w) in self.target.layers.iter().enumerate() {
             self.qkv(w, ws, n, true)?;
             // SAFETY: ws.slots holds only slots that passed check_slots (write_token_inputs).
-            unsafe {
-                k.kv_write(
-                    dev,
-                    ws.latent.ptr(),
-                    ws.slots.ptr(),
-                    self.layer_cache(l),
-                    n,
-                    self.dims.latent_dim(),
-                )
-            }?;
+            unsafe { self.write_latents(ws, CacheOf::Target(l), n) }?;
             let attn = ws.attn.ptr().range(l * ws.cap * hv, ws.cap * hv);
             k.fill(dev, attn, 0.0, n * hv)?;
             attend(self, l, w, attn)?;
@@ -123,12 +114,7 @@ impl GpuBackend {
             let old = self.eager.take();
             let (c0, r0) = old.map_or((0, 0), |w| (w.cap, w.rows_cap));
             let dims = (cap.max(c0).max(16), rows.max(r0).max(4), width);
-            self.eager = Some(Workspace::new(
-                &self.dev,
-                &self.dims,
-                self.dims.num_layers,
-                dims,
-            )?);
+            self.eager = Some(self.new_workspace(dims)?);
         }
         Ok(())
     }
@@ -183,9 +169,10 @@ impl GpuBackend {
         seq.resize(rows, 0);
         ws.seq_lens.write(&dev, &seq)?;
         if let Some(d) = &plan.mla.decode {
-            let (lens, counts) = self.split_schedule(&d.split, d.kernel_rows)?;
+            let [lens, counts, mapped] = self.split_schedule(&d.split, d.kernel_rows)?;
             ws.split_lens.write(&dev, &lens)?;
             ws.num_splits.write(&dev, &counts)?;
+            ws.mapped_kv.write(&dev, &mapped)?;
         }
         let idx: Vec<i32> = plan.logits_indices.iter().map(|&i| i as i32).collect();
         self.set_gather_rows(ws, &idx, n)?;
@@ -225,13 +212,14 @@ impl GpuBackend {
             seq_lens: ws.seq_lens.ptr().offset(d.rows.start),
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
+            mapped_kv: ws.mapped_kv.ptr(),
         };
         let n = plan.num_tokens();
         if let Some(q) = d.uniform_query_len {
             return self.decode(
                 w,
                 ws,
-                self.layer_cache(l),
+                CacheOf::Target(l),
                 DecodeLaunch { q_len: q, ..base },
                 n,
                 attn,
@@ -246,10 +234,11 @@ impl GpuBackend {
                 seq_lens: ws.seq_lens.ptr().offset(r),
                 split_lens: ws.split_lens.ptr().offset(i),
                 num_splits: ws.num_splits.ptr().offset(i),
+                mapped_kv: ws.mapped_kv.ptr().offset(i),
                 ..base
             };
             if one.q_len > 0 {
-                self.decode(w, ws, self.layer_cache(l), one, n, attn)?;
+                self.decode(w, ws, CacheOf::Target(l), one, n, attn)?;
             }
         }
         Ok(())

@@ -92,6 +92,34 @@ impl Kernels {
         unsafe { self.go(dev, "kv_write", (n, 1), &args) }
     }
 
+    /// [`Self::kv_write`] into a bf16 cache (`[slots, dim]` bf16 bits), each value rounded
+    /// to nearest even.
+    ///
+    /// # Safety
+    /// As [`Self::kv_write`]: every slot is PAD or below the cache's slot count.
+    pub unsafe fn kv_write_bf16(
+        &self,
+        dev: &GpuDevice,
+        latent: DPtr<f32>,
+        slots: DPtr<i64>,
+        cache: DPtr<u16>,
+        n: usize,
+        dim: usize,
+    ) -> Result<(), GpuError> {
+        latent.need(n * dim);
+        slots.need(n);
+        let args = [
+            latent.into(),
+            slots.into(),
+            cache.into(),
+            n.into(),
+            dim.into(),
+        ];
+        // SAFETY: argument list matches kv_write_bf16; sizes checked above; slots as the
+        // caller promised.
+        unsafe { self.go(dev, "kv_write_bf16", (n, 1), &args) }
+    }
+
     /// Uniform absorbed decode: token j of row r at `r * q_len + j` sees keys below
     /// `seq_lens[r] - q_len + j + 1`, in the schedule's splits: `num_splits[r]` of
     /// `split_lens[r]` positions (keys past them are never read).

@@ -161,6 +161,25 @@ impl Kernels {
         unsafe { self.go(dev, "round_bf16", (blocks(n), 1), &args) }
     }
 
+    /// `out[i] = bf16(x[i])` for `n` values (to nearest even, as [`Self::round_bf16`];
+    /// NaN stays NaN).
+    pub fn to_bf16(
+        &self,
+        dev: &GpuDevice,
+        x: DPtr<f32>,
+        out: DPtr<u16>,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        if n == 0 {
+            return Ok(());
+        }
+        x.need(n);
+        out.need(n);
+        let args = [x.into(), out.into(), n.into()];
+        // SAFETY: argument list matches to_bf16; sizes checked above.
+        unsafe { self.go(dev, "to_bf16", (blocks(n), 1), &args) }
+    }
+
     /// `q_lat [n, H, kv_lora + rope]` from `q [n, H, nope + rope]` and `w_uk`.
     pub fn absorb_q(
         &self,

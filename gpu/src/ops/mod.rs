@@ -32,10 +32,12 @@ pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../../kernels/dense.cu"),
 ];
 
-const NAMES: [&str; 19] = [
+const NAMES: [&str; 21] = [
     "fill_bf16_hash",
     "scrub_l2",
     "kv_write",
+    "kv_write_bf16",
+    "to_bf16",
     "mla_decode",
     "gather_context",
     "expand_kv",

@@ -1,0 +1,153 @@
+//! The tensor-core attention path. At DeepSeek-V3's latent widths (512 + 64) with a bf16
+//! cache on Hopper, every decode-kernel row (the target's decode rows and each drafter
+//! pass's sampled rows) runs the flash decode over bf16 copies of the latent caches,
+//! reading the plan's split schedule as given. Everything else (projections, the prefill
+//! path, DFlash's block attention) runs the portable f32 kernels, which read the f32
+//! caches; both caches hold the same values, since latents are rounded to bf16 where
+//! produced. Any other configuration runs the portable kernels alone, and the device line
+//! of a report says why.
+
+use specmla_core::config::{EngineConfig, KvCacheDtype};
+use specmla_core::memory::Allocation;
+use specmla_core::split::SplitPolicy;
+
+use super::{DecodeLaunch, GpuBackend, Result};
+use crate::device::GpuDevice;
+use crate::launch::{Buf, DPtr};
+use crate::ops::{FlashBufs, FlashKernels, FlashShape, FLASH_DIM, FLASH_DV};
+use crate::workspace::Workspace;
+
+/// The flash kernels and the bf16 caches they read.
+pub(super) struct FlashPath {
+    pub fk: FlashKernels,
+    /// `[layers, slots, 576]` bf16.
+    pub target_cache: Buf<u16>,
+    /// `[slots, 576]` bf16.
+    pub drafter_cache: Buf<u16>,
+    pub policy: SplitPolicy,
+}
+
+/// Why `cfg` on a device of `arch` runs the portable kernels; `None` when the flash
+/// path takes its decode rows. The Hopper kernels' tiles are 64 keys, and their copy
+/// engine takes pages of 16, 32, 64 or a multiple of 64.
+pub fn portable_because(cfg: &EngineConfig, arch: &str) -> Option<String> {
+    let m = &cfg.model;
+    let page = cfg.scheduler.page_size;
+    if m.latent_dim() != FLASH_DIM || m.kv_lora_rank != FLASH_DV {
+        Some(format!(
+            "the flash kernels take DeepSeek-V3's latent of 512 + 64, not {} + {}",
+            m.kv_lora_rank, m.qk_rope_head_dim
+        ))
+    } else if cfg.kv_cache_dtype != KvCacheDtype::Bf16 {
+        Some("the flash kernels read a bf16 cache (--kv-cache-dtype bf16)".into())
+    } else if arch != "sm_90a" {
+        Some(format!("{arch} is not Hopper (sm_90a)"))
+    } else if !cfg.split_size_tokens.is_multiple_of(64) {
+        Some(format!(
+            "split size {} is not a multiple of the 64-key tile",
+            cfg.split_size_tokens
+        ))
+    } else if page < 16 || !(64 % page == 0 || page.is_multiple_of(64)) {
+        Some(format!("page {page} is not 16, 32, 64 or a multiple of 64"))
+    } else {
+        None
+    }
+}
+
+/// The bf16 caches the flash path adds to the backend's allocations.
+pub fn flash_allocations(cfg: &EngineConfig) -> Vec<Allocation> {
+    let slots = (cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size) as u64;
+    let per_layer = slots * cfg.model.latent_dim() as u64 * 2;
+    vec![
+        Allocation {
+            what: "target KV cache (bf16 copy)",
+            bytes: per_layer * cfg.model.num_layers as u64,
+        },
+        Allocation {
+            what: "drafter KV cache (bf16 copy)",
+            bytes: per_layer,
+        },
+    ]
+}
+
+impl FlashPath {
+    /// Compiles the flash kernels and allocates the bf16 caches (NaN, as the f32 ones).
+    pub fn new(dev: &GpuDevice, cfg: &EngineConfig) -> Result<Self> {
+        let fk = FlashKernels::load(dev)?;
+        let slots = cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size;
+        let per = slots * FLASH_DIM;
+        // bf16 NaN: a slot never written reads as NaN, as in the f32 caches.
+        let nan = vec![0x7fc0u16; per];
+        let mut target = Vec::with_capacity(per * cfg.model.num_layers);
+        for _ in 0..cfg.model.num_layers {
+            target.extend_from_slice(&nan);
+        }
+        Ok(Self {
+            target_cache: Buf::from_host(dev, &target, "target KV cache (bf16)")?,
+            drafter_cache: Buf::from_host(dev, &nan, "drafter KV cache (bf16)")?,
+            policy: cfg.split_policy(),
+            fk,
+        })
+    }
+
+    pub fn layer_cache(&self, l: usize) -> DPtr<u16> {
+        let per = self.drafter_cache.len();
+        self.target_cache.ptr().range(l * per, per)
+    }
+}
+
+impl GpuBackend {
+    /// One decode launch on the flash kernels: the bf16 queries from `q_lat`, the split
+    /// schedule and mapped keys the launch's rows were given, the output into `o_lat`.
+    pub(super) fn flash_decode(
+        &self,
+        ws: &Workspace,
+        cache: DPtr<u16>,
+        dl: DecodeLaunch,
+        (q_lat, o_lat): (DPtr<f32>, DPtr<f32>),
+    ) -> Result<()> {
+        let fp = self
+            .flash
+            .as_ref()
+            .expect("the caller checked the flash path");
+        let fs = ws
+            .flash
+            .as_ref()
+            .expect("a flash backend's workspaces have flash scratch");
+        let (dev, md) = (self.dev(), self.md);
+        let tokens = dl.rows * dl.q_len;
+        let q = fs.q.ptr().range(0, tokens * md.heads * FLASH_DIM);
+        self.k
+            .to_bf16(dev, q_lat, q, tokens * md.heads * FLASH_DIM)?;
+        let shape = FlashShape {
+            batch: dl.rows,
+            q_len: dl.q_len,
+            heads: md.heads,
+            page: self.cfg.scheduler.page_size,
+            width: dl.width,
+            split_size_tokens: fp.policy.split_size_tokens,
+            max_splits: fs.max_splits,
+        };
+        let bufs = FlashBufs {
+            q,
+            cache,
+            block_table: dl.block_table,
+            seq_lens: dl.seq_lens,
+            mapped_kv_tokens: dl.mapped_kv,
+            split_lens: dl.split_lens,
+            num_splits: dl.num_splits,
+            o_part: fs.o_part.ptr(),
+            lse_part: fs.lse_part.ptr(),
+            out: o_lat,
+            lse: ws.lse.ptr(),
+            done: fs.done.ptr(),
+        };
+        // SAFETY: the launch's block table was written through block_ids (blocks inside
+        // the pool, whose slots the bf16 cache holds, or -1) and its mapped keys are the
+        // plan's, computed from that table (a -1 entry ends them); its split lengths come
+        // from the plan's schedule under the config's policy, whose unit the flash path
+        // requires to be a multiple of 64 (`portable_because`), checked by split_schedule.
+        unsafe { fp.fk.flash_decode(dev, shape, bufs, md.scale()) }?;
+        Ok(())
+    }
+}
