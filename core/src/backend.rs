@@ -73,6 +73,13 @@ pub trait Backend {
         Ok(())
     }
 
+    /// Whether this backend's attention rounds its queries and softmax probabilities to
+    /// bf16, as a tensor-core decode does (FlashMLA's P·V product is a bf16 GEMM): the
+    /// harness then widens its tolerances (`Tolerances::for_run`).
+    fn bf16_attention(&self) -> bool {
+        false
+    }
+
     /// What this backend keeps in host memory for `cfg` (the CPU backend: its caches); a
     /// device backend checks its device allocations against the device's free memory
     /// when it is built.

@@ -305,6 +305,10 @@ where
     let device = backend.device_name();
     let greedy = cfg.spec.temperature == 0.0;
     let mut checker = SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, greedy);
+    checker.set_tolerances(Tolerances::for_run(
+        cfg.kv_cache_dtype,
+        backend.bf16_attention(),
+    ));
     let opts = EngineOptions {
         check_layouts: scenario.check_layouts,
         check_drafter_batches: scenario.check_drafter_batches

@@ -371,6 +371,11 @@ impl Backend for GpuBackend {
         self.device_line()
     }
 
+    /// The flash decode takes queries and probabilities in bf16.
+    fn bf16_attention(&self) -> bool {
+        self.flash.is_some()
+    }
+
     fn is_environment(e: &GpuBackendError) -> bool {
         e.is_environment()
     }
