@@ -62,6 +62,13 @@ pub trait Backend {
     /// The device, for reports (never recorded in a trace).
     fn device_name(&self) -> String;
 
+    /// The fingerprint of the kernel family that decides this backend's bits (the
+    /// device's architecture and attention path; never the device's name). A trace
+    /// records it, and a replay promises bit-for-bit equality only where it matches.
+    fn kernels(&self) -> String {
+        Self::KIND.to_string()
+    }
+
     /// Whether `e` is the environment's (no GPU, no driver, no compiler, out of device
     /// memory: exit 2) rather than the engine's (a failed run: exit 1).
     fn is_environment(e: &Self::Error) -> bool;

@@ -66,6 +66,8 @@ pub fn re_record(t: &Trace) -> Result<Trace, ReplayError> {
     let mut r = Replayer::new(&t.header, recorded_faults(&t.header))?;
     let mut header = t.header.clone();
     header.backend = <CpuBackend as Backend>::KIND.to_string();
+    header.kernels = specmla_cpu::CPU_KERNELS.to_string();
+    header.bf16_attention = false;
     let records = t
         .records
         .iter()

@@ -32,6 +32,9 @@ pub struct ReplayReport {
     /// The backend kind the trace was recorded on and the one it replayed on.
     pub recorded_on: String,
     pub replayed_on: String,
+    /// The kernel fingerprints of the recording and of the replay (`Backend::kernels`).
+    pub recorded_kernels: String,
+    pub replayed_kernels: String,
     /// The device the replay ran on.
     pub device: String,
     /// How steps were compared, in words: `bitwise (same backend)` or `cross-backend
@@ -53,25 +56,34 @@ impl ReplayReport {
     }
 }
 
-/// How a replay on backend kind `replayed` compares with a trace recorded on
-/// `recorded` (with stored tensors or not), in words.
+/// How a replay compares with its trace, in words: `(recorded, replayed)` are each
+/// side's backend kind and kernel fingerprint; a trace with stored tensors or not.
 pub fn comparison_mode(
-    recorded: &str,
-    replayed: &str,
+    recorded: (&str, &str),
+    replayed: (&str, &str),
     tensors: bool,
     t: CrossTolerances,
 ) -> String {
     if recorded == replayed {
         return "bitwise (same backend)".to_string();
     }
+    let what = if recorded.0 == replayed.0 {
+        format!(
+            "cross-kernel (recorded on {}, replayed on {}: not bit for bit",
+            recorded.1, replayed.1
+        )
+    } else {
+        "cross-backend (".to_string()
+    };
+    let sep = if recorded.0 == replayed.0 { "; " } else { "" };
     if tensors {
         format!(
-            "cross-backend (metadata and tokens exact, near-ties under {:e} reported; attention outputs and logits within abs {:e} + rel {:e})",
+            "{what}{sep}metadata and tokens exact, near-ties under {:e} reported; attention outputs and logits within abs {:e} + rel {:e})",
             t.near_tie_margin, t.atol, t.rtol
         )
     } else {
         format!(
-            "cross-backend (metadata and tokens exact, near-ties under {:e} reported; the trace has no tensors, so only metadata and tokens are compared: record with --trace-tensors to compare values)",
+            "{what}{sep}metadata and tokens exact, near-ties under {:e} reported; the trace has no tensors, so only metadata and tokens are compared: record with --trace-tensors to compare values)",
             t.near_tie_margin
         )
     }
@@ -108,16 +120,21 @@ pub fn replay_records_on<B: Backend>(
     mut on_step: impl FnMut(usize),
 ) -> Result<ReplayReport, ReplayError> {
     let mut r = Replayer::with_backend(header, faults, make)?;
-    let same = header.backend == B::KIND;
-    let tol = cross_tolerances(r.config().kv_cache_dtype);
+    let recorded = (header.backend.as_str(), header.kernels.as_str());
+    let replayed = (B::KIND, r.kernels());
+    let same = recorded == replayed;
+    let bf16_attention = header.bf16_attention || r.bf16_attention();
+    let tol = cross_tolerances(r.config().kv_cache_dtype, bf16_attention);
     let mut report = ReplayReport {
         steps_replayed: 0,
         steps_in_trace: records.len(),
         divergence: None,
         recorded_on: header.backend.clone(),
         replayed_on: B::KIND.to_string(),
+        recorded_kernels: header.kernels.clone(),
+        replayed_kernels: r.kernels().to_string(),
         device: r.device_name().to_string(),
-        mode: comparison_mode(&header.backend, B::KIND, header.trace_tensors, tol),
+        mode: comparison_mode(recorded, replayed, header.trace_tensors, tol),
         tolerances: (!same).then_some(tol),
         near_ties: Vec::new(),
         interrupted: false,

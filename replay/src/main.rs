@@ -401,12 +401,13 @@ fn show(a: &ShowArgs, json: bool) -> Result<ExitCode> {
     }
     let h = &t.header;
     say!(
-        "trace: scenario {}, seed {}, format {}, written by specmla {} on the {} backend{}, {}, {}, faults recorded: {}",
+        "trace: scenario {}, seed {}, format {}, written by specmla {} on the {} backend ({}){}, {}, {}, faults recorded: {}",
         h.scenario,
         h.seed,
         h.format_version,
         h.tool_version,
         h.backend,
+        h.kernels,
         if h.trace_tensors { " with tensors" } else { "" },
         count(h.workload.len(), "request"),
         count(t.records.len(), "step"),

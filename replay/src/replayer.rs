@@ -112,6 +112,8 @@ pub struct Replayer<B: Backend = CpuBackend> {
     ctx: ReplayContext,
     tensors: bool,
     device: String,
+    kernels: String,
+    bf16_attention: bool,
 }
 
 impl Replayer<CpuBackend> {
@@ -151,6 +153,7 @@ impl<B: Backend> Replayer<B> {
         let backend = make(&cfg, target, drafter)
             .map_err(|e| ReplayError::Environment(format!("--backend {}: {e}", B::KIND)))?;
         let device = backend.device_name();
+        let (kernels, bf16_attention) = (backend.kernels(), backend.bf16_attention());
         let exec = Executor::new(cfg, opts, backend).map_err(|e| engine_error::<B>(0, e))?;
         let automata = header
             .workload
@@ -165,7 +168,19 @@ impl<B: Backend> Replayer<B> {
             },
             tensors: header.trace_tensors,
             device,
+            kernels,
+            bf16_attention,
         })
+    }
+
+    /// The replay backend's kernel fingerprint (`Backend::kernels`).
+    pub fn kernels(&self) -> &str {
+        &self.kernels
+    }
+
+    /// Whether the replay backend's attention rounds to bf16 (`Backend::bf16_attention`).
+    pub fn bf16_attention(&self) -> bool {
+        self.bf16_attention
     }
 
     /// The device the replay runs on, for reports.

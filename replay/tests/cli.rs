@@ -72,7 +72,10 @@ fn show_prints_steps_and_json() {
     assert!(out.contains("step     0:"), "{out}");
     let format = format!("format {FORMAT_VERSION}, written by specmla");
     assert!(out.contains(&format), "{out}");
-    assert!(out.contains("on the cpu backend,"), "{out}");
+    assert!(
+        out.contains("on the cpu backend (CPU reference (f32)),"),
+        "{out}"
+    );
     let o = bin(
         "replay",
         &["show", t.to_str().unwrap(), "--step", "3", "--json"],

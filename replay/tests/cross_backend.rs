@@ -64,6 +64,36 @@ fn step_with_rows(t: &Trace, rows: usize) -> usize {
         .unwrap()
 }
 
+/// The same kind on another kernel family (another GPU architecture or attention path)
+/// is not promised bit for bit: it compares within tolerances and says so, and a
+/// recording that ran the bf16 flash decode widens them to `sim`'s tolerances for it.
+#[test]
+fn another_kernel_fingerprint_compares_within_tolerances() {
+    let mut t = gpu_labelled("mixed_mtp", 4, true);
+    t.header.backend = "cpu".into();
+    let bitwise = replay_cross(&t, Faults::none());
+    assert!(bitwise.bitwise() && bitwise.mode == "bitwise (same backend)", "{}", bitwise.mode);
+    t.header.kernels = "sm_90a; bf16 flash decode (flash_decode_seesaw)".into();
+    t.header.bf16_attention = true;
+    let r = replay_cross(&t, Faults::none());
+    assert!(r.divergence.is_none(), "{:?}", r.divergence);
+    assert!(!r.bitwise());
+    assert_eq!(
+        r.tolerances,
+        Some(specmla_replay::compare::BF16_ATTENTION_CROSS_TOLERANCES)
+    );
+    assert!(
+        r.mode.starts_with(
+            "cross-kernel (recorded on sm_90a; bf16 flash decode (flash_decode_seesaw), \
+             replayed on CPU reference (f32): not bit for bit; metadata and tokens exact"
+        ),
+        "{}",
+        r.mode
+    );
+    assert!(r.mode.contains("within abs 5e-2 + rel 1e-3"), "{}", r.mode);
+    assert_eq!(r.recorded_kernels, "sm_90a; bf16 flash decode (flash_decode_seesaw)");
+}
+
 #[test]
 fn a_clean_trace_matches_across_backends_and_says_how_it_compared() {
     let t = gpu_labelled("mixed_mtp", 6, true);

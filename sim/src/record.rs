@@ -4,6 +4,7 @@
 //! layer's attention output per row, the logits, hidden states and drafter inputs (and
 //! with `--trace-tensors` the attention outputs and logits themselves).
 
+use specmla_core::backend::Backend;
 use specmla_core::config::EngineConfig;
 use specmla_core::engine::StepOutcome;
 use specmla_core::grammar::GrammarState;
@@ -18,13 +19,13 @@ use specmla_traces::{
 use crate::scenarios::Scenario;
 
 /// The trace header of a run of `scenario` (with `cfg`, flags applied) on `workload`.
-pub fn trace_header(
+pub fn trace_header<B: Backend>(
     s: &Scenario,
     cfg: &EngineConfig,
     seed: u64,
     workload: &[RequestSpec],
     tensors: bool,
-    backend: &str,
+    backend: &B,
 ) -> TraceHeader {
     TraceHeader {
         format_version: FORMAT_VERSION,
@@ -45,7 +46,9 @@ pub fn trace_header(
                 grammar_seed: r.grammar.as_ref().map(|g| g.automaton.seed),
             })
             .collect(),
-        backend: backend.to_string(),
+        backend: B::KIND.to_string(),
+        kernels: backend.kernels(),
+        bf16_attention: backend.bf16_attention(),
     }
 }
 

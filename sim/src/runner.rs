@@ -317,12 +317,7 @@ where
     };
     if let Some(sink) = sink.as_deref_mut() {
         sink.begin(trace_header(
-            scenario,
-            &cfg,
-            seed,
-            &workload,
-            false,
-            B::KIND,
+            scenario, &cfg, seed, &workload, false, &backend,
         ))?;
     }
     let mut stats = RunStats {

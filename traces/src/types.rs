@@ -32,6 +32,14 @@ pub struct TraceHeader {
     /// one seed from two GPUs compare). A replay on the same kind compares bit for bit,
     /// on the other kind within stated tolerances.
     pub backend: String,
+    /// The kernel family that decided the bits (version 5): the device's architecture and
+    /// the attention path on the GPU (`"sm_90a; bf16 flash decode (flash_decode_seesaw)"`),
+    /// `"CPU reference (f32)"` on the CPU. A replay compares bit for bit only where both
+    /// the kind and this match.
+    pub kernels: String,
+    /// Whether the recording's attention rounded queries and probabilities to bf16 (the
+    /// flash decode), which widens a cross-kernel comparison's tolerances (version 5).
+    pub bf16_attention: bool,
 }
 
 /// One request of the workload.

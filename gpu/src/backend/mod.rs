@@ -371,6 +371,18 @@ impl Backend for GpuBackend {
         self.device_line()
     }
 
+    /// The arch and attention path: what decides the bits.
+    fn kernels(&self) -> String {
+        match &self.flash {
+            Some(f) => format!(
+                "{}; bf16 flash decode ({})",
+                self.dev.arch,
+                f.fk.wide.function()
+            ),
+            None => format!("{}; portable f32", self.dev.arch),
+        }
+    }
+
     /// The flash decode takes queries and probabilities in bf16.
     fn bf16_attention(&self) -> bool {
         self.flash.is_some()

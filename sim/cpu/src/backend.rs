@@ -88,12 +88,20 @@ pub fn cpu_backend(
     Ok(CpuBackend::new(cfg, target, drafter))
 }
 
+/// The CPU backend's kernel fingerprint (and device name): one f32 implementation,
+/// whatever the host.
+pub const CPU_KERNELS: &str = "CPU reference (f32)";
+
 impl Backend for CpuBackend {
     type Error = CpuBackendError;
     const KIND: &'static str = "cpu";
 
     fn device_name(&self) -> String {
-        "CPU reference (f32)".to_string()
+        CPU_KERNELS.to_string()
+    }
+
+    fn kernels(&self) -> String {
+        CPU_KERNELS.to_string()
     }
 
     /// Every CPU backend error is the engine's: the CPU is always there.

@@ -12,4 +12,4 @@ pub mod kv_cache;
 /// modules.
 pub use specmla_model as model;
 
-pub use backend::{cpu_backend, CpuBackend, CpuBackendError};
+pub use backend::{cpu_backend, CpuBackend, CpuBackendError, CPU_KERNELS};

@@ -28,6 +28,8 @@ pub fn sample_header() -> TraceHeader {
             grammar_seed: Some(3),
         }],
         backend: "cpu".into(),
+        kernels: "CPU reference (f32)".into(),
+        bf16_attention: false,
     }
 }
 
@@ -198,6 +200,8 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
         any::<bool>(),
         vec(request(), 0..4),
         prop_oneof![Just("cpu".to_string()), Just("gpu".to_string())],
+        short_string(),
+        any::<bool>(),
     )
         .prop_map(
             |(
@@ -210,6 +214,8 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
                 tensors,
                 workload,
                 backend,
+                kernels,
+                bf16_attention,
             )| {
                 TraceHeader {
                     format_version: FORMAT_VERSION,
@@ -222,6 +228,8 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
                     trace_tensors: tensors,
                     workload,
                     backend,
+                    kernels,
+                    bf16_attention,
                 }
             },
         )
