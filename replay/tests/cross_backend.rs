@@ -72,7 +72,11 @@ fn another_kernel_fingerprint_compares_within_tolerances() {
     let mut t = gpu_labelled("mixed_mtp", 4, true);
     t.header.backend = "cpu".into();
     let bitwise = replay_cross(&t, Faults::none());
-    assert!(bitwise.bitwise() && bitwise.mode == "bitwise (same backend)", "{}", bitwise.mode);
+    assert!(
+        bitwise.bitwise() && bitwise.mode == "bitwise (same backend)",
+        "{}",
+        bitwise.mode
+    );
     t.header.kernels = "sm_90a; bf16 flash decode (flash_decode_seesaw)".into();
     t.header.bf16_attention = true;
     let r = replay_cross(&t, Faults::none());
@@ -91,7 +95,10 @@ fn another_kernel_fingerprint_compares_within_tolerances() {
         r.mode
     );
     assert!(r.mode.contains("within abs 5e-2 + rel 1e-3"), "{}", r.mode);
-    assert_eq!(r.recorded_kernels, "sm_90a; bf16 flash decode (flash_decode_seesaw)");
+    assert_eq!(
+        r.recorded_kernels,
+        "sm_90a; bf16 flash decode (flash_decode_seesaw)"
+    );
 }
 
 #[test]

@@ -73,7 +73,8 @@ pub fn flash_allocations(cfg: &EngineConfig) -> Vec<Allocation> {
 impl FlashPath {
     /// Compiles the flash kernels and allocates the bf16 caches (NaN, as the f32 ones).
     pub fn new(dev: &GpuDevice, cfg: &EngineConfig) -> Result<Self> {
-        let fk = FlashKernels::load(dev)?;
+        // Chosen by configuration alone: the lab's tuning variables are not read here.
+        let fk = FlashKernels::for_engine(dev)?;
         let slots = cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size;
         let per = slots * FLASH_DIM;
         // bf16 NaN: a slot never written reads as NaN, as in the f32 caches.

@@ -438,28 +438,70 @@ pub struct FlashKernels {
     /// The kernel [`Self::flash_decode`] gives more than 16 query rows: the seesaw wgmma
     /// kernel where the device has it (sm_90a), else mma.sync.
     pub wide: WideKernel,
-    /// How [`Self::flash_decode`] has the Hopper kernels merge a request's splits:
-    /// `Cluster` unless `SPECMLA_NO_CLUSTER_MERGE` is set (for A/B timing).
+    /// How [`Self::flash_decode`] has the Hopper kernels merge a request's splits.
     pub merge: SplitMerge,
 }
 
-impl FlashKernels {
-    /// Compiles the flash family for `dev` with the tile configuration of
-    /// `SPECMLA_FLASH_CONFIG` (or the default) and the diagnostic switches of
-    /// `SPECMLA_FLASH_DEFINES`.
-    pub fn load(dev: &GpuDevice) -> Result<Self, GpuError> {
-        Self::load_with(dev, FlashConfig::from_env()?)
+/// How the flash module is built: the lab's tuning knobs, which an engine never reads.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FlashBuild {
+    /// `flash_decode`'s tiles.
+    pub config: FlashConfig,
+    /// Diagnostic `#define`s (`FW_NO_LOAD`, ...).
+    pub defines: String,
+    pub merge: SplitMerge,
+}
+
+impl FlashBuild {
+    /// The engine's build, whatever the environment says: the default tiles, no
+    /// diagnostic switches, the cluster merge. Its kernels are chosen by configuration
+    /// alone, so the bits a trace records do not depend on a variable someone set.
+    pub fn engine() -> Self {
+        Self {
+            config: FlashConfig::default(),
+            defines: String::new(),
+            merge: SplitMerge::Cluster,
+        }
     }
 
-    /// [`Self::load`] with `flash_decode` built for `flash`.
-    pub fn load_with(dev: &GpuDevice, flash: FlashConfig) -> Result<Self, GpuError> {
+    /// The lab's build: `SPECMLA_FLASH_CONFIG` (tiles), `SPECMLA_FLASH_DEFINES`
+    /// (diagnostic switches) and `SPECMLA_NO_CLUSTER_MERGE` (the global merge, for A/B
+    /// timing), each defaulting to [`Self::engine`]'s.
+    pub fn from_env() -> Result<Self, GpuError> {
+        Ok(Self {
+            config: FlashConfig::from_env()?,
+            defines: diagnostic_defines()?,
+            merge: if std::env::var_os("SPECMLA_NO_CLUSTER_MERGE").is_some() {
+                SplitMerge::Global
+            } else {
+                SplitMerge::Cluster
+            },
+        })
+    }
+}
+
+impl FlashKernels {
+    /// Compiles the flash family for `dev` as the lab's environment asks
+    /// ([`FlashBuild::from_env`]).
+    pub fn load(dev: &GpuDevice) -> Result<Self, GpuError> {
+        Self::load_build(dev, FlashBuild::from_env()?)
+    }
+
+    /// Compiles the flash family for `dev` as an engine runs it ([`FlashBuild::engine`]).
+    pub fn for_engine(dev: &GpuDevice) -> Result<Self, GpuError> {
+        Self::load_build(dev, FlashBuild::engine())
+    }
+
+    /// Compiles the flash family for `dev` as `build` says.
+    pub fn load_build(dev: &GpuDevice, build: FlashBuild) -> Result<Self, GpuError> {
+        let flash = build.config;
         flash
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let flash_src = format!(
             "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}\n{}",
             flash.defines(),
-            diagnostic_defines()?,
+            build.defines,
             super::FLASH_PREFILL_SRC,
             smem_asserts()
         );
@@ -521,11 +563,7 @@ impl FlashKernels {
             fns,
             flash,
             wide,
-            merge: if std::env::var_os("SPECMLA_NO_CLUSTER_MERGE").is_some() {
-                SplitMerge::Global
-            } else {
-                SplitMerge::Cluster
-            },
+            merge: build.merge,
         })
     }
 
