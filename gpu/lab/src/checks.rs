@@ -49,7 +49,8 @@ pub fn shuffled_ids<T: From<i32>>(rng: &mut ChaCha8Rng, n: usize) -> Vec<T> {
     ids.into_iter().map(T::from).collect()
 }
 
-/// kv_write: random rows to shuffled slots, some PAD; untouched slots keep a sentinel.
+/// kv_write and kv_write_bf16: random rows to shuffled slots, some PAD; untouched slots
+/// keep a sentinel; the bf16 cache holds `half`'s rounding of each value, bit for bit.
 pub fn check_kv_write(
     dev: &GpuDevice,
     k: &Kernels,
@@ -69,21 +70,32 @@ pub fn check_kv_write(
     const SENTINEL: f32 = 1234.5;
     let cache = upload(dev, &vec![SENTINEL; slots * dim])?;
     let (latent_d, slots_d) = (upload(dev, &latent)?, upload(dev, &slot_mapping)?);
-    // SAFETY: every slot is PAD or inside the cache this check allocated.
-    unsafe { k.kv_write(dev, latent_d.ptr(), slots_d.ptr(), cache.ptr(), tokens, dim) }?;
-    let got = download(dev, &cache)?;
+    const SENTINEL_BF16: u16 = 0x1234;
+    let cache_bf16 = upload(dev, &vec![SENTINEL_BF16; slots * dim])?;
+    let dims = (tokens, dim);
+    // SAFETY: every slot is PAD or inside the caches this check allocated.
+    unsafe { k.kv_write(dev, latent_d.ptr(), slots_d.ptr(), cache.ptr(), dims) }?;
+    // SAFETY: as above.
+    unsafe { k.kv_write_bf16(dev, latent_d.ptr(), slots_d.ptr(), cache_bf16.ptr(), dims) }?;
+    let (got, got_bf16) = (download(dev, &cache)?, download(dev, &cache_bf16)?);
     let mut want = vec![SENTINEL; slots * dim];
+    let mut want_bf16 = vec![SENTINEL_BF16; slots * dim];
     for (t, &s) in slot_mapping.iter().enumerate() {
         if s >= 0 {
-            want[s as usize * dim..][..dim].copy_from_slice(&latent[t * dim..][..dim]);
+            let row = &latent[t * dim..][..dim];
+            want[s as usize * dim..][..dim].copy_from_slice(row);
+            for (w, &v) in want_bf16[s as usize * dim..][..dim].iter_mut().zip(row) {
+                *w = half::bf16::from_f32(v).to_bits();
+            }
         }
     }
     let passed = got
         .iter()
         .zip(&want)
-        .all(|(a, b)| a.to_bits() == b.to_bits());
+        .all(|(a, b)| a.to_bits() == b.to_bits())
+        && got_bf16 == want_bf16;
     Ok(CaseResult {
-        kernel: "kv_write",
+        kernel: "kv_write(_bf16)",
         case: format!("dim {dim} tokens {tokens}"),
         max_rel_err: if passed { 0.0 } else { 1.0 },
         passed,

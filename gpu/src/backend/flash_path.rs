@@ -11,7 +11,7 @@ use specmla_core::config::{EngineConfig, KvCacheDtype};
 use specmla_core::memory::Allocation;
 use specmla_core::split::SplitPolicy;
 
-use super::{DecodeLaunch, GpuBackend, Result};
+use super::{CacheOf, DecodeLaunch, GpuBackend, Result};
 use crate::device::GpuDevice;
 use crate::launch::{Buf, DPtr};
 use crate::ops::{FlashBufs, FlashKernels, FlashShape, FLASH_DIM, FLASH_DV};
@@ -91,9 +91,15 @@ impl FlashPath {
         })
     }
 
-    pub fn layer_cache(&self, l: usize) -> DPtr<u16> {
-        let per = self.drafter_cache.len();
-        self.target_cache.ptr().range(l * per, per)
+    /// The bf16 copy of cache `c`.
+    pub fn cache(&self, c: CacheOf) -> DPtr<u16> {
+        match c {
+            CacheOf::Target(l) => {
+                let per = self.drafter_cache.len();
+                self.target_cache.ptr().range(l * per, per)
+            }
+            CacheOf::Drafter => self.drafter_cache.ptr(),
+        }
     }
 }
 

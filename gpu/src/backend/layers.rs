@@ -204,22 +204,31 @@ impl GpuBackend {
         let o_lat = ws.o_lat.ptr().offset(s * md.heads * md.kv_lora);
         k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?;
         if let Some(fp) = &self.flash {
-            let cache = match c {
-                CacheOf::Target(l) => fp.layer_cache(l),
-                CacheOf::Drafter => fp.drafter_cache.ptr(),
-            };
-            self.flash_decode(ws, cache, dl, (q_lat, o_lat))?;
-            let keep = tokens.min(n_real.saturating_sub(s));
-            k.apply_uv(
-                dev,
-                md,
-                o_lat,
-                w.w_uv.ptr(),
-                attn.offset(s * md.heads * md.dv),
-                keep,
-            )?;
-            return Ok(());
+            self.flash_decode(ws, fp.cache(c), dl, (q_lat, o_lat))?;
+        } else {
+            self.portable_decode(ws, c, dl, (q_lat, o_lat))?;
         }
+        let keep = tokens.min(n_real.saturating_sub(s));
+        k.apply_uv(
+            dev,
+            md,
+            o_lat,
+            w.w_uv.ptr(),
+            attn.offset(s * md.heads * md.dv),
+            keep,
+        )?;
+        Ok(())
+    }
+
+    /// One decode launch on the portable f32 kernel (`mla_decode`) over cache `c`.
+    fn portable_decode(
+        &self,
+        ws: &Workspace,
+        c: CacheOf,
+        dl: DecodeLaunch,
+        (q_lat, o_lat): (DPtr<f32>, DPtr<f32>),
+    ) -> Result<()> {
+        let (dev, k, md) = (self.dev(), &self.k, self.md);
         let cache = self.f32_cache(c);
         let shape = DecodeShape {
             num_rows: dl.rows,
@@ -242,15 +251,6 @@ impl GpuBackend {
         };
         // SAFETY: every caller writes the launch's block table through block_ids, and a row's seq_len stays within the table width (max_model_len).
         unsafe { k.decode(dev, shape, bufs, md.scale()) }?;
-        let keep = tokens.min(n_real.saturating_sub(s));
-        k.apply_uv(
-            dev,
-            md,
-            o_lat,
-            w.w_uv.ptr(),
-            attn.offset(s * md.heads * md.dv),
-            keep,
-        )?;
         Ok(())
     }
 }

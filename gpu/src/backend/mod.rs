@@ -218,24 +218,12 @@ impl GpuBackend {
     unsafe fn write_latents(&self, ws: &Workspace, c: CacheOf, n: usize) -> Result<()> {
         let lat = self.dims.latent_dim();
         let (dev, k) = (self.dev(), &self.k);
+        let (latent, slots) = (ws.latent.ptr(), ws.slots.ptr());
         // SAFETY: the caller's promise; both caches hold num_slots slots.
-        unsafe {
-            k.kv_write(
-                dev,
-                ws.latent.ptr(),
-                ws.slots.ptr(),
-                self.f32_cache(c),
-                n,
-                lat,
-            )
-        }?;
+        unsafe { k.kv_write(dev, latent, slots, self.f32_cache(c), (n, lat)) }?;
         if let Some(fp) = &self.flash {
-            let bf16 = match c {
-                CacheOf::Target(l) => fp.layer_cache(l),
-                CacheOf::Drafter => fp.drafter_cache.ptr(),
-            };
             // SAFETY: as above.
-            unsafe { k.kv_write_bf16(dev, ws.latent.ptr(), ws.slots.ptr(), bf16, n, lat) }?;
+            unsafe { k.kv_write_bf16(dev, latent, slots, fp.cache(c), (n, lat)) }?;
         }
         Ok(())
     }

@@ -74,22 +74,10 @@ impl Kernels {
         latent: DPtr<f32>,
         slots: DPtr<i64>,
         cache: DPtr<f32>,
-        n: usize,
-        dim: usize,
+        (n, dim): (usize, usize),
     ) -> Result<(), GpuError> {
-        latent.need(n * dim);
-        slots.need(n);
-        // Slots are data: the cache must hold every slot a plan can name, which the
-        // backend guarantees by sizing caches for num_gpu_blocks * page_size.
-        let args = [
-            latent.into(),
-            slots.into(),
-            cache.into(),
-            n.into(),
-            dim.into(),
-        ];
-        // SAFETY: argument list matches kv_write; sizes checked above.
-        unsafe { self.go(dev, "kv_write", (n, 1), &args) }
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { self.write_slots(dev, "kv_write", (latent, slots), cache, (n, dim)) }
     }
 
     /// [`Self::kv_write`] into a bf16 cache (`[slots, dim]` bf16 bits), each value rounded
@@ -103,11 +91,28 @@ impl Kernels {
         latent: DPtr<f32>,
         slots: DPtr<i64>,
         cache: DPtr<u16>,
-        n: usize,
-        dim: usize,
+        (n, dim): (usize, usize),
+    ) -> Result<(), GpuError> {
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { self.write_slots(dev, "kv_write_bf16", (latent, slots), cache, (n, dim)) }
+    }
+
+    /// The launch both cache writes share.
+    ///
+    /// # Safety
+    /// As [`Self::kv_write`].
+    unsafe fn write_slots<T>(
+        &self,
+        dev: &GpuDevice,
+        name: &'static str,
+        (latent, slots): (DPtr<f32>, DPtr<i64>),
+        cache: DPtr<T>,
+        (n, dim): (usize, usize),
     ) -> Result<(), GpuError> {
         latent.need(n * dim);
         slots.need(n);
+        // Slots are data: the cache must hold every slot a plan can name, which the
+        // backend guarantees by sizing caches for num_gpu_blocks * page_size.
         let args = [
             latent.into(),
             slots.into(),
@@ -115,9 +120,9 @@ impl Kernels {
             n.into(),
             dim.into(),
         ];
-        // SAFETY: argument list matches kv_write_bf16; sizes checked above; slots as the
-        // caller promised.
-        unsafe { self.go(dev, "kv_write_bf16", (n, 1), &args) }
+        // SAFETY: argument list matches kv_write and kv_write_bf16; sizes checked above;
+        // the slots as the caller promised.
+        unsafe { self.go(dev, name, (n, 1), &args) }
     }
 
     /// Uniform absorbed decode: token j of row r at `r * q_len + j` sees keys below
