@@ -47,6 +47,53 @@ pub struct ModelDims {
     pub rope_theta: f64,
 }
 
+/// The attention widths every MLA kernel needs, derived from [`ModelDims`]: one type for
+/// the CPU reference and the CUDA kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MlaDims {
+    /// Query heads (all share the single latent KV head).
+    pub heads: usize,
+    /// Width of `c_kv`, the compressed KV (and of V in the absorbed form).
+    pub kv_lora: usize,
+    /// Width of the shared RoPE key part.
+    pub rope: usize,
+    /// Per-head width of the non-RoPE query/key part.
+    pub nope: usize,
+    /// Per-head value width after up-projection.
+    pub v: usize,
+}
+
+impl From<&ModelDims> for MlaDims {
+    fn from(d: &ModelDims) -> Self {
+        Self {
+            heads: d.num_heads,
+            kv_lora: d.kv_lora_rank,
+            rope: d.qk_rope_head_dim,
+            nope: d.qk_nope_head_dim,
+            v: d.v_head_dim,
+        }
+    }
+}
+
+impl MlaDims {
+    /// Width of one cached latent row (576 for DeepSeek-V3).
+    pub fn latent(&self) -> usize {
+        self.kv_lora + self.rope
+    }
+
+    /// Per-head query width of the materialized form (`nope + rope`).
+    pub fn qk(&self) -> usize {
+        self.nope + self.rope
+    }
+
+    /// `1 / sqrt(nope + rope)`, in both forms: the model was defined over full per-head
+    /// keys, so the absorbed form keeps this scale although its dot products are
+    /// kv_lora + rope wide.
+    pub fn softmax_scale(&self) -> f32 {
+        1.0 / (self.qk() as f32).sqrt()
+    }
+}
+
 /// The models `--model` names, with what each is (`sim list`).
 pub const MODEL_NAMES: [(&str, &str); 2] = [
     ("tiny", "the reference model: hidden 64, 4 heads, latent 32 + 8, 2 layers, vocabulary 512"),

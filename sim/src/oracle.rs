@@ -362,7 +362,7 @@ mod tests {
     use rand_chacha::ChaCha8Rng;
 
     use super::*;
-    use specmla_cpu::attention::{absorbed_attention, materialized_attention, AttnDims, Mask};
+    use specmla_cpu::attention::{absorbed_attention, materialized_attention, Mask, MlaDims};
 
     fn random_tokens(seed: u64, len: usize, vocab: usize) -> Vec<u32> {
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -373,7 +373,7 @@ mod tests {
     /// tokens as one causal block (materialized), then one token at a time (absorbed).
     /// Returns the logits after every token.
     fn f32_forward(model: &TargetModel, tokens: &[u32], prefill: usize) -> Vec<Vec<f32>> {
-        let (d, ad) = (&model.dims, AttnDims::from(&model.dims));
+        let (d, ad) = (&model.dims, MlaDims::from(&model.dims));
         let mut caches = vec![Vec::new(); d.num_layers];
         let mut logits = Vec::new();
         let mut start = 0;

@@ -442,7 +442,7 @@ pub fn bench_prefill_path(
         kv_lora: FLASH_DV,
         rope: FLASH_DIM - FLASH_DV,
         nope: 128,
-        dv: 128,
+        v: 128,
     };
     let width = s.context.div_ceil(s.page);
     let cache = Buf::<f32>::uninit(
@@ -456,14 +456,14 @@ pub fn bench_prefill_path(
     let n = s.context;
     let ws = Buf::<f32>::uninit(dev, n * FLASH_DIM, "prefill-path context")?;
     let w_uk = Buf::<f32>::uninit(dev, d.heads * d.kv_lora * d.nope, "prefill-path w_uk")?;
-    let w_uv = Buf::<f32>::uninit(dev, d.heads * d.kv_lora * d.dv, "prefill-path w_uv")?;
+    let w_uv = Buf::<f32>::uninit(dev, d.heads * d.kv_lora * d.v, "prefill-path w_uv")?;
     k.fill(dev, w_uk.ptr(), 0.01, w_uk.len())?;
     k.fill(dev, w_uv.ptr(), 0.01, w_uv.len())?;
     let k_nope = Buf::<f32>::uninit(dev, n * d.heads * d.nope, "prefill-path k_nope")?;
-    let v = Buf::<f32>::uninit(dev, n * d.heads * d.dv, "prefill-path v")?;
+    let v = Buf::<f32>::uninit(dev, n * d.heads * d.v, "prefill-path v")?;
     let q = Buf::<f32>::uninit(dev, s.q_len * d.heads * d.qk(), "prefill-path q")?;
     k.fill(dev, q.ptr(), 0.01, q.len())?;
-    let part = |what: &str| Buf::<f32>::uninit(dev, s.q_len * d.heads * d.dv.max(1), what);
+    let part = |what: &str| Buf::<f32>::uninit(dev, s.q_len * d.heads * d.v.max(1), what);
     let (o1, o2) = (part("prefill-path out")?, part("prefill-path new out")?);
     let (l1, l2) = (part("prefill-path lse")?, part("prefill-path new lse")?);
     let t = time_us(dev, 1, reps, || {

@@ -348,12 +348,12 @@ pub fn check_chunked_prefill(
         d.heads * d.kv_lora * d.nope,
         (3.0 / d.kv_lora as f32).sqrt(),
     );
-    let w_uv = rand(d.heads * d.kv_lora * d.dv, (3.0 / d.kv_lora as f32).sqrt());
+    let w_uv = rand(d.heads * d.kv_lora * d.v, (3.0 / d.kv_lora as f32).sqrt());
     let q = rand(m * d.heads * (d.nope + d.rope), 1.0);
     let scale = 1.0 / ((d.nope + d.rope) as f32).sqrt();
     let latent_d = upload(dev, &latent)?;
     let k_nope = upload(dev, &vec![f32::NAN; n * d.heads * d.nope])?;
-    let v = upload(dev, &vec![f32::NAN; n * d.heads * d.dv])?;
+    let v = upload(dev, &vec![f32::NAN; n * d.heads * d.v])?;
     let (w_uk_d, w_uv_d) = (upload(dev, &w_uk)?, upload(dev, &w_uv)?);
     k.expand(
         dev,
@@ -371,11 +371,11 @@ pub fn check_chunked_prefill(
             .ptr()
             .range(a * d.heads * d.nope, (b - a) * d.heads * d.nope),
         latent: latent_d.ptr().range(a * d.latent(), (b - a) * d.latent()),
-        v: v.ptr().range(a * d.heads * d.dv, (b - a) * d.heads * d.dv),
+        v: v.ptr().range(a * d.heads * d.v, (b - a) * d.heads * d.v),
         n: b - a,
     };
     let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
-    let (out, lse) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
+    let (out, lse) = (poisoned(m * d.heads * d.v)?, poisoned(d.heads * m)?);
     let acc = State {
         out: out.ptr(),
         lse: lse.ptr(),
@@ -384,7 +384,7 @@ pub fn check_chunked_prefill(
     let mut start = 0;
     while start < ctx {
         let end = (start + chunk).min(ctx);
-        let (co, cl) = (poisoned(m * d.heads * d.dv)?, poisoned(d.heads * m)?);
+        let (co, cl) = (poisoned(m * d.heads * d.v)?, poisoned(d.heads * m)?);
         let part = State {
             out: co.ptr(),
             lse: cl.ptr(),
@@ -401,7 +401,7 @@ pub fn check_chunked_prefill(
         &w_uv,
         m,
         n,
-        (d.heads, d.kv_lora, d.rope, d.nope, d.dv),
+        (d.heads, d.kv_lora, d.rope, d.nope, d.v),
         scale as f64,
     );
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
@@ -409,7 +409,7 @@ pub fn check_chunked_prefill(
         kernel: "prefill+merge",
         case: format!(
             "heads {} latent {}+{} nope {} v {} ctx {ctx} new {m} chunk {chunk}",
-            d.heads, d.kv_lora, d.rope, d.nope, d.dv
+            d.heads, d.kv_lora, d.rope, d.nope, d.v
         ),
         max_rel_err: err,
         passed: err <= F32_TOL,

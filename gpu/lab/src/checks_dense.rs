@@ -171,7 +171,7 @@ pub fn check_rope_mlp_absorb(
     );
     let w_uv = rand_vec(
         &mut rng,
-        d.heads * d.kv_lora * d.dv,
+        d.heads * d.kv_lora * d.v,
         (3.0 / d.kv_lora as f32).sqrt(),
     );
     let (ukd, uvd) = (
@@ -201,22 +201,22 @@ pub fn check_rope_mlp_absorb(
     ));
     let o_lat = rand_vec(&mut rng, n * d.heads * d.kv_lora, 1.0);
     let od = Buf::from_host(dev, &o_lat, "o_lat")?;
-    let o = poisoned(dev, n * d.heads * d.dv)?;
+    let o = poisoned(dev, n * d.heads * d.v)?;
     k.apply_uv(dev, d, od.ptr(), uvd.ptr(), o.ptr(), n)?;
     let want: Vec<f32> = (0..n * d.heads)
         .flat_map(|th| {
             let h = th % d.heads;
             matvec(
                 &o_lat[th * d.kv_lora..][..d.kv_lora],
-                &w_uv[h * d.kv_lora * d.dv..][..d.kv_lora * d.dv],
+                &w_uv[h * d.kv_lora * d.v..][..d.kv_lora * d.v],
                 d.kv_lora,
-                d.dv,
+                d.v,
             )
         })
         .collect();
     out.push(case(
         "apply_uv",
-        format!("{n} tokens, heads {} v {}", d.heads, d.dv),
+        format!("{n} tokens, heads {} v {}", d.heads, d.v),
         rel_err(&o.read(dev, want.len())?, &want),
     ));
     Ok(out)

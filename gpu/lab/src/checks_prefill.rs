@@ -425,7 +425,7 @@ pub fn check_prefill_merge(
         kv_lora: 512,
         rope: 64,
         nope: 128,
-        dv: PREFILL_DV,
+        v: PREFILL_DV,
     };
     let a = State {
         out: a_out.ptr(),

@@ -286,13 +286,13 @@ impl GpuBackend {
                 lse: ws.lse.ptr(),
             };
             // SAFETY: the identity table names key rows inside sc.keys: n_keys of them, each copied above.
-            unsafe { k.decode(dev, shape, bufs, md.scale()) }?;
+            unsafe { k.decode(dev, shape, bufs, md.softmax_scale()) }?;
             k.apply_uv(
                 dev,
                 md,
                 o_lat,
                 w.w_uv.ptr(),
-                attn.offset(first * md.heads * md.dv),
+                attn.offset(first * md.heads * md.v),
                 b - 1,
             )?;
         }

@@ -154,7 +154,7 @@ impl GpuBackend {
         // plan's, computed from that table (a -1 entry ends them); its split lengths come
         // from the plan's schedule under the config's policy, whose unit the flash path
         // requires to be a multiple of 64 (`portable_because`), checked by split_schedule.
-        unsafe { fp.fk.flash_decode(dev, shape, bufs, md.scale()) }?;
+        unsafe { fp.fk.flash_decode(dev, shape, bufs, md.softmax_scale()) }?;
         Ok(())
     }
 }

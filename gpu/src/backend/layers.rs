@@ -214,7 +214,7 @@ impl GpuBackend {
             md,
             o_lat,
             w.w_uv.ptr(),
-            attn.offset(s * md.heads * md.dv),
+            attn.offset(s * md.heads * md.v),
             keep,
         )?;
         Ok(())
@@ -250,7 +250,7 @@ impl GpuBackend {
             lse: ws.lse.ptr(),
         };
         // SAFETY: every caller writes the launch's block table through block_ids, and a row's seq_len stays within the table width (max_model_len).
-        unsafe { k.decode(dev, shape, bufs, md.scale()) }?;
+        unsafe { k.decode(dev, shape, bufs, md.softmax_scale()) }?;
         Ok(())
     }
 }

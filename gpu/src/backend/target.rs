@@ -293,10 +293,10 @@ impl GpuBackend {
             };
             k.attend(dev, md, q, m, keys, true, new)?;
             let acc = State {
-                out: attn.range(toks.start * md.heads * md.dv, m * md.heads * md.dv),
+                out: attn.range(toks.start * md.heads * md.v, m * md.heads * md.v),
                 lse: sc.ctx_lse.ptr(),
             };
-            k.fill(dev, acc.out, 0.0, m * md.heads * md.dv)?;
+            k.fill(dev, acc.out, 0.0, m * md.heads * md.v)?;
             k.fill(dev, acc.lse, f32::NEG_INFINITY, m * md.heads)?;
             let row_table = ws.block_table.ptr().range(r * width, width);
             for chunk in p.chunked_context.iter().flat_map(|cc| &cc.chunks) {

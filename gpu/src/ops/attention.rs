@@ -221,9 +221,9 @@ impl Kernels {
     ) -> Result<(), GpuError> {
         latent.need(n * d.latent());
         w_uk.need(d.heads * d.kv_lora * d.nope);
-        w_uv.need(d.heads * d.kv_lora * d.dv);
+        w_uv.need(d.heads * d.kv_lora * d.v);
         k_nope.need(n * d.heads * d.nope);
-        v.need(n * d.heads * d.dv);
+        v.need(n * d.heads * d.v);
         let mut args: Vec<Arg> = vec![
             latent.into(),
             w_uk.into(),
@@ -231,7 +231,7 @@ impl Kernels {
             k_nope.into(),
             v.into(),
         ];
-        for x in [n, d.heads, d.latent(), d.kv_lora, d.nope, d.dv] {
+        for x in [n, d.heads, d.latent(), d.kv_lora, d.nope, d.v] {
             args.push(x.into());
         }
         // SAFETY: argument list matches expand_kv; sizes checked above.
@@ -252,15 +252,15 @@ impl Kernels {
         out: State,
     ) -> Result<(), GpuError> {
         assert!(
-            d.dv <= MAX_PREFILL_DV,
+            d.v <= MAX_PREFILL_DV,
             "v_head_dim {} is above the kernel's {MAX_PREFILL_DV}",
-            d.dv
+            d.v
         );
         q.need(m * d.heads * d.qk());
         keys.k_nope.need(keys.n * d.heads * d.nope);
         keys.latent.need(keys.n * d.latent());
-        keys.v.need(keys.n * d.heads * d.dv);
-        out.out.need(m * d.heads * d.dv);
+        keys.v.need(keys.n * d.heads * d.v);
+        out.out.need(m * d.heads * d.v);
         out.lse.need(m * d.heads);
         let mut args: Vec<Arg> = vec![
             q.into(),
@@ -278,12 +278,12 @@ impl Kernels {
             d.rope,
             d.latent(),
             d.kv_lora,
-            d.dv,
+            d.v,
         ] {
             args.push(x.into());
         }
         args.push(causal.into());
-        args.push(d.scale().into());
+        args.push(d.softmax_scale().into());
         // SAFETY: argument list matches mla_prefill; sizes checked above.
         unsafe { self.go(dev, "mla_prefill", (m, d.heads), &args) }
     }
@@ -299,7 +299,7 @@ impl Kernels {
         b_lse_transposed: bool,
     ) -> Result<(), GpuError> {
         for s in [a, b] {
-            s.out.need(m * d.heads * d.dv);
+            s.out.need(m * d.heads * d.v);
             s.lse.need(m * d.heads);
         }
         let args = [
@@ -309,7 +309,7 @@ impl Kernels {
             b.lse.into(),
             m.into(),
             d.heads.into(),
-            d.dv.into(),
+            d.v.into(),
             b_lse_transposed.into(),
         ];
         // SAFETY: argument list matches merge_states; sizes checked above.

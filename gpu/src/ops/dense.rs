@@ -218,8 +218,8 @@ impl Kernels {
         n: usize,
     ) -> Result<(), GpuError> {
         o_lat.need(n * d.heads * d.kv_lora);
-        w_uv.need(d.heads * d.kv_lora * d.dv);
-        out.need(n * d.heads * d.dv);
+        w_uv.need(d.heads * d.kv_lora * d.v);
+        out.need(n * d.heads * d.v);
         let args = [
             o_lat.into(),
             w_uv.into(),
@@ -227,7 +227,7 @@ impl Kernels {
             n.into(),
             d.heads.into(),
             d.kv_lora.into(),
-            d.dv.into(),
+            d.v.into(),
         ];
         // SAFETY: argument list matches apply_uv; sizes checked above.
         unsafe { self.go(dev, "apply_uv", (n, d.heads), &args) }

@@ -56,42 +56,7 @@ const NAMES: [&str; 21] = [
     "fill",
 ];
 
-/// MLA dimensions the attention kernels need.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MlaDims {
-    pub heads: usize,
-    pub kv_lora: usize,
-    pub rope: usize,
-    pub nope: usize,
-    pub dv: usize,
-}
-
-impl MlaDims {
-    /// Width of one cached latent row (576 for DeepSeek-V3).
-    pub fn latent(&self) -> usize {
-        self.kv_lora + self.rope
-    }
-    /// Per-head query width of the materialized form.
-    pub fn qk(&self) -> usize {
-        self.nope + self.rope
-    }
-    /// `1 / sqrt(nope + rope)` in both forms.
-    pub fn scale(&self) -> f32 {
-        1.0 / (self.qk() as f32).sqrt()
-    }
-}
-
-impl From<&specmla_core::config::ModelDims> for MlaDims {
-    fn from(d: &specmla_core::config::ModelDims) -> Self {
-        Self {
-            heads: d.num_heads,
-            kv_lora: d.kv_lora_rank,
-            rope: d.qk_rope_head_dim,
-            nope: d.qk_nope_head_dim,
-            dv: d.v_head_dim,
-        }
-    }
-}
+pub use specmla_core::config::MlaDims;
 
 /// The compiled f32 kernels (one NVRTC module): what the backend runs, and the fills the
 /// lab uses. The tensor-core decode is [`FlashKernels`].

@@ -9,54 +9,9 @@
 //! `[m tokens][H][v]`; LSEs (natural log) are `[H][m]`, addressed only through
 //! [`lse_index`].
 
-use specmla_core::config::ModelDims;
+pub use specmla_core::config::MlaDims;
 
 use crate::model::{axpy, dot, matvec, MlaLayer};
-
-/// The shapes attention needs, taken from [`ModelDims`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttnDims {
-    /// Query heads (all share the single latent KV head).
-    pub heads: usize,
-    /// Width of `c_kv`, the compressed KV (and of V in the absorbed form).
-    pub kv_lora: usize,
-    /// Width of the shared RoPE key part.
-    pub rope: usize,
-    /// Per-head width of the non-RoPE query/key part.
-    pub nope: usize,
-    /// Per-head value width after up-projection.
-    pub v: usize,
-}
-
-impl From<&ModelDims> for AttnDims {
-    fn from(d: &ModelDims) -> Self {
-        Self {
-            heads: d.num_heads,
-            kv_lora: d.kv_lora_rank,
-            rope: d.qk_rope_head_dim,
-            nope: d.qk_nope_head_dim,
-            v: d.v_head_dim,
-        }
-    }
-}
-
-impl AttnDims {
-    /// Width of one cached latent row.
-    pub fn latent(&self) -> usize {
-        self.kv_lora + self.rope
-    }
-
-    /// Per-head query width (`nope + rope`).
-    pub fn qk(&self) -> usize {
-        self.nope + self.rope
-    }
-
-    /// `1 / sqrt(nope + rope)`: the model was defined over full per-head keys, so the
-    /// absorbed form must keep this scale although its dot products are kv_lora + rope wide.
-    pub fn softmax_scale(&self) -> f32 {
-        1.0 / (self.qk() as f32).sqrt()
-    }
-}
 
 /// Which keys each query of a block may see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,7 +51,7 @@ pub struct AttnOutput {
 
 impl AttnOutput {
     /// The result of attending to no keys: the identity of [`merge_attention_states`].
-    pub fn empty(m: usize, dims: &AttnDims) -> Self {
+    pub fn empty(m: usize, dims: &MlaDims) -> Self {
         Self {
             out: vec![0.0; m * dims.heads * dims.v],
             lse: vec![f32::NEG_INFINITY; dims.heads * m],
@@ -122,27 +77,27 @@ fn softmax(scores: &mut [f32]) -> f32 {
     mx + sum.ln()
 }
 
-fn check_shapes(dims: &AttnDims, q: &[f32], m: usize, keys: &[f32], n: usize) {
+fn check_shapes(dims: &MlaDims, q: &[f32], m: usize, keys: &[f32], n: usize) {
     assert_eq!(q.len(), m * dims.heads * dims.qk(), "query block shape");
     assert_eq!(keys.len(), n * dims.latent(), "latent rows shape");
 }
 
 /// `(q_nope, q_rope)` of token `t`, head `h`.
-fn query_parts<'q>(dims: &AttnDims, q: &'q [f32], t: usize, h: usize) -> (&'q [f32], &'q [f32]) {
+fn query_parts<'q>(dims: &MlaDims, q: &'q [f32], t: usize, h: usize) -> (&'q [f32], &'q [f32]) {
     let start = (t * dims.heads + h) * dims.qk();
     q[start..start + dims.qk()].split_at(dims.nope)
 }
 
-fn latent_row<'k>(dims: &AttnDims, keys: &'k [f32], j: usize) -> (&'k [f32], &'k [f32]) {
+fn latent_row<'k>(dims: &MlaDims, keys: &'k [f32], j: usize) -> (&'k [f32], &'k [f32]) {
     keys[j * dims.latent()..(j + 1) * dims.latent()].split_at(dims.kv_lora)
 }
 
-fn w_uk_head<'w>(dims: &AttnDims, layer: &'w MlaLayer, h: usize) -> &'w [f32] {
+fn w_uk_head<'w>(dims: &MlaDims, layer: &'w MlaLayer, h: usize) -> &'w [f32] {
     let size = dims.kv_lora * dims.nope;
     &layer.w_uk[h * size..(h + 1) * size]
 }
 
-fn w_uv_head<'w>(dims: &AttnDims, layer: &'w MlaLayer, h: usize) -> &'w [f32] {
+fn w_uv_head<'w>(dims: &MlaDims, layer: &'w MlaLayer, h: usize) -> &'w [f32] {
     let size = dims.kv_lora * dims.v;
     &layer.w_uv[h * size..(h + 1) * size]
 }
@@ -150,7 +105,7 @@ fn w_uv_head<'w>(dims: &AttnDims, layer: &'w MlaLayer, h: usize) -> &'w [f32] {
 /// Runs `head(t, h, visible)` for every query token and head of an `m`-token block over
 /// `n` keys and collects each `(output [v], lse)` into the block's result.
 fn per_query(
-    dims: &AttnDims,
+    dims: &MlaDims,
     (m, n, mask): (usize, usize, Mask),
     mut head: impl FnMut(usize, usize, usize) -> (Vec<f32>, f32),
 ) -> AttnOutput {
@@ -171,7 +126,7 @@ fn per_query(
 /// `c_kv`, the probabilities average `c_kv` itself, and W_UV is applied once to that
 /// average. `q` holds `m` tokens, `keys` holds `n` latent rows.
 pub fn absorbed_attention(
-    dims: &AttnDims,
+    dims: &MlaDims,
     layer: &MlaLayer,
     q: &[f32],
     m: usize,
@@ -206,7 +161,7 @@ pub fn absorbed_attention(
 
 /// Per-head keys and values expanded from `n` latent rows: `k_nope [H][n][nope]`,
 /// `v [H][n][v]`.
-fn materialize(dims: &AttnDims, layer: &MlaLayer, keys: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
+fn materialize(dims: &MlaDims, layer: &MlaLayer, keys: &[f32], n: usize) -> (Vec<f32>, Vec<f32>) {
     let mut k_nope = Vec::with_capacity(dims.heads * n * dims.nope);
     let mut v = Vec::with_capacity(dims.heads * n * dims.v);
     for h in 0..dims.heads {
@@ -223,7 +178,7 @@ fn materialize(dims: &AttnDims, layer: &MlaLayer, keys: &[f32], n: usize) -> (Ve
 /// Prefill form: K and V are expanded per head once for all `n` keys, then ordinary
 /// multi-head attention with the shared `k_rope`.
 pub fn materialized_attention(
-    dims: &AttnDims,
+    dims: &MlaDims,
     layer: &MlaLayer,
     q: &[f32],
     m: usize,
@@ -258,7 +213,7 @@ pub fn merge_attention_states(
     a: &AttnOutput,
     b: &AttnOutput,
     m: usize,
-    dims: &AttnDims,
+    dims: &MlaDims,
 ) -> AttnOutput {
     let mut res = AttnOutput::empty(m, dims);
     for t in 0..m {
@@ -287,11 +242,11 @@ mod tests {
 
     use super::*;
 
-    fn setup(seed: u64) -> (AttnDims, MlaLayer, ChaCha8Rng) {
-        let dims = ModelDims::tiny();
+    fn setup(seed: u64) -> (MlaDims, MlaLayer, ChaCha8Rng) {
+        let dims = specmla_core::config::ModelDims::tiny();
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let layer = MlaLayer::random(&dims, &mut rng);
-        (AttnDims::from(&dims), layer, rng)
+        (MlaDims::from(&dims), layer, rng)
     }
 
     /// Wide enough that some softmaxes are peaked, not all near uniform.
@@ -376,7 +331,7 @@ mod tests {
         assert_ne!(before.out[2 * row..], after.out[2 * row..]);
     }
 
-    type Attn = fn(&AttnDims, &MlaLayer, &[f32], usize, &[f32], usize, Mask) -> AttnOutput;
+    type Attn = fn(&MlaDims, &MlaLayer, &[f32], usize, &[f32], usize, Mask) -> AttnOutput;
 
     #[test]
     fn chunked_context_merge_equals_one_softmax() {

@@ -14,7 +14,7 @@ use specmla_core::plan::StepPlan;
 use specmla_core::split::SplitSchedule;
 
 use crate::attention::{
-    absorbed_attention, materialized_attention, merge_attention_states, AttnDims, AttnOutput, Mask,
+    absorbed_attention, materialized_attention, merge_attention_states, AttnOutput, Mask, MlaDims,
 };
 use crate::kv_cache::PagedLatentCache;
 use crate::model::{DrafterModel, MlaLayer, TargetModel};
@@ -34,7 +34,7 @@ pub struct CpuBackend {
     target_cache: PagedLatentCache,
     drafter_cache: PagedLatentCache,
     graphs: Vec<GraphShape>,
-    dims: AttnDims,
+    dims: MlaDims,
 }
 
 impl CpuBackend {
@@ -54,7 +54,7 @@ impl CpuBackend {
             target,
             drafter,
             graphs: Vec::new(),
-            dims: AttnDims::from(d),
+            dims: MlaDims::from(d),
         }
     }
 
