@@ -238,6 +238,12 @@ impl ModelDims {
                 )));
             }
         }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return Err(ConfigError::Invalid(format!(
+                "rope_theta must be a positive number, got {}",
+                self.rope_theta
+            )));
+        }
         if self.qk_rope_head_dim == 0 || !self.qk_rope_head_dim.is_multiple_of(2) {
             return Err(ConfigError::Invalid(
                 "qk_rope_head_dim must be a positive even number (RoPE rotates pairs)".into(),

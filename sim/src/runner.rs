@@ -29,6 +29,10 @@ pub enum RunError {
     Config(#[from] specmla_core::error::ConfigError),
     #[error("invalid workload: {0}")]
     Workload(WorkloadError),
+    /// A scenario setting outside the engine config is out of range
+    /// ([`Scenario::validate`]).
+    #[error("invalid configuration: {0}")]
+    Scenario(String),
     /// The run would not fit in host memory (the message names the allocations).
     #[error("{0}")]
     TooLarge(String),
@@ -290,6 +294,7 @@ where
     F: FnOnce(&EngineConfig, Arc<TargetModel>, Arc<DrafterModel>) -> Result<B, B::Error>,
 {
     let cfg = scenario.cfg.clone();
+    scenario.validate().map_err(RunError::Scenario)?;
     cfg.validate()?;
     let workload = generate_workload(&scenario.workload, &cfg, seed);
     validate_workload(&cfg, &workload)?;

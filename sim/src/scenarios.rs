@@ -38,6 +38,74 @@ pub struct Scenario {
     pub check_drafter_batches: bool,
 }
 
+/// The most requests one run takes (`--requests` is bounded the same).
+pub const MAX_REQUESTS: usize = 100_000;
+
+impl Scenario {
+    /// Every setting outside the engine config, checked once on the merged scenario,
+    /// whatever it came from (a built-in, a config file, flags over either): each bad
+    /// value is one line naming its key and flag, never a panic later and never a run
+    /// that checks nothing. The engine config is [`EngineConfig::validate`]'s.
+    pub fn validate(&self) -> Result<(), String> {
+        let w = &self.workload;
+        let unit = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
+        if !unit(self.acceptance_rate) {
+            return Err(format!(
+                "acceptance_rate (--acceptance-rate) must be within [0, 1], got {}",
+                self.acceptance_rate
+            ));
+        }
+        if !unit(w.grammar_fraction) {
+            return Err(format!(
+                "workload.grammar_fraction must be within [0, 1], got {}",
+                w.grammar_fraction
+            ));
+        }
+        if w.num_requests == 0 {
+            return Err(
+                "workload.num_requests (--requests) must be at least 1: a run without requests \
+                 checks nothing"
+                    .into(),
+            );
+        }
+        if w.num_requests > MAX_REQUESTS {
+            return Err(format!(
+                "workload.num_requests (--requests) must be at most {MAX_REQUESTS}, got {}",
+                w.num_requests
+            ));
+        }
+        if self.max_steps == 0 {
+            return Err(
+                "max_steps (--steps) must be at least 1: a run of no step checks nothing".into(),
+            );
+        }
+        for (key, flag, (lo, hi)) in [
+            ("workload.prompt_len", "--prompt-len", w.prompt_len),
+            (
+                "workload.max_new_tokens",
+                "--max-new-tokens",
+                w.max_new_tokens,
+            ),
+        ] {
+            if lo == 0 || lo > hi {
+                return Err(format!(
+                    "{key} ({flag}) [{lo}, {hi}] must be a range of at least 1 with MIN <= MAX"
+                ));
+            }
+        }
+        let max_len = self.cfg.scheduler.max_model_len;
+        if w.prompt_len.1 >= max_len {
+            return Err(format!(
+                "prompts of up to {} tokens (workload.prompt_len, --prompt-len) do not fit \
+                 max_model_len {max_len}: a prompt must leave room for one generated token, \
+                 and vLLM refuses a longer one",
+                w.prompt_len.1
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn base_config(profile: BackendProfile, spec: SpecConfig) -> EngineConfig {
     EngineConfig::tiny(profile, spec)
 }

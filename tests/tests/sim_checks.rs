@@ -328,7 +328,7 @@ prop_compose! {
             name: "random".into(),
             description: "proptest".into(),
             cfg,
-            workload: WorkloadShape { num_requests: requests, prompt_len: (1, 60), max_new_tokens: (1, 40), arrival_steps: 6, grammar_fraction: 0.3 },
+            workload: WorkloadShape { num_requests: requests, prompt_len: (1, 60.min(max_len - 1)), max_new_tokens: (1, 40), arrival_steps: 6, grammar_fraction: 0.3 },
             acceptance_rate: rate,
             max_steps: 5_000,
             check_layouts: true,

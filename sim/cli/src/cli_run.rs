@@ -352,10 +352,8 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
     if let Some(n) = a.max_splits {
         s.cfg.max_splits = n;
     }
+    // Checked with every other setting on the merged scenario (`Scenario::validate`).
     if let Some(r) = a.acceptance_rate {
-        if !(0.0..=1.0).contains(&r) {
-            bail!("--acceptance-rate must be within [0, 1], got {r}");
-        }
         s.acceptance_rate = r;
     }
     if let Some(d) = a.drafter_batch {

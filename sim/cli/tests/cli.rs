@@ -249,6 +249,55 @@ fn the_real_width_model_passes_on_one_tp_rank() {
     assert!(out.contains("PASS: all checks passed"), "{out}");
 }
 
+/// A config file is checked as flags are, on the merged configuration: every bad value
+/// is one line naming its key (exit 2), never a panic, and never a run that checks
+/// nothing reported as a pass.
+#[test]
+fn config_files_are_checked_like_flags() {
+    let o = sim(&["config"]);
+    let base = String::from_utf8_lossy(&o.stdout).into_owned();
+    let cases = [
+        ("acceptance_rate", "2.0", "acceptance_rate"),
+        ("grammar_fraction", "2.0", "grammar_fraction"),
+        ("max_new_tokens", "[10, 5]", "max_new_tokens"),
+        ("num_requests", "0", "num_requests"),
+        ("num_requests", "100001", "at most 100000"),
+        ("max_steps", "0", "max_steps"),
+        ("rope_theta", "-1.0", "rope_theta"),
+        ("rope_theta", "nan", "rope_theta"),
+        ("prompt_len", "[0, 0]", "prompt_len"),
+        ("prompt_len", "[10, 1000]", "max_model_len 384"),
+    ];
+    for (key, value, needle) in cases {
+        let mut replaced = false;
+        let text: String = base
+            .lines()
+            .map(|l| {
+                if l.starts_with(&format!("{key} = ")) && !replaced {
+                    replaced = true;
+                    format!("{key} = {value}\n")
+                } else {
+                    format!("{l}\n")
+                }
+            })
+            .collect();
+        assert!(replaced, "no {key} line in `sim config`");
+        let p = temp_file(&format!("bad-{key}.toml"), &text);
+        assert_bad_input(&["--config", p.to_str().unwrap()], &[needle]);
+        let err = stderr(&sim(&["--config", p.to_str().unwrap()]));
+        assert_eq!(err.lines().count(), 1, "{key} = {value}: {err}");
+    }
+    // The same rules reach flags, and a prompt that cannot fit is refused, not truncated.
+    assert_bad_input(
+        &["--prompt-len", "1000"],
+        &["--prompt-len", "max_model_len 384"],
+    );
+    assert_bad_input(
+        &["--steps", "1", "--acceptance-rate", "nan"],
+        &["acceptance"],
+    );
+}
+
 #[test]
 fn unknown_values_list_the_valid_ones() {
     assert_bad_input(&["--scenario", "nope"], &["mixed_mtp", "dflash"]);
