@@ -24,7 +24,9 @@ use specmla_replay::bisect::{bisect_with, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
 use specmla_sim::cli::{count, fault_list};
-use specmla_sim::progress::{install_interrupt_handler, interrupted, Progress};
+use specmla_sim::progress::{
+    estimate_secs_left, install_interrupt_handler, interrupted, progress_secs, Progress,
+};
 use specmla_traces::{read_all, read_all_from, Completeness, RowPath, StepRecord, TraceWriter};
 
 /// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
@@ -142,10 +144,21 @@ fn run(a: &RunArgs, json: bool) -> Result<ExitCode> {
     }
     let (h, recs) = (&t.header, &t.records);
     install_interrupt_handler();
-    let mut bar = Progress::new("replay", recs.len() as u64, "steps");
+    let total = recs.len() as u64;
+    let mut bar = Progress::new(
+        "replay",
+        total,
+        "steps",
+        progress_secs().map_err(anyhow::Error::msg)?,
+    );
     let on_step = |n: usize| {
         bar.update(n as u64, |secs| {
-            format!("{:.1} steps/s", n as f64 / secs.max(1e-9))
+            let left = estimate_secs_left(secs, (n as u64, total), (0, 0));
+            format!(
+                "{:.1} steps/s{}",
+                n as f64 / secs.max(1e-9),
+                left.map_or(String::new(), |l| format!(", about {l:.0} s left"))
+            )
         })
     };
     let report = if gpu {
@@ -330,7 +343,8 @@ impl TraceSize {
 fn run_bisect(t: &Trace, f: Faults, out: &Path, json: bool) -> Result<ExitCode> {
     let before = TraceSize::of(t, encode(t)?.len());
     install_interrupt_handler();
-    let mut bar = Progress::new("bisect", before.requests as u64, "requests dropped");
+    let every = progress_secs().map_err(anyhow::Error::msg)?;
+    let mut bar = Progress::new("bisect", before.requests as u64, "requests dropped", every);
     let min = bisect_with(t, f, |kept| {
         bar.update((before.requests - kept) as u64, |_| format!("{kept} kept"))
     })?;

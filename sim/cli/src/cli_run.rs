@@ -20,7 +20,9 @@ use specmla_cpu::cpu_backend;
 use specmla_sim::cli::count;
 use specmla_sim::config_file::RunConfig;
 use specmla_sim::model::{DrafterModel, TargetModel};
-use specmla_sim::progress::{install_interrupt_handler, Progress};
+use specmla_sim::progress::{
+    estimate_secs_left, install_interrupt_handler, progress_secs, Progress,
+};
 use specmla_sim::record::TraceSink;
 use specmla_sim::runner::{run_with, RunStats, RunSummary, SpecDecodingMetrics, StepSink};
 use specmla_sim::scenarios::{self, Scenario};
@@ -427,13 +429,19 @@ pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
 }
 
 fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) -> Result<ExitCode> {
-    let mut bar = Progress::new("sim", s.workload.num_requests as u64, "requests finished");
+    let every = progress_secs().map_err(anyhow::Error::msg)?;
+    let total = s.workload.num_requests as u64;
+    let mut bar = Progress::new("sim", total, "requests finished", every);
     let progress = |st: &RunStats| {
         bar.update(st.finished as u64, |secs| {
+            // Whichever ends the run first: the requests, or the --steps cap.
+            let left =
+                estimate_secs_left(secs, (st.finished as u64, total), (st.steps, s.max_steps));
             format!(
-                "step {}, {:.1} steps/s",
+                "step {}, {:.1} steps/s{}",
                 st.steps,
-                st.steps as f64 / secs.max(1e-9)
+                st.steps as f64 / secs.max(1e-9),
+                left.map_or(String::new(), |l| format!(", about {l:.0} s left"))
             )
         });
     };

@@ -298,6 +298,39 @@ fn config_files_are_checked_like_flags() {
     );
 }
 
+/// A bad `SPECMLA_PROGRESS_SECS` is one line naming it (it used to panic), and a closed
+/// stderr loses the progress lines without ending the run.
+#[test]
+fn progress_settings_and_a_closed_stderr_never_panic() {
+    for v in ["-1", "nan", "inf", "1e20", "soon"] {
+        let o = Command::new(env!("CARGO_BIN_EXE_sim"))
+            .args(["--requests", "2"])
+            .env("SPECMLA_PROGRESS_SECS", v)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{v}: {err}");
+        assert!(
+            err.contains("SPECMLA_PROGRESS_SECS") && err.lines().count() == 1,
+            "{v}: {err}"
+        );
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(["--requests", "20", "--steps", "40"])
+        .env("SPECMLA_PROGRESS_SECS", "0.000001")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "a closed stderr ended the run: {status:?}"
+    );
+}
+
 #[test]
 fn unknown_values_list_the_valid_ones() {
     assert_bad_input(&["--scenario", "nope"], &["mixed_mtp", "dflash"]);
