@@ -714,6 +714,7 @@ impl EngineConfig {
             ),
             ("split_size_tokens", self.split_size_tokens, 1 << 24),
             ("max_splits", self.max_splits, 1 << 12),
+            ("dp_peer_num_tokens", self.dp_peer_num_tokens, 1 << 24),
         ];
         check_limits("", &limits)?;
         if s.workspace_tokens < s.max_num_seqs * s.page_size {

@@ -65,6 +65,9 @@ enum BackendArg {
 struct RunArgs {
     /// The trace to replay (written by `sim --trace`; `-` reads stdin).
     trace: Option<PathBuf>,
+    /// Anything after the trace: refused in one line (replay takes one trace).
+    #[arg(hide = true)]
+    extra: Vec<std::ffi::OsString>,
     /// Backend to re-execute on. A trace replays bit for bit on the backend that
     /// recorded it, and within stated tolerances on the other.
     #[arg(long, value_enum, default_value = "cpu")]
@@ -130,6 +133,16 @@ fn faults(ids: &[String]) -> Faults {
 }
 
 fn run(a: &RunArgs, json: bool) -> Result<ExitCode> {
+    if !a.extra.is_empty() {
+        bail!(
+            "replay takes one trace; also got {} (replay them one at a time)",
+            a.extra
+                .iter()
+                .map(|e| e.to_string_lossy().into_owned())
+                .collect::<Vec<_>>()
+                .join(", ")
+        )
+    }
     let Some(path) = &a.trace else {
         bail!("a trace to replay is required (see --help)")
     };

@@ -63,6 +63,14 @@ fn identical_then_diverged_exit_codes() {
     assert_eq!(v["divergence"]["first_layer"], 0);
 }
 
+/// Two traces are one line naming the extra one, not clap's talk of a subcommand.
+#[test]
+fn one_trace_at_a_time() {
+    let t = trace();
+    let t = t.to_str().unwrap();
+    assert_exit2(&[t, t], "replay takes one trace; also got");
+}
+
 #[test]
 fn show_prints_steps_and_json() {
     let t = trace();

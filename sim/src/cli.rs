@@ -10,6 +10,25 @@ pub fn count(n: usize, noun: &str) -> String {
     }
 }
 
+/// A flag's parser for a whole number in `lo..=hi`, whose error says so in words (clap's
+/// own says "invalid digit found in string" for `-5`).
+pub fn whole(
+    lo: u64,
+    hi: u64,
+) -> impl Fn(&str) -> Result<u64, String> + Clone + Send + Sync + 'static {
+    move |v: &str| {
+        let upto = if hi == u64::MAX {
+            format!("{lo} or more")
+        } else {
+            format!("from {lo} to {hi}")
+        };
+        match v.trim().parse::<u64>() {
+            Ok(n) if (lo..=hi).contains(&n) => Ok(n),
+            _ => Err(format!("expected a whole number {upto}, got {v:?}")),
+        }
+    }
+}
+
 /// A list of fault ids, or "none".
 pub fn fault_list(ids: &[String]) -> String {
     if ids.is_empty() {
@@ -37,6 +56,17 @@ pub fn args_with_json_last(subcommands: &[&str]) -> Vec<std::ffi::OsString> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn whole_numbers_say_what_they_take() {
+        let requests = whole(1, 100_000);
+        assert_eq!(requests("7"), Ok(7));
+        for bad in ["-5", "0", "100001", "2.5", "lots", ""] {
+            let e = requests(bad).unwrap_err();
+            assert!(e.contains("whole number from 1 to 100000"), "{bad}: {e}");
+        }
+        assert!(whole(1, u64::MAX)("0").unwrap_err().contains("1 or more"));
+    }
 
     #[test]
     fn counts_and_lists() {

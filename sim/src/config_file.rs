@@ -57,6 +57,8 @@ impl RunConfig {
 
     /// Parses a config file; an error is one line naming the key or the line.
     pub fn parse(text: &str) -> Result<Self, String> {
+        // A byte-order mark (editors on Windows write one) is not part of the TOML.
+        let text = text.strip_prefix('\u{feff}').unwrap_or(text);
         toml::from_str(text).map_err(|e| {
             let msg = e.message().trim().replace('\n', " ");
             match e.span() {

@@ -91,6 +91,8 @@ const ROW_FIELDS: [&str; 3] = [
 ];
 
 fn parse_batch(text: &str) -> Result<BatchFile> {
+    // A byte-order mark (editors on Windows write one) is not part of the JSON.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
     let v: Value = serde_json::from_str(text).map_err(|e| anyhow!("not valid JSON: {e}"))?;
     let obj = v
         .as_object()

@@ -17,7 +17,7 @@ use anyhow::Context;
 use specmla_core::backend::Backend;
 use specmla_core::config::EngineConfig;
 use specmla_cpu::cpu_backend;
-use specmla_sim::cli::count;
+use specmla_sim::cli::{count, whole};
 use specmla_sim::config_file::RunConfig;
 use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::progress::{
@@ -117,10 +117,10 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_u64)]
     pub seed: Option<u64>,
     /// Number of requests in the workload.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=100_000))]
+    #[arg(long, value_parser = whole(1, 100_000))]
     pub requests: Option<u64>,
     /// Stop after this many steps.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    #[arg(long, value_parser = whole(1, u64::MAX))]
     pub steps: Option<u64>,
     /// Prompt lengths in tokens: N, or MIN..MAX drawn uniformly.
     #[arg(long, value_name = "MIN..MAX", value_parser = parse_range)]
@@ -148,10 +148,10 @@ pub struct RunArgs {
     #[arg(long, value_parser = model_names())]
     pub model: Option<String>,
     /// Tensor parallelism: run the slice of the model's heads one of N ranks holds.
-    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, value_name = "N", value_parser = whole(1, 1024))]
     pub tp: Option<u64>,
     /// Target model layers (the model's own by default).
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=1024))]
+    #[arg(long, value_parser = whole(1, 1024))]
     pub num_layers: Option<u64>,
     /// Most split-KV splits a decode row takes; longer rows take longer splits (0: no cap).
     #[arg(long)]
@@ -449,6 +449,9 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
         return check_determinism(s, seed, make, a.json);
     }
     let mut sink = match &a.trace {
+        Some(path) if path.as_os_str() == "-" => {
+            bail!("--trace -: a trace is binary and goes to a file; give it a name")
+        }
         Some(path) => {
             let file = std::fs::File::create(path)
                 .with_context(|| format!("--trace {}", path.display()))?;

@@ -331,6 +331,44 @@ fn progress_settings_and_a_closed_stderr_never_panic() {
     );
 }
 
+/// Small input defects of issue 22: each one clear line and exit 2, or accepted as meant.
+#[test]
+fn small_input_defects_are_one_line_or_understood() {
+    assert_bad_input(
+        &["--requests", "-5"],
+        &["--requests", "whole number from 1 to 100000"],
+    );
+    assert_bad_input(&["--tp", "0"], &["--tp", "whole number from 1 to 1024"]);
+    assert_bad_input(&["--requests", "2", "--trace", "-"], &["--trace -", "file"]);
+    assert!(
+        !std::path::Path::new("-").exists(),
+        "--trace - wrote a file named -"
+    );
+    assert_bad_input(
+        &["--dp-peer-tokens", "18446744073709551615"],
+        &["dp_peer_num_tokens"],
+    );
+    // A byte-order mark before a batch file's JSON or a config file's TOML is not an error.
+    let batch = temp_file(
+        "bom-batch.json",
+        "\u{feff}{\"page_size\": 16, \"rows\": [{\"num_computed_tokens\": 5, \"num_scheduled_tokens\": 2}]}",
+    );
+    let o = sim(&[
+        "plan",
+        "--batch",
+        batch.to_str().unwrap(),
+        "--profile",
+        "flashmla",
+        "--num-spec-tokens",
+        "1",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let config = String::from_utf8_lossy(&sim(&["config"]).stdout).into_owned();
+    let p = temp_file("bom.toml", &format!("\u{feff}{config}"));
+    let o = sim(&["config", "--config", p.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+}
+
 #[test]
 fn unknown_values_list_the_valid_ones() {
     assert_bad_input(&["--scenario", "nope"], &["mixed_mtp", "dflash"]);
