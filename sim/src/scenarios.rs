@@ -38,6 +38,18 @@ pub struct Scenario {
     pub check_drafter_batches: bool,
 }
 
+/// A page size an engine allocates: a power of two. The core's rules hold for any page
+/// size (its property tests use them all), but no engine allocates such blocks: vLLM's
+/// block sizes are powers of two. `sim` and `sim plan` both refuse the others.
+pub fn check_page_size(page: usize) -> Result<(), String> {
+    if page > 0 && !page.is_power_of_two() {
+        return Err(format!(
+            "page size {page} is not a power of two (engines use 1, 8, 16, 32, 64, ...)"
+        ));
+    }
+    Ok(())
+}
+
 /// The most requests one run takes (`--requests` is bounded the same).
 pub const MAX_REQUESTS: usize = 100_000;
 
@@ -93,6 +105,7 @@ impl Scenario {
                 ));
             }
         }
+        check_page_size(self.cfg.scheduler.page_size)?;
         let max_len = self.cfg.scheduler.max_model_len;
         if w.prompt_len.1 >= max_len {
             return Err(format!(

@@ -162,6 +162,8 @@ fn plan_config(a: &PlanArgs, f: &BatchFile) -> Result<EngineConfig> {
     let max_seq = f.rows.iter().map(BatchRow::seq_len).max().unwrap_or(1);
     let max_model_len = (max_seq + k + 1).max(2);
     let page = f.page_size;
+    specmla_sim::scenarios::check_page_size(page)
+        .map_err(|e| anyhow!("invalid configuration: page_size: {e}"))?;
     if a.workspace_tokens < page {
         bail!("invalid configuration: workspace of {} tokens is smaller than one page ({page} tokens)", a.workspace_tokens);
     }

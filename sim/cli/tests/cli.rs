@@ -367,6 +367,22 @@ fn small_input_defects_are_one_line_or_understood() {
     let p = temp_file("bom.toml", &format!("\u{feff}{config}"));
     let o = sim(&["config", "--config", p.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    // `sim plan` refuses the page sizes `sim` refuses.
+    let odd = temp_file(
+        "page3.json",
+        r#"{"page_size": 3, "rows": [{"num_computed_tokens": 5, "num_scheduled_tokens": 2}]}"#,
+    );
+    let odd = odd.to_str().unwrap();
+    let plan = [
+        "plan",
+        "--batch",
+        odd,
+        "--profile",
+        "flashmla",
+        "--num-spec-tokens",
+        "1",
+    ];
+    assert_bad_input(&plan, &["page size 3", "power of two"]);
 }
 
 #[test]
