@@ -281,3 +281,34 @@ pub fn dummy_step(cfg: &EngineConfig, tables: &RequestStateTables) -> Option<Dum
         drafter_slot_mapping,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{BackendProfile, DrafterBatch, SpecConfig};
+
+    /// Each capture's dummy run writes `seq_lens = max_query_len` for its rows and zeros
+    /// the tail (vLLM's `_dummy_run`), then the schedule of its rows: what F12 leaves for
+    /// a replay to read. Captures run largest first, so the last (one row) leaves one
+    /// length of 4 and zeros, while every row's schedule is that of a 4-token row. With
+    /// splits of one key, K = 3 (rows of 4 tokens) shows the value: four splits of one
+    /// key, where a zero length would give one.
+    #[test]
+    fn the_capture_writes_max_query_len_and_its_schedule() {
+        let mut cfg = EngineConfig::tiny(
+            BackendProfile::FlashMla,
+            SpecConfig::multi_step(3, DrafterBatch::Padded),
+        );
+        cfg.scheduler.page_size = 1;
+        cfg.split_size_tokens = 1;
+        let shapes = crate::cudagraph::graph_shapes(&cfg);
+        let rows = shapes.iter().map(|s| s.num_rows).max().unwrap();
+        assert!(shapes.iter().all(|s| s.max_query_len == 4), "{shapes:?}");
+        let b = GraphBuffers::captured(&cfg, &shapes);
+        let mut want = vec![0; rows];
+        want[0] = 4;
+        assert_eq!(b.seq_lens, want);
+        assert_eq!(b.split_len_tokens, vec![1; rows]);
+        assert_eq!(b.num_splits, vec![4; rows]);
+    }
+}

@@ -92,6 +92,14 @@ fn show_prints_steps_and_json() {
     assert_eq!(v["steps"][0]["step"], 3);
     assert_eq!(v["header"]["backend"], "cpu");
     assert_eq!(v["header"]["config"]["spec"]["num_speculative_tokens"], 3);
+    // Paths are spelled as in the text and in `sim plan`: lowercase.
+    let o = bin("replay", &["show", t.to_str().unwrap(), "--json"]);
+    let all = String::from_utf8_lossy(&o.stdout);
+    assert!(all.contains("\"path\": \"decode\""), "{all}");
+    assert!(
+        !all.contains("\"Decode\"") && !all.contains("\"Prefill\""),
+        "{all}"
+    );
     assert_exit2(
         &["show", t.to_str().unwrap(), "--step", "99999"],
         "no such step",

@@ -135,11 +135,18 @@ fn f12_shrinks_to_one_request_past_one_split() {
 
 /// F12 frozen: one request, K 1 (prompt up to 8, up to 12 new tokens): its graph
 /// replays run past the 8-token split, and the capture-time schedule gives them one
-/// split. Postmortem: the FP8 FlashMLA path computed the schedule into fresh tensors.
+/// split. The capture's dummy run wrote `seq_lens = max_query_len` (1 + K = 2, as
+/// vLLM's `_dummy_run`), whose schedule is one split of one 8-key unit: exactly what the
+/// replay reads. Postmortem: the FP8 FlashMLA path computed the schedule into fresh
+/// tensors.
 #[test]
 fn f12_frozen_one_request_past_the_capture_schedule() {
     let c = |f| graph_run((1, 1, 8, 12, 1), f);
-    let sum = frozen(c, Fault::F12, "replay reads");
+    let sum = frozen(
+        c,
+        Fault::F12,
+        "replay reads a schedule of Some(1) splits of Some(8) keys",
+    );
     // The stale schedule truncates the keys: the logits are wrong too.
     assert!(sum.max_logit_error > 1e-2, "{}", sum.max_logit_error);
 }

@@ -57,8 +57,10 @@ pub struct TraceRequest {
     pub grammar_seed: Option<u64>,
 }
 
-/// Which attention kernel path a row took.
+/// Which attention kernel path a row took. JSON spells it as everywhere else, `"decode"`
+/// or `"prefill"` (a trace stores the variant's index, so the spelling is not recorded).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum RowPath {
     /// Absorbed decode path (split-KV).
     Decode,
