@@ -12,7 +12,7 @@ use specmla_cpu::CpuBackend;
 use specmla_traces::{StepRecord, TraceHeader};
 
 use crate::replayer::{parse_config, ReplayError, Replayer};
-use crate::{replay_records, ReplayReport};
+use crate::{replay_records, replay_records_with, ReplayReport};
 
 /// A trace in memory.
 #[derive(Clone, Debug, PartialEq)]
@@ -97,15 +97,27 @@ pub fn bisect(t: &Trace, faults: Faults) -> Result<Option<Trace>, ReplayError> {
     bisect_with(t, faults, |_| {})
 }
 
-/// [`bisect`], calling `on_try` with the requests still kept after every candidate.
+/// Where a bisection stands, for progress reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BisectProgress {
+    /// The first replay, which finds the step to shrink to: `done` of `steps` replayed.
+    FirstReplay { done: usize, steps: usize },
+    /// After a candidate: this many requests still kept.
+    Kept(usize),
+}
+
+/// [`bisect`], calling `on_progress` during the first replay and after every candidate.
 /// Ctrl-C ([`specmla_sim::progress::interrupted`]) stops it early with the smallest
 /// diverging trace found so far, which replays on its own like the final one.
 pub fn bisect_with(
     t: &Trace,
     faults: Faults,
-    mut on_try: impl FnMut(usize),
+    mut on_progress: impl FnMut(BisectProgress),
 ) -> Result<Option<Trace>, ReplayError> {
-    let report = replay_records(&t.header, &t.records, faults)?;
+    let steps = t.records.len();
+    let report = replay_records_with(&t.header, &t.records, faults, |done| {
+        on_progress(BisectProgress::FirstReplay { done, steps })
+    })?;
     let Some(d) = report.divergence else {
         return Ok(None);
     };
@@ -132,7 +144,7 @@ pub fn bisect_with(
             if specmla_sim::progress::interrupted() {
                 return Ok(Some(best));
             }
-            on_try(keep.len());
+            on_progress(BisectProgress::Kept(keep.len()));
             let candidate: BTreeSet<u64> = keep
                 .iter()
                 .enumerate()

@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use specmla_core::fault::{Fault, Faults};
 use specmla_cpu::cpu_backend;
-use specmla_replay::bisect::{bisect_with, Trace};
+use specmla_replay::bisect::{bisect_with, BisectProgress, Trace};
 use specmla_replay::compare::Divergence;
 use specmla_replay::{replay_records, replay_records_on, ReplayReport};
 use specmla_sim::cli::{count, fault_list};
@@ -358,8 +358,13 @@ fn run_bisect(t: &Trace, f: Faults, out: &Path, json: bool) -> Result<ExitCode> 
     install_interrupt_handler();
     let every = progress_secs().map_err(anyhow::Error::msg)?;
     let mut bar = Progress::new("bisect", before.requests as u64, "requests dropped", every);
-    let min = bisect_with(t, f, |kept| {
-        bar.update((before.requests - kept) as u64, |_| format!("{kept} kept"))
+    let min = bisect_with(t, f, |p| match p {
+        BisectProgress::FirstReplay { done, steps } => {
+            bar.update(0, |_| format!("first replay, step {done} of {steps}"))
+        }
+        BisectProgress::Kept(kept) => {
+            bar.update((before.requests - kept) as u64, |_| format!("{kept} kept"))
+        }
     })?;
     bar.finish();
     let Some(min) = min else {

@@ -129,6 +129,18 @@ fn bisect_writes_a_smaller_trace() {
         bin("replay", &[min.to_str().unwrap()]).status.code(),
         Some(0)
     );
+    // Progress shows during the first replay too, before any candidate is tried.
+    let o = Command::new(env!("CARGO_BIN_EXE_replay"))
+        .args(["--bisect", t.to_str().unwrap(), "-o", min.to_str().unwrap()])
+        .args(["--fault", "F1"])
+        .env("SPECMLA_PROGRESS_SECS", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("bisect: 0/") && err.contains("first replay, step 1 of"),
+        "{err}"
+    );
 }
 
 #[test]
