@@ -368,13 +368,23 @@ fn run_bisect(t: &Trace, f: Faults, out: &Path, json: bool) -> Result<ExitCode> 
     })?;
     bar.finish();
     let Some(min) = min else {
+        // Interrupted before a divergence was found is not "no divergence".
+        let stopped = interrupted();
         if json {
-            say!("{}", serde_json::json!({"shrunk": false, "before": before}));
+            say!(
+                "{}",
+                serde_json::json!({"shrunk": false, "before": before, "interrupted": stopped})
+            );
+        } else if stopped {
+            say!("INTERRUPTED (Ctrl-C) before a divergence was found; nothing written");
         } else {
             say!("the trace does not diverge under these faults; nothing to shrink");
         }
-        return Ok(ExitCode::SUCCESS);
+        return Ok(ExitCode::from(if stopped { 130 } else { 0 }));
     };
+    // Found and shrunk: exit 1, as any command that finds a failure; 130 when Ctrl-C
+    // stopped the shrinking (what was found so far is written all the same).
+    let code = if interrupted() { 130 } else { 1 };
     let bytes = encode(&min)?;
     std::fs::write(out, &bytes).with_context(|| format!("-o {}", out.display()))?;
     let after = TraceSize::of(&min, bytes.len());
@@ -385,7 +395,7 @@ fn run_bisect(t: &Trace, f: Faults, out: &Path, json: bool) -> Result<ExitCode> 
             "interrupted": interrupted(), "report": report,
         });
         say!("{}", serde_json::to_string_pretty(&v)?);
-        return Ok(ExitCode::from(1));
+        return Ok(ExitCode::from(code));
     }
     say!("before: {}", before.text());
     say!("after:  {} -> {}", after.text(), out.display());
@@ -395,7 +405,7 @@ fn run_bisect(t: &Trace, f: Faults, out: &Path, json: bool) -> Result<ExitCode> 
     if let Some(d) = &report.divergence {
         print_divergence(d, report.steps_replayed);
     }
-    Ok(ExitCode::from(1))
+    Ok(ExitCode::from(code))
 }
 
 fn encode(t: &Trace) -> Result<Vec<u8>> {

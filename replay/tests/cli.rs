@@ -71,6 +71,44 @@ fn one_trace_at_a_time() {
     assert_exit2(&[t, t], "replay takes one trace; also got");
 }
 
+/// A bisect stopped by Ctrl-C during its first replay, before any divergence was
+/// found, says so and exits 130: it never reports "no divergence" with exit 0.
+#[cfg(unix)]
+#[test]
+fn an_interrupted_bisect_is_not_a_clean_one() {
+    // The graphs scenario, 300 requests over 600 steps: a first replay of seconds.
+    let t = dir().join("long.bin");
+    let mut s = specmla_sim::scenarios::by_name("graphs").unwrap();
+    s.workload.num_requests = 300;
+    s.max_steps = 600;
+    let file = std::fs::File::create(&t).unwrap();
+    let mut sink = specmla_sim::record::TraceSink::new(file, false);
+    let cpu = specmla_cpu::cpu_backend;
+    specmla_sim::runner::run_with(&s, 0, cpu, Some(&mut sink), |_| {}).unwrap();
+    drop(sink);
+    let min = dir().join("long-min.bin");
+    let child = Command::new(env!("CARGO_BIN_EXE_replay"))
+        .args(["--bisect", t.to_str().unwrap(), "-o", min.to_str().unwrap()])
+        .args(["--fault", "F11"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(130), "{out}");
+    assert!(!out.contains("does not diverge"), "{out}");
+    assert!(
+        out.contains("INTERRUPTED") || out.contains("interrupted"),
+        "{out}"
+    );
+}
+
 #[test]
 fn show_prints_steps_and_json() {
     let t = trace();

@@ -440,7 +440,10 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
         });
     };
     if a.check_determinism {
-        return check_determinism(s, seed, make, a.json);
+        install_interrupt_handler();
+        let verdict = check_determinism(s, seed, make, a.json, progress);
+        bar.finish();
+        return verdict;
     }
     let mut sink = match &a.trace {
         Some(path) if path.as_os_str() == "-" => {
@@ -576,11 +579,17 @@ fn print_summary(s: &RunSummary) {
             count(st.steps as usize, "step")
         );
     }
+    // An interrupted run is never a pass, whatever its checks said so far.
+    let verdict = if s.interrupted { "INTERRUPTED" } else { "FAIL" };
     if s.passed() {
-        say!("PASS: all checks passed");
+        if s.interrupted {
+            say!("INTERRUPTED: the checks of those steps passed; the run did not finish");
+        } else {
+            say!("PASS: all checks passed");
+        }
         return;
     }
-    say!("FAIL: {} check failures", s.num_failures);
+    say!("{verdict}: {} check failures", s.num_failures);
     for f in s.failures.iter().take(10) {
         let row = f.row.map_or(String::new(), |r| format!(" row {r}"));
         let req = f.req_id.map_or(String::new(), |r| format!(" request {r}"));
@@ -633,14 +642,23 @@ fn check_determinism<B: Backend>(
     seed: u64,
     make: Factory<B>,
     json: bool,
+    mut progress: impl FnMut(&RunStats),
 ) -> Result<ExitCode> {
     let mut traces = Vec::new();
     for _ in 0..2 {
         let mut sink = TraceSink::new(Vec::new(), false);
-        match run_with(s, seed, make, Some(&mut sink), |_| {}) {
+        match run_with(s, seed, make, Some(&mut sink), &mut progress) {
             Err(e) if e.is_engine_failure() => {
                 eprintln!("FAIL: {e}");
                 return Ok(ExitCode::from(1));
+            }
+            Ok(sum) if sum.interrupted => {
+                // Two partial runs prove nothing: say so, exit 130.
+                say!(
+                    "INTERRUPTED (Ctrl-C) during run {} of 2: determinism not established",
+                    traces.len() + 1
+                );
+                return Ok(ExitCode::from(130));
             }
             other => {
                 other?;

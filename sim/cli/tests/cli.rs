@@ -178,9 +178,37 @@ fn ctrl_c_prints_the_summary_so_far_and_closes_the_trace() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(130), "{out}{}", stderr(&o));
     assert!(out.contains("note: interrupted (Ctrl-C) after"), "{out}");
+    // An interrupted run is never reported as a pass.
+    assert!(
+        out.contains("INTERRUPTED") && !out.contains("PASS"),
+        "{out}"
+    );
     let (_, records, completeness) = specmla_traces::read_all(&t).unwrap();
     assert_eq!(completeness, specmla_traces::Completeness::Complete);
     assert!(!records.is_empty());
+}
+
+/// `--check-determinism` stops on Ctrl-C too: two partial runs prove nothing, so it says
+/// so and exits 130.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_a_determinism_check_without_a_verdict() {
+    let child = Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(["--requests", "2000", "--check-determinism"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    Command::new("kill").args(["-INT", &pid]).status().unwrap();
+    let o = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(130), "{out}{}", stderr(&o));
+    assert!(
+        out.contains("INTERRUPTED (Ctrl-C) during run 1 of 2"),
+        "{out}"
+    );
 }
 
 #[test]
