@@ -149,6 +149,31 @@ impl Fault {
     }
 }
 
+impl Fault {
+    /// The smallest workload that makes the switch fire, as its property test shrank it
+    /// (the frozen test that pins it names the same case).
+    pub fn trigger(self) -> &'static str {
+        match self {
+            Fault::F1 => "1 request, 1-token prompt, K = 1: the first verify row (q 2, context 1) takes the prefill path with context",
+            Fault::F2 => "1 request, K = 1, a verify row on a graph",
+            Fault::F3 => "K = 1, graphs on (the unrounded capture size 1)",
+            Fault::F4 => "a padded drafter, K = 2, a verify row with nothing accepted",
+            Fault::F5 => "DFlash K = 1, a block crossing max_model_len",
+            Fault::F6 => "DFlash K = 1, a block crossing max_model_len",
+            Fault::F7 => "a fresh prompt of 1 + K tokens arriving while the others decode on a graph",
+            Fault::F8 => "a mixed batch: a prefill row beside a decode-region row",
+            Fault::F9 => "a constrained verify row after a prefill row in a mixed batch",
+            Fault::F10 => "a non-uniform profile's decode rows with q = [1, 2] on a uniform kernel",
+            Fault::F11 => "K = 1, a step of 4 rows on graphs, then 3 rows replayed on the 4-row graph",
+            Fault::F12 => "K = 1, a graph replaying rows past one split of the capture's schedule",
+            Fault::F13 => "as F11: a padding row after a step that had more rows",
+            Fault::F14 => "TritonMLA with a non-causal (DFlash) drafter, K = 1: a verify row",
+            Fault::F15 => "data parallelism, K = 2: a request finishes, the rank idles a step, another arrives",
+            Fault::F16 => "data parallelism, K = 2: 1 request against a peer rank of 4 tokens",
+        }
+    }
+}
+
 /// A set of fault switches (all off by default). In a config it reads and writes as a
 /// list of catalog ids, `["F1", "F7"]`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]

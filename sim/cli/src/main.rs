@@ -99,6 +99,9 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
                 "config": specmla_sim::config_file::RunConfig::of(s, 0),
             })).collect::<Vec<_>>(),
             "planners": specmla_core::config::Planner::ALL.map(|p| p.name()),
+            "faults": specmla_core::fault::Fault::ALL.map(|f| serde_json::json!({
+                "id": f.id(), "mirrors": f.mirrors(), "trigger": f.trigger(),
+            })),
             "models": specmla_core::config::MODEL_NAMES.iter().map(|(name, what)| serde_json::json!({
                 "name": name, "description": what,
                 "dims": specmla_core::config::ModelDims::named(name),
@@ -137,6 +140,11 @@ fn list(json: bool) -> anyhow::Result<ExitCode> {
         "\nplanners: {} (the first is the default)",
         planners.join(", ")
     );
+    say!("\nfaults (`--fault ID`; the real bug each re-introduces, and what makes it fire):");
+    for f in specmla_core::fault::Fault::ALL {
+        say!("  {:<4} {}", f.id(), f.mirrors());
+        say!("  {:<4} fires with: {}", "", f.trigger());
+    }
     say!("\nmodels (`--model NAME`; `--tp N` keeps 1/N of the heads):");
     for (name, what) in specmla_core::config::MODEL_NAMES {
         say!("  {name:<17} {what}");

@@ -245,6 +245,11 @@ fn list_names_scenarios_and_profiles() {
         out.contains("deepseek-v3-attn  DeepSeek-V3's attention widths"),
         "{out}"
     );
+    // Every fault, with the engine bug it mirrors and what makes it fire.
+    for id in (1..=16).map(|i| format!("  F{i} ")) {
+        assert!(out.contains(&id), "{id:?} missing from {out}");
+    }
+    assert_eq!(out.matches("fires with: ").count(), 16, "{out}");
     let o = sim(&["list", "--json"]);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(
@@ -252,6 +257,11 @@ fn list_names_scenarios_and_profiles() {
         "dflash"
     );
     assert_eq!(v["models"][1]["dims"]["q_lora_rank"], 1536);
+    assert_eq!(v["faults"][11]["id"], "F12");
+    assert!(v["faults"][0]["trigger"]
+        .as_str()
+        .unwrap()
+        .contains("K = 1"));
 }
 
 /// DeepSeek-V3's attention widths, one tensor-parallel rank of 16 (8 heads): every check
