@@ -1,9 +1,10 @@
 //! specmla-plots: draws the pictures of a `gpu-bench` CSV (throughput, bandwidth,
 //! spec-step decode vs prefill, roofline) as PNG and SVG with an embedded font.
 //!
-//! [`run`] plans every picture first, so bad input or a missing ceiling fails before any
-//! file is written, then draws the planned ones. A picture without rows is skipped with
-//! a note, not an error.
+//! [`run`] plans every picture first, so bad input fails before any file is written,
+//! then draws the planned ones. A picture without rows, or without the ceiling it is
+//! measured against, is skipped with a note; the pictures that do not need that ceiling
+//! are still drawn.
 
 #![forbid(unsafe_code)]
 
@@ -46,11 +47,11 @@ pub fn run(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, P
     let bench = data::Bench::load(csv)?;
 
     use throughput::Metric;
-    let throughput = throughput::plan(&bench, Metric::Tflops, title)?;
-    let bandwidth = throughput::plan(&bench, Metric::Gbps, title)?;
-    let prefill = throughput::plan(&bench, Metric::Prefill, title)?;
-    let spec = spec::plan(&bench, title)?;
-    let roofline = roofline::plan(&bench, title)?;
+    let throughput = or_skip(throughput::plan(&bench, Metric::Tflops, title))?;
+    let bandwidth = or_skip(throughput::plan(&bench, Metric::Gbps, title))?;
+    let prefill = or_skip(throughput::plan(&bench, Metric::Prefill, title))?;
+    let spec = or_skip(spec::plan(&bench, title))?;
+    let roofline = or_skip(roofline::plan(&bench, title))?;
 
     std::fs::create_dir_all(out_dir).map_err(|source| PlotError::OutDir {
         path: out_dir.to_path_buf(),
@@ -63,6 +64,15 @@ pub fn run(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, P
     draw(spec, "spec_decode_vs_prefill", out_dir, &mut outcome)?;
     draw(roofline, "roofline", out_dir, &mut outcome)?;
     Ok(outcome)
+}
+
+/// A picture whose ceiling row is missing is skipped with the error as its note: the
+/// other pictures do not need that ceiling.
+fn or_skip<P>(plan: Result<Plan<P>, PlotError>) -> Result<Plan<P>, PlotError> {
+    match plan {
+        Err(e @ PlotError::MissingCeiling { .. }) => Ok(Plan::Skip(e.to_string())),
+        other => other,
+    }
 }
 
 fn draw<P: Picture>(

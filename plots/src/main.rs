@@ -8,10 +8,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-/// Draw gpu-bench results: throughput.{png,svg}, bandwidth.{png,svg},
+/// Draw gpu-bench results: throughput.{png,svg}, bandwidth.{png,svg}, prefill.{png,svg},
 /// spec_decode_vs_prefill.{png,svg} and roofline.{png,svg}.
 ///
-/// A picture whose rows are absent from the CSV is skipped with a note.
+/// A picture whose rows, or whose ceiling row, are absent from the CSV is skipped with a
+/// note; the others are drawn.
 #[derive(Parser)]
 #[command(name = "plots", version)]
 struct Cli {
