@@ -9,6 +9,8 @@ use crate::batch::ScheduledBatch;
 use crate::config::{DrafterBatch, EngineConfig, RowLayout, SpecMethod};
 use crate::cudagraph::{capture_sizes, graph_shapes};
 use crate::drafter::{dflash_pass, first_pass, next_pass, DFlashPass, DrafterPass, RowOutcome};
+use crate::fault::Faults;
+use crate::fired;
 use crate::grammar::{masked_argmax, GrammarState, TokenAutomaton};
 use crate::graph_buffers::{dummy_step, DummyStep, GraphBuffers, RequestStateTables};
 use crate::invariants::{self, Violation};
@@ -89,6 +91,8 @@ pub struct StepOutcome {
     pub layout_mismatches: Vec<u64>,
     pub drafter_mismatches: Vec<DrafterMismatch>,
     pub finished: Vec<FinishedRequest>,
+    /// The armed fault switches that changed what this step computed (`fired`).
+    pub faults_fired: Faults,
 }
 
 /// Why a step could not run.
@@ -194,14 +198,19 @@ impl<B: Backend> Executor<B> {
             if let Some(d) = &out.dummy {
                 out.violations = invariants::check_dummy_step(&self.cfg, out.plan.step, d);
             }
+            out.faults_fired =
+                fired::fired_in_dummy_step(&self.cfg, &self.state_tables, out.dummy.as_ref());
             return Ok(out);
         }
         // Only a data-parallel rank's dummy step reads them.
         if self.cfg.dp_peer_num_tokens > 0 {
             self.state_tables.write(&self.cfg, &batch, self.opts.seed);
         }
-        // The other layout replays from the same buffer contents.
-        let buffers_before = self.opts.check_layouts.then(|| self.graph_buffers.clone());
+        // The other layout replays from the same buffer contents, and an armed fault is
+        // judged against them too.
+        let armed = self.cfg.faults != Faults::none();
+        let buffers_before = (self.opts.check_layouts || armed).then(|| self.graph_buffers.clone());
+        let fault_buffers = buffers_before.clone().filter(|_| armed);
         self.graph_buffers
             .write_step(&self.cfg, &mut plan, self.opts.seed);
         let mut violations = self.check_plan(&batch, &plan, ctx);
@@ -225,6 +234,21 @@ impl<B: Backend> Executor<B> {
                 &self.cfg, &batch, &plan, &outcomes, d,
             ));
         }
+        let faults_fired = match &fault_buffers {
+            Some(before) => {
+                let a = fired::StepArtifacts {
+                    batch: &batch,
+                    plan: &plan,
+                    buffers_before: before,
+                    outcomes: &outcomes,
+                    passes: &drafts.passes,
+                    dflash: drafts.dflash.as_ref(),
+                };
+                let lookup = |id: u64| ctx.grammar(id);
+                fired::fired_in_step(&self.cfg, self.opts.seed, &a, &lookup)
+            }
+            None => Faults::none(),
+        };
         let grammar_states = batch
             .rows
             .iter()
@@ -247,6 +271,7 @@ impl<B: Backend> Executor<B> {
             layout_mismatches,
             drafter_mismatches: drafts.mismatches,
             finished: Vec::new(),
+            faults_fired,
         })
     }
 
@@ -460,6 +485,7 @@ fn empty_outcome(batch: ScheduledBatch, plan: StepPlan) -> StepOutcome {
         layout_mismatches: Vec::new(),
         drafter_mismatches: Vec::new(),
         finished: Vec::new(),
+        faults_fired: Faults::none(),
     }
 }
 

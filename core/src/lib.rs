@@ -14,6 +14,7 @@ pub mod drafter;
 pub mod engine;
 pub mod error;
 pub mod fault;
+pub mod fired;
 pub mod grammar;
 pub mod graph_buffers;
 pub mod invariants;

@@ -270,11 +270,28 @@ pub struct RunSummary {
     pub hit_step_limit: bool,
     /// True when Ctrl-C stopped the run: the summary covers the steps run so far.
     pub interrupted: bool,
+    /// Each armed fault switch and the steps in which it fired, in catalog order.
+    pub faults: Vec<FaultCount>,
+}
+
+/// How often an armed fault switch fired (`specmla_core::fired`).
+#[derive(Clone, Debug, Serialize)]
+pub struct FaultCount {
+    pub id: &'static str,
+    /// Steps in which the switch changed what the engine computed.
+    pub fired_steps: u64,
+    /// The smallest workload that makes it fire (`Fault::trigger`).
+    pub trigger: &'static str,
 }
 
 impl RunSummary {
     pub fn passed(&self) -> bool {
         self.num_failures == 0
+    }
+
+    /// The armed faults that never fired: a run that armed them tested nothing of them.
+    pub fn unfired_faults(&self) -> Vec<&FaultCount> {
+        self.faults.iter().filter(|f| f.fired_steps == 0).collect()
     }
 }
 
@@ -329,6 +346,7 @@ where
         requests: workload.len(),
         ..Default::default()
     };
+    let mut fired_steps = vec![0u64; cfg.faults.iter().count()];
     let mut engine =
         Engine::new(cfg.clone(), opts, workload, backend).map_err(engine_error::<B>)?;
     let mut interrupted = false;
@@ -346,6 +364,9 @@ where
             sink.step(&outcome, &forced)?;
         }
         stats.absorb(&outcome);
+        for (f, count) in cfg.faults.iter().zip(&mut fired_steps) {
+            *count += outcome.faults_fired.has(f) as u64;
+        }
         on_step(&stats);
     }
     if let Some(sink) = sink {
@@ -375,5 +396,15 @@ where
         near_ties: checker.near_ties.clone(),
         max_logit_error: checker.max_logit_error,
         tolerances: checker.tolerances(),
+        faults: cfg
+            .faults
+            .iter()
+            .zip(fired_steps)
+            .map(|(f, fired_steps)| FaultCount {
+                id: f.id(),
+                fired_steps,
+                trigger: f.trigger(),
+            })
+            .collect(),
     })
 }

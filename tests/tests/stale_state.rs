@@ -86,6 +86,12 @@ fn frozen(make: impl Fn(Option<Fault>) -> Scenario, fault: Fault, needle: &str) 
     );
     let sum = summary(&make(Some(fault)));
     assert!(!sum.passed(), "{fault:?} went unnoticed");
+    // The switch fired (changed what the engine computed) in the case that catches it.
+    assert!(
+        sum.faults.len() == 1 && sum.faults[0].fired_steps > 0,
+        "{fault:?} caught but counted as never fired: {:?}",
+        sum.faults
+    );
     assert!(
         sum.failures.iter().any(|f| f.detail.contains(needle)),
         "{fault:?}: {}",

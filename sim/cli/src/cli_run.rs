@@ -493,7 +493,7 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
     if summary.interrupted {
         return Ok(ExitCode::from(130));
     }
-    Ok(if summary.passed() {
+    Ok(if summary.passed() && summary.unfired_faults().is_empty() {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -545,6 +545,20 @@ fn print_summary(s: &RunSummary) {
             s.max_logit_error, s.tolerances.logit_abs
         ),
     );
+    if !s.faults.is_empty() {
+        let counts: Vec<String> = s
+            .faults
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} fired in {}",
+                    f.id,
+                    count(f.fired_steps as usize, "step")
+                )
+            })
+            .collect();
+        line("faults armed", counts.join(", "));
+    }
     say!("  checks:");
     for t in &s.checks {
         say!(
@@ -581,6 +595,17 @@ fn print_summary(s: &RunSummary) {
     }
     // An interrupted run is never a pass, whatever its checks said so far.
     let verdict = if s.interrupted { "INTERRUPTED" } else { "FAIL" };
+    // Nor is one whose armed fault never fired: it tested nothing of that fault.
+    for f in s.unfired_faults() {
+        say!(
+            "NOT EXERCISED: fault {} was armed but never fired on this run; it fires with: {}",
+            f.id,
+            f.trigger
+        );
+    }
+    if !s.unfired_faults().is_empty() && s.passed() && !s.interrupted {
+        return;
+    }
     if s.passed() {
         if s.interrupted {
             say!("INTERRUPTED: the checks of those steps passed; the run did not finish");

@@ -423,6 +423,32 @@ fn small_input_defects_are_one_line_or_understood() {
     assert_bad_input(&plan, &["page size 3", "power of two"]);
 }
 
+/// An armed fault is counted: where it fires the summary says how often; where it never
+/// fires the run is not a pass, and the line names a workload where it does.
+#[test]
+fn armed_faults_are_counted_and_an_unfired_one_is_no_pass() {
+    let o = sim(&["--scenario", "graphs", "--fault", "F12", "--requests", "6"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("faults armed                 F12 fired in "),
+        "{out}"
+    );
+    let o = sim(&["--fault", "F14", "--requests", "4"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("F14 fired in 0 steps"), "{out}");
+    assert!(
+        out.contains("NOT EXERCISED: fault F14 was armed but never fired on this run; it fires with: TritonMLA"),
+        "{out}"
+    );
+    assert!(!out.contains("PASS"), "{out}");
+    let o = sim(&["--fault", "F14", "--requests", "4", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["faults"][0]["id"], "F14");
+    assert_eq!(v["faults"][0]["fired_steps"], 0);
+}
+
 #[test]
 fn unknown_values_list_the_valid_ones() {
     assert_bad_input(&["--scenario", "nope"], &["mixed_mtp", "dflash"]);
