@@ -147,6 +147,16 @@ pub fn all() -> Vec<Scenario> {
     grammar_load.grammar_fraction = 0.5;
     let mut tight = base_config(BackendProfile::FlashMla, mtp.clone());
     tight.scheduler.num_gpu_blocks = 40;
+    // TritonMLA (SingleOnly, non-causal) under a DFlash drafter: where F14 fires.
+    let mut triton = base_config(BackendProfile::TritonMla, SpecConfig::dflash(1));
+    triton.cuda_graphs = false;
+    // One rank of several data-parallel ranks, idle between requests: where F15 and F16
+    // fire.
+    let mut dp = base_config(
+        BackendProfile::FlashMla,
+        SpecConfig::multi_step(2, DrafterBatch::Padded),
+    );
+    dp.dp_peer_num_tokens = 4;
     vec![
         Scenario {
             name: "mixed_mtp".into(),
@@ -221,6 +231,26 @@ pub fn all() -> Vec<Scenario> {
             acceptance_rate: 0.7,
             max_steps: 3_000,
             check_layouts: false,
+            check_drafter_batches: false,
+        },
+        Scenario {
+            name: "triton_dflash".into(),
+            description: "SingleOnly TritonMLA under a non-causal DFlash drafter, K=1: verify rows on the single-token kernel".into(),
+            cfg: triton,
+            workload: workload(8, (8, 60), (8, 40), 12),
+            acceptance_rate: 0.7,
+            max_steps: 2_000,
+            check_layouts: true,
+            check_drafter_batches: false,
+        },
+        Scenario {
+            name: "dp_idle".into(),
+            description: "one data-parallel rank of several (peer at 4 tokens), MTP K=2, idle between requests: dummy steps".into(),
+            cfg: dp,
+            workload: workload(6, (4, 24), (6, 16), 80),
+            acceptance_rate: 0.7,
+            max_steps: 2_000,
+            check_layouts: true,
             check_drafter_batches: false,
         },
     ]
