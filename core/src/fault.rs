@@ -167,9 +167,9 @@ impl Fault {
             Fault::F11 => "K = 1, a step of 4 rows on graphs, then 3 rows replayed on the 4-row graph",
             Fault::F12 => "K = 1, a graph replaying rows past one split of the capture's schedule",
             Fault::F13 => "as F11: a padding row after a step that had more rows",
-            Fault::F14 => "TritonMLA with a non-causal (DFlash) drafter, K = 1: a verify row",
-            Fault::F15 => "data parallelism, K = 2: a request finishes, the rank idles a step, another arrives",
-            Fault::F16 => "data parallelism, K = 2: 1 request against a peer rank of 4 tokens",
+            Fault::F14 => "TritonMLA with a non-causal (DFlash) drafter, K = 1: a verify row (scenario triton_dflash)",
+            Fault::F15 => "data parallelism, K = 2: a request finishes, the rank idles a step, another arrives (scenario dp_idle)",
+            Fault::F16 => "data parallelism, K = 2: 1 request against a peer rank of 4 tokens (scenario dp_idle)",
         }
     }
 }
