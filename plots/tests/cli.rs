@@ -161,15 +161,20 @@ fn draws_every_picture_as_png_and_svg_with_text() {
     assert!(!stdout.contains("skipped"), "{stdout}");
 }
 
+/// [`full_csv`] without the rows of kernel `kernel`.
+fn full_csv_without(kernel: &str) -> String {
+    full_csv()
+        .lines()
+        .filter(|l| !l.starts_with(kernel))
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
 #[test]
 fn pictures_without_rows_are_skipped_with_a_note() {
     let dir = scratch("skip");
     // Decode rows only, with their ceilings: no prefill path, so no spec picture.
-    let csv: String = full_csv()
-        .lines()
-        .filter(|l| !l.starts_with("prefill_path"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let csv = full_csv_without("prefill_path");
     let out = plots(&csv, &dir, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -221,11 +226,7 @@ fn short_line_bad_header_and_missing_file_exit_2() {
 #[test]
 fn a_missing_ceiling_skips_only_the_pictures_that_need_it() {
     let dir = scratch("no-ceiling");
-    let csv: String = full_csv()
-        .lines()
-        .filter(|l| !l.starts_with("gemm_bf16"))
-        .map(|l| format!("{l}\n"))
-        .collect();
+    let csv = full_csv_without("gemm_bf16");
     let out = plots(&csv, &dir, &[]);
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(

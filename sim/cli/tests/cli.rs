@@ -165,16 +165,7 @@ fn progress_lines_without_a_terminal() {
 #[test]
 fn ctrl_c_prints_the_summary_so_far_and_closes_the_trace() {
     let t = std::env::temp_dir().join(format!("specmla-int-{}.bin", std::process::id()));
-    let child = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .args(["--requests", "2000", "--trace", t.to_str().unwrap()])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
-    let pid = child.id().to_string();
-    Command::new("kill").args(["-INT", &pid]).status().unwrap();
-    let o = child.wait_with_output().unwrap();
+    let o = interrupted_sim(&["--requests", "2000", "--trace", t.to_str().unwrap()]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(130), "{out}{}", stderr(&o));
     assert!(out.contains("note: interrupted (Ctrl-C) after"), "{out}");
@@ -188,13 +179,11 @@ fn ctrl_c_prints_the_summary_so_far_and_closes_the_trace() {
     assert!(!records.is_empty());
 }
 
-/// `--check-determinism` stops on Ctrl-C too: two partial runs prove nothing, so it says
-/// so and exits 130.
+/// `sim args`, sent Ctrl-C (SIGINT) after 1.5 s.
 #[cfg(unix)]
-#[test]
-fn ctrl_c_stops_a_determinism_check_without_a_verdict() {
+fn interrupted_sim(args: &[&str]) -> Output {
     let child = Command::new(env!("CARGO_BIN_EXE_sim"))
-        .args(["--requests", "2000", "--check-determinism"])
+        .args(args)
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -202,7 +191,15 @@ fn ctrl_c_stops_a_determinism_check_without_a_verdict() {
     std::thread::sleep(std::time::Duration::from_millis(1500));
     let pid = child.id().to_string();
     Command::new("kill").args(["-INT", &pid]).status().unwrap();
-    let o = child.wait_with_output().unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// `--check-determinism` stops on Ctrl-C too: two partial runs prove nothing, so it says
+/// so and exits 130.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_a_determinism_check_without_a_verdict() {
+    let o = interrupted_sim(&["--requests", "2000", "--check-determinism"]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(130), "{out}{}", stderr(&o));
     assert!(
