@@ -46,6 +46,16 @@ pub struct ReplayReport {
     pub near_ties: Vec<CrossNearTie>,
     /// True when Ctrl-C stopped the replay after `steps_replayed` steps.
     pub interrupted: bool,
+    /// Each fault switched on for the replay and the steps (of those replayed) in which
+    /// it fired, in catalog order.
+    pub faults: Vec<specmla_sim::runner::FaultCount>,
+}
+
+impl ReplayReport {
+    /// The replay's faults that never fired in the steps it replayed.
+    pub fn unfired_faults(&self) -> Vec<&specmla_sim::runner::FaultCount> {
+        self.faults.iter().filter(|f| f.fired_steps == 0).collect()
+    }
 }
 
 impl ReplayReport {
@@ -138,6 +148,14 @@ pub fn replay_records_on<B: Backend>(
         tolerances: (!same).then_some(tol),
         near_ties: Vec::new(),
         interrupted: false,
+        faults: faults
+            .iter()
+            .map(|f| specmla_sim::runner::FaultCount {
+                id: f.id(),
+                fired_steps: 0,
+                trigger: f.trigger(),
+            })
+            .collect(),
     };
     // Under exactly the recorded faults, a step's own check failures were already there
     // when it was recorded: only differences from the record count then.
@@ -148,6 +166,9 @@ pub fn replay_records_on<B: Backend>(
             return Ok(report);
         }
         let (got, findings) = r.step_checked(rec)?;
+        for (f, count) in faults.iter().zip(&mut report.faults) {
+            count.fired_steps += findings.faults_fired.has(f) as u64;
+        }
         on_step(i + 1);
         let mut found = if same {
             compare_step(rec, &got)

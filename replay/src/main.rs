@@ -200,11 +200,14 @@ fn run(a: &RunArgs, json: bool) -> Result<ExitCode> {
     if report.interrupted {
         return Ok(ExitCode::from(130));
     }
-    Ok(if report.divergence.is_some() {
-        ExitCode::from(1)
-    } else {
-        ExitCode::SUCCESS
-    })
+    // A replay whose fault never fired tested nothing of it: not a clean result.
+    Ok(
+        if report.divergence.is_some() || !report.unfired_faults().is_empty() {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
 }
 
 fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) {
@@ -225,6 +228,20 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
         r.device,
         r.mode
     );
+    if !r.faults.is_empty() {
+        let counts: Vec<String> = r
+            .faults
+            .iter()
+            .map(|f| {
+                format!(
+                    "{} fired in {}",
+                    f.id,
+                    count(f.fired_steps as usize, "step")
+                )
+            })
+            .collect();
+        say!("faults on replay: {}", counts.join(", "));
+    }
     for t in &r.near_ties {
         say!(
             "near-tie at step {}: request {} {} {}: recorded {}, replayed {} (margin {:.1e})",
@@ -250,6 +267,13 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
             r.near_ties.len()
         ),
         Some(d) => print_divergence(d, r.steps_replayed),
+    }
+    for f in r.unfired_faults() {
+        say!(
+            "NOT EXERCISED: fault {} never fired in the steps replayed; it fires with: {}",
+            f.id,
+            f.trigger
+        );
     }
 }
 

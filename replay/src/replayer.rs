@@ -63,6 +63,8 @@ pub struct StepFindings {
     /// so a draft after a differing one differs as a consequence. DFlash drafts a block
     /// at once: each draft stands alone.
     pub drafts_chain: bool,
+    /// The replay's armed fault switches that changed what this step computed.
+    pub faults_fired: specmla_core::fault::Faults,
 }
 
 /// An engine error at `step` on `B`: the environment's or a failed replay.
@@ -268,6 +270,7 @@ impl<B: Backend> Replayer<B> {
             target_logits: target_logits(&out),
             draft_logits: draft_logits(&out, self.exec.config().spec.k()),
             drafts_chain: self.exec.config().spec.method == SpecMethod::MultiStep,
+            faults_fired: out.faults_fired,
         };
         Ok((step_record(&out, &forced, self.tensors), findings))
     }

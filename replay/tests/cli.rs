@@ -63,6 +63,30 @@ fn identical_then_diverged_exit_codes() {
     assert_eq!(v["divergence"]["first_layer"], 0);
 }
 
+/// A fault switched on for a replay is counted; one that never fires in the steps
+/// replayed makes the replay exit 1, not a clean "identical".
+#[test]
+fn a_replay_fault_that_never_fires_is_no_clean_result() {
+    let t = trace();
+    let o = bin("replay", &[t.to_str().unwrap(), "--fault", "F14"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("faults on replay: F14 fired in 0 steps"),
+        "{out}"
+    );
+    assert!(
+        out.contains("NOT EXERCISED: fault F14 never fired"),
+        "{out}"
+    );
+    let o = bin("replay", &[t.to_str().unwrap(), "--fault", "F1"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("faults on replay: F1 fired in 1 step"),
+        "{out}"
+    );
+}
+
 /// Two traces are one line naming the extra one, not clap's talk of a subcommand.
 #[test]
 fn one_trace_at_a_time() {
