@@ -93,6 +93,10 @@ struct ShowArgs {
     /// Print only this step, in detail.
     #[arg(long)]
     step: Option<u64>,
+    /// Print the step as `sim plan` input (its batch, as JSON), and the `sim plan` flags
+    /// of the trace's configuration on stderr.
+    #[arg(long, requires = "step")]
+    as_plan_input: bool,
 }
 
 fn main() -> ExitCode {
@@ -440,6 +444,34 @@ fn encode(t: &Trace) -> Result<Vec<u8>> {
     Ok(w.finish()?)
 }
 
+/// One recorded step as `sim plan` input: the batch's rows as scheduled (before the
+/// reorder), with the page size of the trace's configuration; the matching `sim plan`
+/// flags go to stderr.
+fn plan_input(t: &Trace, rec: &StepRecord) -> Result<ExitCode> {
+    let cfg = specmla_replay::replayer::parse_config(&t.header)?;
+    let rows: Vec<serde_json::Value> = rec
+        .rows
+        .iter()
+        .map(|r| {
+            serde_json::json!({
+                "num_computed_tokens": r.num_computed_tokens,
+                "num_scheduled_tokens": r.num_scheduled_tokens,
+                "num_prompt_tokens": r.num_prompt_tokens,
+            })
+        })
+        .collect();
+    let batch = serde_json::json!({"page_size": cfg.scheduler.page_size, "rows": rows});
+    say!("{}", serde_json::to_string_pretty(&batch)?);
+    let profile = cfg.backends.first().map_or("flashmla", |p| p.name());
+    eprintln!(
+        "sim plan --batch - --profile {profile} --num-spec-tokens {} --planner {} --workspace-tokens {}",
+        cfg.spec.num_speculative_tokens,
+        cfg.scheduler.planner.name(),
+        cfg.scheduler.workspace_tokens
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 fn show(a: &ShowArgs, json: bool) -> Result<ExitCode> {
     let (t, _) = load(&a.trace)?;
     let records: Vec<&StepRecord> = t
@@ -455,6 +487,9 @@ fn show(a: &ShowArgs, json: bool) -> Result<ExitCode> {
                 t.records.last().map_or(0, |r| r.step)
             );
         }
+    }
+    if a.as_plan_input {
+        return plan_input(&t, records[0]);
     }
     if json {
         let mut header = serde_json::to_value(&t.header)?;

@@ -87,6 +87,50 @@ fn a_replay_fault_that_never_fires_is_no_clean_result() {
     );
 }
 
+/// A recorded step prints as `sim plan` input: the batch's rows with the config's page
+/// size, and the matching flags on stderr.
+#[test]
+fn a_step_prints_as_sim_plan_input() {
+    let t = trace();
+    let o = bin(
+        "replay",
+        &[
+            "show",
+            t.to_str().unwrap(),
+            "--step",
+            "8",
+            "--as-plan-input",
+        ],
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["page_size"], 16);
+    let rows = v["rows"].as_array().unwrap();
+    assert!(!rows.is_empty());
+    for r in rows {
+        for key in [
+            "num_computed_tokens",
+            "num_scheduled_tokens",
+            "num_prompt_tokens",
+        ] {
+            assert!(r[key].is_u64(), "{r}");
+        }
+    }
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.starts_with("sim plan --batch - --profile flashmla --num-spec-tokens 3"),
+        "{err}"
+    );
+    // --as-plan-input needs a step.
+    let o = bin("replay", &["show", t.to_str().unwrap(), "--as-plan-input"]);
+    assert_eq!(o.status.code(), Some(2));
+}
+
 /// Two traces are one line naming the extra one, not clap's talk of a subcommand.
 #[test]
 fn one_trace_at_a_time() {
