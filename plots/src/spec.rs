@@ -172,11 +172,14 @@ impl Picture for SpecPicture {
                 .chain(panel.decode_us.values().flat_map(|t| t.keys()));
             let (q_min, q_max) = q_lens.fold((u32::MAX, 0), |(lo, hi), q| (lo.min(*q), hi.max(*q)));
             let (x_lo, x_hi) = (q_min as i32 - 1, q_max as i32 + 1);
-            let t_max = panel
-                .prefill_us
-                .values()
-                .chain(panel.decode_us.values().flat_map(|t| t.values()))
-                .fold(0f64, |m, t| m.max(*t));
+            let times = || {
+                panel
+                    .prefill_us
+                    .values()
+                    .chain(panel.decode_us.values().flat_map(|t| t.values()))
+            };
+            let t_max = times().fold(0f64, |m, t| m.max(*t));
+            let t_min = times().fold(f64::INFINITY, |m, t| m.min(*t));
             let shape = panel.shape;
             let mut chart = ChartBuilder::on(&area)
                 .caption(
@@ -191,8 +194,9 @@ impl Picture for SpecPicture {
                 .margin(10)
                 .x_label_area_size(45)
                 .y_label_area_size(70)
-                // Headroom for the speedup labels above the points.
-                .build_cartesian_2d(x_lo..x_hi, 0.0..t_max * 1.3)?;
+                // A log axis: the decode times sit 1-2 decades below the prefill path's,
+                // and a linear one squashed them to zero. Headroom for the speedup labels.
+                .build_cartesian_2d(x_lo..x_hi, (t_min / 2.0..t_max * 2.5).log_scale())?;
             chart
                 .configure_mesh()
                 .x_desc("q_len (query tokens per request)")
@@ -248,7 +252,7 @@ impl Picture for SpecPicture {
         let mut legend: Vec<LegendEntry> = paths
             .iter()
             .map(|k| LegendEntry {
-                label: k.to_string(),
+                label: prefill_label(k).to_string(),
                 style: Some(prefill_style(k)),
             })
             .collect();
@@ -263,6 +267,16 @@ impl Picture for SpecPicture {
             style: None,
         });
         style::draw_legend(&legend_area, &legend)
+    }
+}
+
+/// What a prefill path is, in the legend: the f32 path is the correctness baseline, not
+/// a fast kernel, and says so.
+fn prefill_label(kernel: &str) -> &'static str {
+    match kernel {
+        PREFILL_KERNEL => "f32 prefill path (correctness baseline)",
+        FLASH_PREFILL_PATH_KERNEL => "bf16 prefill path (flash_prefill)",
+        _ => "prefill path",
     }
 }
 
