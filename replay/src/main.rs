@@ -233,18 +233,10 @@ fn print_report(path: &Path, t: &Trace, fault_ids: &[String], r: &ReplayReport) 
         r.mode
     );
     if !r.faults.is_empty() {
-        let counts: Vec<String> = r
-            .faults
-            .iter()
-            .map(|f| {
-                format!(
-                    "{} fired in {}",
-                    f.id,
-                    count(f.fired_steps as usize, "step")
-                )
-            })
-            .collect();
-        say!("faults on replay: {}", counts.join(", "));
+        say!(
+            "faults on replay: {}",
+            specmla_sim::cli::fault_counts(&r.faults)
+        );
     }
     for t in &r.near_ties {
         say!(

@@ -29,6 +29,21 @@ pub fn whole(
     }
 }
 
+/// Armed faults and how often each fired: "F12 fired in 49 steps, F1 fired in 1 step".
+pub fn fault_counts(faults: &[crate::runner::FaultCount]) -> String {
+    faults
+        .iter()
+        .map(|f| {
+            format!(
+                "{} fired in {}",
+                f.id,
+                count(f.fired_steps as usize, "step")
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A list of fault ids, or "none".
 pub fn fault_list(ids: &[String]) -> String {
     if ids.is_empty() {

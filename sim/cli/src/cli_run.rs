@@ -546,18 +546,7 @@ fn print_summary(s: &RunSummary) {
         ),
     );
     if !s.faults.is_empty() {
-        let counts: Vec<String> = s
-            .faults
-            .iter()
-            .map(|f| {
-                format!(
-                    "{} fired in {}",
-                    f.id,
-                    count(f.fired_steps as usize, "step")
-                )
-            })
-            .collect();
-        line("faults armed", counts.join(", "));
+        line("faults armed", specmla_sim::cli::fault_counts(&s.faults));
     }
     say!("  checks:");
     for t in &s.checks {
