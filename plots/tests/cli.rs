@@ -161,6 +161,14 @@ fn draws_every_picture_as_png_and_svg_with_text() {
     assert!(!stdout.contains("skipped"), "{stdout}");
 }
 
+/// `plots` on `csv`, which must succeed; its stdout.
+fn plots_ok(csv: &str, dir: &Path) -> String {
+    let out = plots(csv, dir, &[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// [`full_csv`] without the rows of kernel `kernel`.
 fn full_csv_without(kernel: &str) -> String {
     full_csv()
@@ -175,13 +183,7 @@ fn pictures_without_rows_are_skipped_with_a_note() {
     let dir = scratch("skip");
     // Decode rows only, with their ceilings: no prefill path, so no spec picture.
     let csv = full_csv_without("prefill_path");
-    let out = plots(&csv, &dir, &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = plots_ok(&csv, &dir);
     assert!(
         stdout.contains("skipped spec_decode_vs_prefill: "),
         "{stdout}"
@@ -227,13 +229,7 @@ fn short_line_bad_header_and_missing_file_exit_2() {
 fn a_missing_ceiling_skips_only_the_pictures_that_need_it() {
     let dir = scratch("no-ceiling");
     let csv = full_csv_without("gemm_bf16");
-    let out = plots(&csv, &dir, &[]);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stdout = plots_ok(&csv, &dir);
     assert!(
         stdout.contains("skipped throughput: picture `throughput` needs the bf16 GEMM ceiling: "),
         "{stdout}"
