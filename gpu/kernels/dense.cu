@@ -178,3 +178,12 @@ extern "C" __global__ void scrub_l2(const float4* __restrict__ x, long long n, f
     }
     if (acc == 1234.5678f) sink[0] = acc;
 }
+
+// dst[r * sd + c] = src[r * ss + c] for c < width: a column band of n rows (the absorbed
+// query's rope part, copied beside the GEMM's latent part).
+extern "C" __global__ void copy_cols(const float* __restrict__ src, int ss, float* __restrict__ dst,
+                                     int sd, int n, int width) {
+    int r = blockIdx.x;
+    if (r >= n) return;
+    for (int c = threadIdx.x; c < width; c += THREADS) dst[(long long)r * sd + c] = src[(long long)r * ss + c];
+}

@@ -37,6 +37,11 @@ pub enum GpuError {
     /// any is made (the message names them).
     #[error("{0}")]
     DoesNotFit(String),
+    #[error("libcublasLt could not be loaded: {0}")]
+    NoBlas(String),
+    /// A cuBLASLt call that failed (mid-run: a failed run, not the machine's fault).
+    #[error("cuBLASLt failed {what}: {status}")]
+    Blas { what: String, status: String },
     #[error("CUDA call failed while {what}: {source}")]
     Driver {
         what: String,
@@ -50,7 +55,7 @@ impl GpuError {
     /// NVRTC, a kernel the device's compiler refuses, out of memory) rather than a CUDA
     /// call that failed mid-run (a launch, a copy), which is a failed run.
     pub fn is_environment(&self) -> bool {
-        !matches!(self, GpuError::Driver { .. })
+        !matches!(self, GpuError::Driver { .. } | GpuError::Blas { .. })
     }
 
     /// Wraps a driver error with what was being done.

@@ -107,9 +107,10 @@ impl Workspace {
     }
 }
 
-/// What the flash decode reads and writes beyond the shared activations: the absorbed
-/// queries in bf16, the split partials for up to `max_splits` splits, and the split
-/// counters (zero; the kernels re-arm them, so a graph replays them as captured).
+/// What the bf16 path reads and writes beyond the shared activations: the absorbed
+/// queries in bf16, the split partials for up to `max_splits` splits, the split counters
+/// (zero; the kernels re-arm them, so a graph replays them as captured) and the GEMMs'
+/// bf16 inputs.
 pub struct FlashScratch {
     /// `[cap, heads, 576]` bf16.
     pub q: Buf<u16>,
@@ -117,6 +118,8 @@ pub struct FlashScratch {
     pub lse_part: Buf<f32>,
     pub done: Buf<i32>,
     pub max_splits: usize,
+    /// A GEMM's input rounded to bf16, `[cap, widest input]`.
+    pub gemm_in: Buf<u16>,
 }
 
 impl FlashScratch {
@@ -147,8 +150,27 @@ impl FlashScratch {
                 "workspace split counters",
             )?,
             max_splits,
+            gemm_in: Buf::uninit(dev, cap * gemm_input_width(d), "workspace bf16 GEMM input")?,
         })
     }
+}
+
+/// The widest row a GEMM of the bf16 path reads: the drafter's `[embedding | hidden]`,
+/// the queries and latent outputs of all heads (absorption, value up-projection), the
+/// attention output (o_proj) or the MLP activation.
+fn gemm_input_width(d: &ModelDims) -> usize {
+    let heads = d.num_heads;
+    [
+        2 * d.hidden_size,
+        heads * d.qk_head_dim(),
+        heads * d.kv_lora_rank,
+        heads * d.v_head_dim,
+        d.intermediate_size,
+        d.q_lora_rank,
+    ]
+    .into_iter()
+    .max()
+    .unwrap_or(0)
 }
 
 /// Grow-only scratch of the prefill path: K/V expansions, gathered context chunks and

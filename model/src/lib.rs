@@ -182,7 +182,37 @@ pub struct MlaLayer {
     pub w_down: Vec<f32>,
 }
 
+/// Rounds each value to the nearest bf16 (ties to even), kept as f32.
+fn round_all(v: &mut [f32]) {
+    for x in v {
+        *x = half::bf16::from_f32(*x).to_f32();
+    }
+}
+
 impl MlaLayer {
+    /// Rounds every weight of the layer to bf16 (kept as f32).
+    fn round_to_bf16(&mut self) {
+        if let Some(q) = &mut self.q_lora {
+            round_all(&mut q.w_q_a);
+            round_all(&mut q.q_a_norm);
+        }
+        for w in [
+            &mut self.attn_norm,
+            &mut self.w_q,
+            &mut self.w_dkv,
+            &mut self.kv_norm,
+            &mut self.w_uk,
+            &mut self.w_uv,
+            &mut self.w_o,
+            &mut self.mlp_norm,
+            &mut self.w_gate,
+            &mut self.w_up,
+            &mut self.w_down,
+        ] {
+            round_all(w);
+        }
+    }
+
     /// Draws a layer's weights from `rng`, in field order.
     pub fn random(dims: &ModelDims, rng: &mut ChaCha8Rng) -> Self {
         let (d, h) = (dims.hidden_size, dims.num_heads);
@@ -295,6 +325,17 @@ impl TargetModel {
         }
     }
 
+    /// The same model with every weight rounded to bf16 (to nearest even, kept as f32):
+    /// the values a bf16 checkpoint holds, so a bf16 GPU path and the f32 CPU reference
+    /// compute with the same weights.
+    pub fn with_bf16_weights(mut self) -> Self {
+        round_all(&mut self.embed_tokens);
+        self.layers.iter_mut().for_each(MlaLayer::round_to_bf16);
+        round_all(&mut self.final_norm);
+        round_all(&mut self.lm_head);
+        self
+    }
+
     /// The residual-stream input of `token`.
     pub fn embed(&self, token: u32) -> Vec<f32> {
         table_row(&self.embed_tokens, token, self.dims.hidden_size)
@@ -353,6 +394,23 @@ impl DrafterModel {
             final_norm: norm_weight(&mut rng, d),
             lm_head: uniform(&mut rng, d * vocab, LM_HEAD_GAIN * (3.0 / d as f32).sqrt()),
         }
+    }
+
+    /// The same drafter with every weight rounded to bf16, as
+    /// [`TargetModel::with_bf16_weights`].
+    pub fn with_bf16_weights(mut self) -> Self {
+        for w in [
+            &mut self.embed_tokens,
+            &mut self.fc,
+            &mut self.fc_ctx,
+            &mut self.mask_embedding,
+            &mut self.final_norm,
+            &mut self.lm_head,
+        ] {
+            round_all(w);
+        }
+        self.layer.round_to_bf16();
+        self
     }
 
     /// EAGLE/MTP input: `concat(embed(token), hidden_in) @ fc`.

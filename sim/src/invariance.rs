@@ -102,8 +102,7 @@ fn run<B: Backend>(
     opts: EngineOptions,
 ) -> Result<RunRecord, String> {
     let seed = 7;
-    let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
-    let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
+    let (target, drafter) = crate::runner::models(cfg, seed);
     let backend = make(cfg, target, drafter).map_err(|e| e.to_string())?;
     let mut engine = Engine::new(cfg.clone(), opts, work, backend).map_err(|e| e.to_string())?;
     let mut rec = RunRecord::default();

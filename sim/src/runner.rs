@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use specmla_core::backend::Backend;
-use specmla_core::config::EngineConfig;
+use specmla_core::config::{EngineConfig, KvCacheDtype};
 use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
 use specmla_core::memory::{self, Allocation};
 use specmla_core::scheduler::{validate_workload, WorkloadError};
@@ -99,6 +99,22 @@ pub fn host_allocations<B: Backend>(cfg: &EngineConfig) -> Vec<Allocation> {
     });
     a.extend(B::host_allocations(cfg));
     a
+}
+
+/// The target and drafter `cfg` runs, drawn from `seed`: with a bf16 cache
+/// (`--kv-cache-dtype bf16`) the weights are bf16 too, as an engine serving a bf16
+/// checkpoint holds them, so the bf16 GPU path and the CPU reference share every weight
+/// bit for bit.
+pub fn models(cfg: &EngineConfig, seed: u64) -> (Arc<TargetModel>, Arc<DrafterModel>) {
+    let target = TargetModel::from_seed(&cfg.model, seed);
+    let drafter = DrafterModel::from_seed(&cfg.model, seed);
+    match cfg.kv_cache_dtype {
+        KvCacheDtype::Bf16 => (
+            Arc::new(target.with_bf16_weights()),
+            Arc::new(drafter.with_bf16_weights()),
+        ),
+        KvCacheDtype::F32 => (Arc::new(target), Arc::new(drafter)),
+    }
 }
 
 /// Refuses a run whose host allocations pass [`HOST_LIMIT_BYTES`], naming them.
@@ -318,8 +334,7 @@ where
     check_host_memory::<B>(&cfg).map_err(RunError::TooLarge)?;
     B::check_dims(&cfg.model)
         .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
-    let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
-    let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
+    let (target, drafter) = models(&cfg, seed);
     let oracle = Arc::new(Oracle::new(&target, cfg.kv_cache_dtype));
     // Bad input or the environment either way: the run never started.
     let backend = make(&cfg, target, drafter)

@@ -14,7 +14,6 @@ use specmla_core::engine::{Engine, EngineOptions};
 use specmla_core::plan::StepPlan;
 use specmla_cpu::{CpuBackend, CpuBackendError};
 use specmla_sim::checks::{CheckKind, SimChecker};
-use specmla_sim::model::{DrafterModel, TargetModel};
 use specmla_sim::oracle::Oracle;
 use specmla_sim::scenarios::{self, generate_workload, Scenario, WorkloadShape};
 use specmla_tests::run;
@@ -99,8 +98,7 @@ impl Backend for Liar {
 fn run_with_lie(s: &Scenario, seed: u64, lie: Lie) -> (SimChecker, Option<u64>) {
     let cfg = s.cfg.clone();
     let workload = generate_workload(&s.workload, &cfg, seed);
-    let target = Arc::new(TargetModel::from_seed(&cfg.model, seed));
-    let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, seed));
+    let (target, drafter) = specmla_sim::runner::models(&cfg, seed);
     let oracle = Arc::new(Oracle::new(&target, cfg.kv_cache_dtype));
     // Acceptance 0: drafts come from the drafter itself, so a drafter lie changes them.
     let rate = if matches!(lie, Lie::PaddedDrafter) {

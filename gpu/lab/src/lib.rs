@@ -7,6 +7,7 @@ pub mod bench;
 pub mod bench_prefill;
 pub mod checks;
 pub mod checks_dense;
+pub mod checks_gemm;
 pub mod checks_prefill;
 pub mod invariance;
 pub mod reference;

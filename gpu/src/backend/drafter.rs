@@ -57,15 +57,7 @@ impl GpuBackend {
         ws.xs.write(&dev, hidden_in)?;
         let cat = ws.tmp.ptr();
         k.concat_rows(&dev, ws.h.ptr(), ws.xs.ptr(), cat, n, hid, hid)?;
-        k.matmul(
-            &dev,
-            cat,
-            2 * hid,
-            self.drafter.fc.ptr(),
-            None,
-            ws.x.ptr(),
-            (n, 2 * hid, hid),
-        )?;
+        self.linear(ws, (cat, 2 * hid), &self.drafter.fc, ws.x.ptr(), false, n)?;
         self.qkv(w, ws, n, true)?;
         self.cache_drafter_latents(ws, &pass.slot_mapping, n)?;
         // Sampled tokens only, over the keys and splits the core planned for each.
@@ -159,14 +151,13 @@ impl GpuBackend {
             ctx_hidden.extend_from_slice(target.hidden_row(i as usize));
         }
         ws.xs.write(&dev, &ctx_hidden)?;
-        k.matmul(
-            &dev,
-            ws.xs.ptr(),
-            hid,
-            self.drafter.fc_ctx.ptr(),
-            None,
+        self.linear(
+            ws,
+            (ws.xs.ptr(), hid),
+            &self.drafter.fc_ctx,
             ws.x.ptr(),
-            (e, hid, hid),
+            false,
+            e,
         )?;
         ws.positions.write(&dev, &as_i32(&pass.context_positions))?;
         self.qkv(w, ws, e, false)?;

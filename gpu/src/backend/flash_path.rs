@@ -1,10 +1,11 @@
 //! The tensor-core attention path. At DeepSeek-V3's latent widths (512 + 64) with a bf16
 //! cache on Hopper, every decode-kernel row (the target's decode rows and each drafter
 //! pass's sampled rows) runs the flash decode over bf16 copies of the latent caches,
-//! reading the plan's split schedule as given. Everything else (projections, the prefill
-//! path, DFlash's block attention) runs the portable f32 kernels, which read the f32
-//! caches; both caches hold the same values, since latents are rounded to bf16 where
-//! produced. Any other configuration runs the portable kernels alone, and the device line
+//! reading the plan's split schedule as given, and every projection (the dense ones, the
+//! query absorption and the value up-projection) runs in bf16 on cuBLASLt with the
+//! batch-invariant algorithms of [`crate::ops::gemm`]. The prefill path and DFlash's
+//! block attention run the portable f32 kernels, which read the f32 caches; both caches
+//! hold the same values, since latents are rounded to bf16 where produced. Any other configuration runs the portable kernels alone, and the device line
 //! of a report says why.
 
 use specmla_core::config::{EngineConfig, KvCacheDtype};
@@ -14,7 +15,7 @@ use specmla_core::split::SplitPolicy;
 use super::{CacheOf, DecodeLaunch, GpuBackend, Result};
 use crate::device::GpuDevice;
 use crate::launch::{Buf, DPtr};
-use crate::ops::{FlashBufs, FlashKernels, FlashShape, FLASH_DIM, FLASH_DV};
+use crate::ops::{FlashBufs, FlashKernels, FlashShape, Gemm, GemmAlgo, FLASH_DIM, FLASH_DV};
 use crate::workspace::Workspace;
 
 /// The flash kernels and the bf16 caches they read.
@@ -25,6 +26,8 @@ pub(super) struct FlashPath {
     /// `[slots, 576]` bf16.
     pub drafter_cache: Buf<u16>,
     pub policy: SplitPolicy,
+    /// The projections' GEMMs (batch-invariant unless the backend is told otherwise).
+    pub gemm: Gemm,
 }
 
 /// Why `cfg` on a device of `arch` runs the portable kernels; `None` when the flash
@@ -87,6 +90,7 @@ impl FlashPath {
             target_cache: Buf::from_host(dev, &target, "target KV cache (bf16)")?,
             drafter_cache: Buf::from_host(dev, &nan, "drafter KV cache (bf16)")?,
             policy: cfg.split_policy(),
+            gemm: Gemm::new(dev, GemmAlgo::Invariant)?,
             fk,
         })
     }

@@ -7,8 +7,9 @@ use specmla_model::RMS_EPS;
 
 use super::{CacheOf, DecodeLaunch, GpuBackend, Result};
 use crate::launch::{Buf, DPtr};
+use crate::ops::GemmShape;
 use crate::ops::{DecodeBufs, DecodeShape};
-use crate::weights::LayerWeights;
+use crate::weights::{LayerWeights, Linear};
 use crate::workspace::Workspace;
 
 impl GpuBackend {
@@ -40,21 +41,13 @@ impl GpuBackend {
                 Some((w_q_a, q_a_norm)) => {
                     let r = d.q_lora_rank;
                     let c_q = ws.q_a.ptr();
-                    k.matmul(dev, ws.h.ptr(), hid, w_q_a.ptr(), None, c_q, (n, hid, r))?;
+                    self.linear(ws, (ws.h.ptr(), hid), w_q_a, c_q, false, n)?;
                     k.rms_norm(dev, c_q, r, q_a_norm.ptr(), c_q, r, n, r, RMS_EPS)?;
                     (c_q, r)
                 }
                 None => (ws.h.ptr(), hid),
             };
-            k.matmul(
-                dev,
-                q_in,
-                q_dim,
-                w.w_q.ptr(),
-                None,
-                ws.q.ptr(),
-                (n, q_dim, heads * qk),
-            )?;
+            self.linear(ws, (q_in, q_dim), &w.w_q, ws.q.ptr(), false, n)?;
             let rope = (d.qk_nope_head_dim, d.qk_rope_head_dim);
             k.rope(
                 dev,
@@ -66,15 +59,7 @@ impl GpuBackend {
                 d.rope_theta,
             )?;
         }
-        k.matmul(
-            dev,
-            ws.h.ptr(),
-            hid,
-            w.w_dkv.ptr(),
-            None,
-            ws.latent.ptr(),
-            (n, hid, lat),
-        )?;
+        self.linear(ws, (ws.h.ptr(), hid), &w.w_dkv, ws.latent.ptr(), false, n)?;
         let lora = d.kv_lora_rank;
         let c_kv = ws.latent.ptr();
         k.rms_norm(dev, c_kv, lat, w.kv_norm.ptr(), c_kv, lat, n, lora, RMS_EPS)?;
@@ -108,7 +93,7 @@ impl GpuBackend {
         let (dev, k, d) = (self.dev(), &self.k, &self.dims);
         let (hid, inter) = (d.hidden_size, d.intermediate_size);
         let hv = self.attn_width();
-        k.matmul(dev, attn, hv, w.w_o.ptr(), Some(x), x, (n, hv, hid))?;
+        self.linear(ws, (attn, hv), &w.w_o, x, true, n)?;
         k.rms_norm(
             dev,
             x,
@@ -120,34 +105,10 @@ impl GpuBackend {
             hid,
             RMS_EPS,
         )?;
-        k.matmul(
-            dev,
-            ws.h.ptr(),
-            hid,
-            w.w_gate.ptr(),
-            None,
-            ws.gate.ptr(),
-            (n, hid, inter),
-        )?;
-        k.matmul(
-            dev,
-            ws.h.ptr(),
-            hid,
-            w.w_up.ptr(),
-            None,
-            ws.up.ptr(),
-            (n, hid, inter),
-        )?;
+        self.linear(ws, (ws.h.ptr(), hid), &w.w_gate, ws.gate.ptr(), false, n)?;
+        self.linear(ws, (ws.h.ptr(), hid), &w.w_up, ws.up.ptr(), false, n)?;
         k.silu_mul(dev, ws.gate.ptr(), ws.up.ptr(), ws.act.ptr(), n * inter)?;
-        k.matmul(
-            dev,
-            ws.act.ptr(),
-            inter,
-            w.w_down.ptr(),
-            Some(x),
-            x,
-            (n, inter, hid),
-        )?;
+        self.linear(ws, (ws.act.ptr(), inter), &w.w_down, x, true, n)?;
         Ok(())
     }
 
@@ -156,7 +117,7 @@ impl GpuBackend {
         &self,
         ws: &Workspace,
         norm: &Buf<f32>,
-        head: &Buf<f32>,
+        head: &Linear,
         n: usize,
     ) -> Result<()> {
         let (dev, k, d) = (self.dev(), &self.k, &self.dims);
@@ -172,15 +133,7 @@ impl GpuBackend {
             hid,
             RMS_EPS,
         )?;
-        k.matmul(
-            dev,
-            ws.xs.ptr(),
-            hid,
-            head.ptr(),
-            None,
-            ws.logits.ptr(),
-            (n, hid, d.vocab_size),
-        )?;
+        self.linear(ws, (ws.xs.ptr(), hid), head, ws.logits.ptr(), false, n)?;
         Ok(())
     }
 
@@ -202,21 +155,139 @@ impl GpuBackend {
         let q = ws.q.ptr().offset(s * md.heads * md.qk());
         let q_lat = ws.q_lat.ptr().offset(s * md.heads * md.latent());
         let o_lat = ws.o_lat.ptr().offset(s * md.heads * md.kv_lora);
-        k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?;
-        if let Some(fp) = &self.flash {
-            self.flash_decode(ws, fp.cache(c), dl, (q_lat, o_lat))?;
-        } else {
-            self.portable_decode(ws, c, dl, (q_lat, o_lat))?;
-        }
         let keep = tokens.min(n_real.saturating_sub(s));
-        k.apply_uv(
-            dev,
-            md,
-            o_lat,
-            w.w_uv.ptr(),
-            attn.offset(s * md.heads * md.v),
-            keep,
-        )?;
+        let out = attn.offset(s * md.heads * md.v);
+        match (&self.flash, &w.w_uk_uv_bf16) {
+            (Some(fp), Some((uk, uv))) => {
+                self.absorb_q_bf16(ws, q, uk.ptr(), q_lat, tokens)?;
+                self.flash_decode(ws, fp.cache(c), dl, (q_lat, o_lat))?;
+                self.apply_uv_bf16(ws, o_lat, uv.ptr(), out, keep)?;
+            }
+            _ => {
+                k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?;
+                self.portable_decode(ws, c, dl, (q_lat, o_lat))?;
+                k.apply_uv(dev, md, o_lat, w.w_uv.ptr(), out, keep)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `y = x W` (`+ y` with `residual`) for `n` rows of `x` (rows `sx` apart): on
+    /// cuBLASLt in bf16 where the weight is in bf16 (the input rounded to bf16 first, as
+    /// an engine's bf16 activations are), else on the portable f32 kernel.
+    pub(super) fn linear(
+        &self,
+        ws: &Workspace,
+        (x, sx): (DPtr<f32>, usize),
+        lin: &Linear,
+        y: DPtr<f32>,
+        residual: bool,
+        n: usize,
+    ) -> Result<()> {
+        let (dev, k) = (self.dev(), &self.k);
+        if n == 0 {
+            return Ok(());
+        }
+        match (&lin.bf16_t, &lin.f32) {
+            (Some(wt), _) => {
+                let xb = self.bf16_input(ws, x, (n - 1) * sx + lin.k)?;
+                let shape = GemmShape::linear(n, lin.k, lin.n, sx);
+                self.gemm().run(dev, shape, wt.ptr(), xb, y, residual)?;
+            }
+            (None, Some(w)) => {
+                let res = residual.then_some(y);
+                k.matmul(dev, x, sx, w.ptr(), res, y, (n, lin.k, lin.n))?;
+            }
+            (None, None) => unreachable!("Linear::upload keeps one form"),
+        }
+        Ok(())
+    }
+
+    /// The first `len` values of `x` as bf16, in the workspace's GEMM staging.
+    fn bf16_input(&self, ws: &Workspace, x: DPtr<f32>, len: usize) -> Result<DPtr<u16>> {
+        let fs = ws
+            .flash
+            .as_ref()
+            .expect("a bf16 backend's workspaces have bf16 scratch");
+        let xb = fs.gemm_in.ptr().range(0, len);
+        self.k.to_bf16(self.dev(), x, xb, len)?;
+        Ok(xb)
+    }
+
+    fn gemm(&self) -> &crate::ops::Gemm {
+        &self
+            .flash
+            .as_ref()
+            .expect("bf16 weights come with the flash path")
+            .gemm
+    }
+
+    /// `q_lat[t, h] = [q_nope[t, h] W_UK_h^T | q_rope[t, h]]` for `n` tokens: one GEMM per
+    /// head (batched) over bf16 inputs, and the rope part copied beside it.
+    fn absorb_q_bf16(
+        &self,
+        ws: &Workspace,
+        q: DPtr<f32>,
+        w_uk: DPtr<u16>,
+        q_lat: DPtr<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let (dev, md) = (self.dev(), self.md);
+        if n == 0 {
+            return Ok(());
+        }
+        let (qk, lat) = (md.qk(), md.latent());
+        let qb = self.bf16_input(ws, q, n * md.heads * qk)?;
+        let shape = GemmShape {
+            m: n,
+            n: md.kv_lora,
+            k: md.nope,
+            trans_a: true,
+            lda: md.nope,
+            ldb: md.heads * qk,
+            ldd: md.heads * lat,
+            batch: md.heads,
+            stride_a: md.kv_lora * md.nope,
+            stride_b: qk,
+            stride_d: lat,
+        };
+        self.gemm().run(dev, shape, w_uk, qb, q_lat, false)?;
+        let rows = n * md.heads;
+        let src = (q.offset(md.nope), qk);
+        let dst = (q_lat.offset(md.kv_lora), lat);
+        self.k.copy_cols(dev, src, dst, rows, md.rope)?;
+        Ok(())
+    }
+
+    /// `out[t, h] = o_lat[t, h] W_UV_h` for `n` tokens: one GEMM per head (batched) over
+    /// bf16 inputs.
+    fn apply_uv_bf16(
+        &self,
+        ws: &Workspace,
+        o_lat: DPtr<f32>,
+        w_uv: DPtr<u16>,
+        out: DPtr<f32>,
+        n: usize,
+    ) -> Result<()> {
+        let (dev, md) = (self.dev(), self.md);
+        if n == 0 {
+            return Ok(());
+        }
+        let ob = self.bf16_input(ws, o_lat, n * md.heads * md.kv_lora)?;
+        let shape = GemmShape {
+            m: n,
+            n: md.v,
+            k: md.kv_lora,
+            trans_a: false,
+            lda: md.v,
+            ldb: md.heads * md.kv_lora,
+            ldd: md.heads * md.v,
+            batch: md.heads,
+            stride_a: md.kv_lora * md.v,
+            stride_b: md.kv_lora,
+            stride_d: md.v,
+        };
+        self.gemm().run(dev, shape, w_uv, ob, out, false)?;
         Ok(())
     }
 

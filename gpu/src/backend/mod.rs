@@ -20,8 +20,8 @@ use specmla_model::{DrafterModel, TargetModel};
 
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::{Buf, DPtr};
-use crate::ops::{Kernels, MlaDims};
-use crate::weights::{DrafterWeights, LayerWeights, TargetWeights};
+use crate::ops::{Gemm, GemmAlgo, Kernels, MlaDims};
+use crate::weights::{DrafterWeights, LayerWeights, TargetWeights, WeightForm};
 use crate::workspace::{PrefillScratch, Workspace};
 
 mod drafter;
@@ -145,6 +145,10 @@ impl GpuBackend {
             Some(_) => None,
         };
         let k = Kernels::load(&dev)?;
+        let form = match flash {
+            Some(_) => WeightForm::Bf16,
+            None => WeightForm::F32,
+        };
         let d = cfg.model.clone();
         let num_slots = cfg.scheduler.num_gpu_blocks * cfg.scheduler.page_size;
         let latent = d.latent_dim();
@@ -154,8 +158,8 @@ impl GpuBackend {
         k.fill(&dev, target_cache.ptr(), f32::NAN, target_cache.len())?;
         k.fill(&dev, drafter_cache.ptr(), f32::NAN, drafter_cache.len())?;
         Ok(Self {
-            target: TargetWeights::upload(&dev, &target)?,
-            drafter: DrafterWeights::upload(&dev, &drafter)?,
+            target: TargetWeights::upload(&dev, &target, form)?,
+            drafter: DrafterWeights::upload(&dev, &drafter, form)?,
             drafter_host: drafter,
             md: MlaDims::from(&d),
             dims: d,
@@ -173,6 +177,20 @@ impl GpuBackend {
         })
     }
 
+    /// Chooses how the bf16 path's GEMMs pick their algorithm (batch-invariant by
+    /// default); call before the first step. The portable path has no GEMM to choose.
+    pub fn set_gemm_algo(&mut self, algo: GemmAlgo) -> Result<()> {
+        if let Some(fp) = &mut self.flash {
+            fp.gemm = Gemm::new(&self.dev, algo)?;
+        }
+        Ok(())
+    }
+
+    /// How the bf16 path's GEMMs pick their algorithm (`None` on the portable path).
+    pub fn gemm_algo(&self) -> Option<GemmAlgo> {
+        self.flash.as_ref().map(|f| f.gemm.algo)
+    }
+
     /// The device's name, e.g. "NVIDIA H100 80GB HBM3".
     pub fn device_name(&self) -> &str {
         &self.dev.name
@@ -182,9 +200,11 @@ impl GpuBackend {
     pub fn device_line(&self) -> String {
         match &self.portable_because {
             None => format!(
-                "{}; decode rows on the bf16 flash kernels ({})",
+                "{}; decode rows on the bf16 flash kernels ({}), projections on cuBLASLt ({} \
+                 algorithms)",
                 self.dev.name,
-                self.flash.as_ref().map_or("", |f| f.fk.wide.function())
+                self.flash.as_ref().map_or("", |f| f.fk.wide.function()),
+                self.gemm_algo().map_or("", GemmAlgo::name)
             ),
             Some(why) => format!("{}; portable f32 kernels ({why})", self.dev.name),
         }
@@ -363,9 +383,10 @@ impl Backend for GpuBackend {
     fn kernels(&self) -> String {
         match &self.flash {
             Some(f) => format!(
-                "{}; bf16 flash decode ({})",
+                "{}; bf16 flash decode ({}); cuBLASLt bf16 GEMMs ({})",
                 self.dev.arch,
-                f.fk.wide.function()
+                f.fk.wide.function(),
+                f.gemm.algo.name()
             ),
             None => format!("{}; portable f32", self.dev.arch),
         }

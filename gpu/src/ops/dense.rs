@@ -280,6 +280,33 @@ impl Kernels {
         unsafe { self.go(dev, "concat_rows", (n, 1), &args) }
     }
 
+    /// `dst[r * sd + c] = src[r * ss + c]` for `c < width`, `r < n`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn copy_cols(
+        &self,
+        dev: &GpuDevice,
+        (src, ss): (DPtr<f32>, usize),
+        (dst, sd): (DPtr<f32>, usize),
+        n: usize,
+        width: usize,
+    ) -> Result<(), GpuError> {
+        if n == 0 {
+            return Ok(());
+        }
+        src.need((n - 1) * ss + width);
+        dst.need((n - 1) * sd + width);
+        let args = [
+            src.into(),
+            ss.into(),
+            dst.into(),
+            sd.into(),
+            n.into(),
+            width.into(),
+        ];
+        // SAFETY: argument list matches copy_cols; sizes checked above.
+        unsafe { self.go(dev, "copy_cols", (n, 1), &args) }
+    }
+
     /// Fills `n` bf16 values with a deterministic hash of `(seed, index)` in [-1, 1).
     pub fn fill_bf16_hash(
         &self,

@@ -1,6 +1,7 @@
 //! Typed host wrappers of every specmla kernel, one file per kernel family:
 //! [`attention`] (the f32 MLA decode, prefill and LSE merge the backend runs), [`dense`]
-//! (the model's embedding, norms, GEMM, RoPE and friends, plus the lab's fills) and
+//! (the model's embedding, norms, GEMM, RoPE and friends, plus the lab's fills), [`gemm`]
+//! (the bf16 projections on cuBLASLt) and
 //! [`flash`] (the bf16 tensor-core decode at DeepSeek-V3 widths, compiled into its own
 //! module only by those who use it). Each wrapper checks on the host that its buffers
 //! hold what the launch will touch, then launches through [`launch`]; wrappers whose
@@ -19,10 +20,12 @@ use crate::launch::{launch, Arg, THREADS};
 pub mod attention;
 pub mod dense;
 pub mod flash;
+pub mod gemm;
 pub mod prefill_flash;
 
 pub use attention::*;
 pub use flash::*;
+pub use gemm::{Gemm, GemmAlgo, GemmShape};
 pub use prefill_flash::*;
 
 /// The kernels' CUDA C sources, compiled as one module after `common.cuh`.
@@ -32,7 +35,7 @@ pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../../kernels/dense.cu"),
 ];
 
-const NAMES: [&str; 21] = [
+const NAMES: [&str; 22] = [
     "fill_bf16_hash",
     "scrub_l2",
     "kv_write",
@@ -53,6 +56,7 @@ const NAMES: [&str; 21] = [
     "apply_uv",
     "gather_rows",
     "concat_rows",
+    "copy_cols",
     "fill",
 ];
 

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use specmla_gpu::{GpuDevice, GpuError};
 use specmla_gpu_lab::checks::{run_all, F32_TOL};
 use specmla_gpu_lab::checks_dense::DENSE_TOL;
+use specmla_gpu_lab::checks_gemm::{run_gemm, GEMM_TOL};
 use specmla_gpu_lab::invariance::run_invariance;
 
 /// Runs every CUDA kernel check on GPU 0 against f64 (attention) or the CPU's f32
@@ -31,13 +32,23 @@ fn main() -> ExitCode {
     let dev = Arc::new(dev);
     println!(
         "device: {} ({}); attention kernels within {F32_TOL:.0e} relative of f64, dense \
-         kernels within {DENSE_TOL:.0e} of the CPU's f32, invariance cases bit for bit",
+         kernels within {DENSE_TOL:.0e} of the CPU's f32, bf16 GEMMs within {GEMM_TOL:.0e} \
+         of f64 and bit for bit across M, invariance cases bit for bit",
         dev.name, dev.arch
     );
     let mut results = match run_all(&dev) {
         Ok(r) => r,
         Err(e) => return stopped("kernel checks", &e),
     };
+    match run_gemm(&dev) {
+        Ok((r, notes)) => {
+            results.extend(r);
+            for n in notes {
+                println!("note: {n}");
+            }
+        }
+        Err(e) => return stopped("GEMM checks", &e),
+    }
     match run_invariance(&dev) {
         Ok(r) => results.extend(r),
         Err(e) => {
