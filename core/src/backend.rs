@@ -48,6 +48,32 @@ impl DrafterOutput {
     }
 }
 
+/// Where one step's time went on a backend that times itself (the GPU's), in
+/// microseconds: the host wall time of the step's forwards (target and drafters; the
+/// engine's check-only re-runs left out), the device time from the first to the last
+/// of each forward's device work, and the share of it inside attention launches, inside
+/// GEMMs and inside replayed CUDA graphs (whose attention and GEMMs are not split).
+/// Measured, so never recorded in a trace.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepTime {
+    pub wall_us: f64,
+    pub device_us: f64,
+    pub attention_us: f64,
+    pub gemm_us: f64,
+    pub graph_us: f64,
+}
+
+impl StepTime {
+    /// Adds `o`'s times to these.
+    pub fn add(&mut self, o: &StepTime) {
+        self.wall_us += o.wall_us;
+        self.device_us += o.device_us;
+        self.attention_us += o.attention_us;
+        self.gemm_us += o.gemm_us;
+        self.graph_us += o.graph_us;
+    }
+}
+
 /// A device that runs target and drafter forwards from core-built plans. Besides the
 /// forwards, a backend states the device contract the harness and replay rely on: the
 /// kind a trace records, the device a report names, and which of its errors are the
@@ -80,10 +106,11 @@ pub trait Backend {
         Ok(())
     }
 
-    /// Whether this backend's attention rounds its queries and softmax probabilities to
-    /// bf16, as a tensor-core decode does (FlashMLA's P·V product is a bf16 GEMM): the
-    /// harness then widens its tolerances (`Tolerances::for_run`).
-    fn bf16_attention(&self) -> bool {
+    /// Whether this backend computes in bf16 as a production engine does: attention that
+    /// rounds its queries and softmax probabilities to bf16 (FlashMLA's P·V product is a
+    /// bf16 GEMM) and projections that take bf16 activations. The harness then widens its
+    /// tolerances (`Tolerances::for_run`).
+    fn bf16_compute(&self) -> bool {
         false
     }
 
@@ -92,6 +119,17 @@ pub trait Backend {
     /// when it is built.
     fn host_allocations(_cfg: &crate::config::EngineConfig) -> Vec<crate::memory::Allocation> {
         Vec::new()
+    }
+
+    /// The engine calls this with `true` before the forwards it runs only to check a
+    /// property (the other row layout, the other drafter batch mode) and with `false`
+    /// after, so a backend that times its steps leaves them out.
+    fn set_check_forwards(&mut self, _on: bool) {}
+
+    /// The time of the forwards since the last call (see [`StepTime`]), on a backend
+    /// that measures it; `None` on one that does not (the CPU's).
+    fn take_step_time(&mut self) -> Option<StepTime> {
+        None
     }
 
     /// Captures (or emulates capturing) uniform-decode graphs of these shapes.

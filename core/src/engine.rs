@@ -320,11 +320,10 @@ impl<B: Backend> Executor<B> {
         let mut alt = self.plan(batch, other, ctx)?;
         buffers.write_step(&self.cfg, &mut alt, self.opts.seed);
         violations.extend(self.check_plan(batch, &alt, ctx));
-        let alt_out = self
-            .backend
-            .forward_target(&alt)
-            .map_err(EngineError::Backend)?;
-        Ok(Some((alt, alt_out)))
+        self.backend.set_check_forwards(true);
+        let alt_out = self.backend.forward_target(&alt);
+        self.backend.set_check_forwards(false);
+        Ok(Some((alt, alt_out.map_err(EngineError::Backend)?)))
     }
 
     fn verify(
@@ -577,8 +576,11 @@ impl<B: Backend> Executor<B> {
                         DrafterBatch::Padded => DrafterBatch::Compacted,
                         DrafterBatch::Compacted => DrafterBatch::Padded,
                     };
+                    self.backend.set_check_forwards(true);
                     let shadow =
-                        self.run_multistep(plan, target, verifies, outcomes, other, oracle)?;
+                        self.run_multistep(plan, target, verifies, outcomes, other, oracle);
+                    self.backend.set_check_forwards(false);
+                    let shadow = shadow?;
                     d.passes.extend(shadow.passes);
                     let run =
                         self.run_multistep(plan, target, verifies, outcomes, primary, oracle)?;

@@ -67,7 +67,7 @@ pub fn re_record(t: &Trace) -> Result<Trace, ReplayError> {
     let mut header = t.header.clone();
     header.backend = <CpuBackend as Backend>::KIND.to_string();
     header.kernels = specmla_cpu::CPU_KERNELS.to_string();
-    header.bf16_attention = false;
+    header.bf16_compute = false;
     let records = t
         .records
         .iter()

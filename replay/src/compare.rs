@@ -272,19 +272,19 @@ pub const BF16_CROSS_TOLERANCES: CrossTolerances = CrossTolerances {
 
 /// [`CROSS_TOLERANCES`] where either side's attention rounded queries and probabilities
 /// to bf16 (the GPU's flash decode): `sim`'s tolerances for it
-/// ([`specmla_sim::checks::BF16_ATTENTION_LOGIT_ABS_TOLERANCE`]). Seen: a DeepSeek-V3-width
+/// ([`specmla_sim::checks::BF16_COMPUTE_LOGIT_ABS_TOLERANCE`]). Seen: a DeepSeek-V3-width
 /// trace of the flash path replayed on the CPU differed by 1.1e-2 on logits.
-pub const BF16_ATTENTION_CROSS_TOLERANCES: CrossTolerances = CrossTolerances {
-    atol: specmla_sim::checks::BF16_ATTENTION_LOGIT_ABS_TOLERANCE,
+pub const BF16_COMPUTE_CROSS_TOLERANCES: CrossTolerances = CrossTolerances {
+    atol: specmla_sim::checks::BF16_COMPUTE_LOGIT_ABS_TOLERANCE,
     rtol: CROSS_RTOL,
-    near_tie_margin: specmla_sim::checks::BF16_ATTENTION_NEAR_TIE_MARGIN,
+    near_tie_margin: specmla_sim::checks::BF16_COMPUTE_NEAR_TIE_MARGIN,
 };
 
 /// The cross-backend tolerances of a trace whose latent cache holds `dtype`, where
-/// either side ran bf16 attention or neither did.
-pub fn cross_tolerances(dtype: KvCacheDtype, bf16_attention: bool) -> CrossTolerances {
-    match (dtype, bf16_attention) {
-        (_, true) => BF16_ATTENTION_CROSS_TOLERANCES,
+/// either side computed in bf16 or neither did.
+pub fn cross_tolerances(dtype: KvCacheDtype, bf16_compute: bool) -> CrossTolerances {
+    match (dtype, bf16_compute) {
+        (_, true) => BF16_COMPUTE_CROSS_TOLERANCES,
         (KvCacheDtype::F32, false) => CROSS_TOLERANCES,
         (KvCacheDtype::Bf16, false) => BF16_CROSS_TOLERANCES,
     }

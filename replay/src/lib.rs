@@ -133,8 +133,8 @@ pub fn replay_records_on<B: Backend>(
     let recorded = (header.backend.as_str(), header.kernels.as_str());
     let replayed = (B::KIND, r.kernels());
     let same = recorded == replayed;
-    let bf16_attention = header.bf16_attention || r.bf16_attention();
-    let tol = cross_tolerances(r.config().kv_cache_dtype, bf16_attention);
+    let bf16_compute = header.bf16_compute || r.bf16_compute();
+    let tol = cross_tolerances(r.config().kv_cache_dtype, bf16_compute);
     let mut report = ReplayReport {
         steps_replayed: 0,
         steps_in_trace: records.len(),

@@ -115,7 +115,7 @@ pub struct Replayer<B: Backend = CpuBackend> {
     tensors: bool,
     device: String,
     kernels: String,
-    bf16_attention: bool,
+    bf16_compute: bool,
 }
 
 impl Replayer<CpuBackend> {
@@ -155,7 +155,7 @@ impl<B: Backend> Replayer<B> {
         let backend = make(&cfg, target, drafter)
             .map_err(|e| ReplayError::Environment(format!("--backend {}: {e}", B::KIND)))?;
         let device = backend.device_name();
-        let (kernels, bf16_attention) = (backend.kernels(), backend.bf16_attention());
+        let (kernels, bf16_compute) = (backend.kernels(), backend.bf16_compute());
         let exec = Executor::new(cfg, opts, backend).map_err(|e| engine_error::<B>(0, e))?;
         let automata = header
             .workload
@@ -171,7 +171,7 @@ impl<B: Backend> Replayer<B> {
             tensors: header.trace_tensors,
             device,
             kernels,
-            bf16_attention,
+            bf16_compute,
         })
     }
 
@@ -180,9 +180,9 @@ impl<B: Backend> Replayer<B> {
         &self.kernels
     }
 
-    /// Whether the replay backend's attention rounds to bf16 (`Backend::bf16_attention`).
-    pub fn bf16_attention(&self) -> bool {
-        self.bf16_attention
+    /// Whether the replay backend's attention rounds to bf16 (`Backend::bf16_compute`).
+    pub fn bf16_compute(&self) -> bool {
+        self.bf16_compute
     }
 
     /// The device the replay runs on, for reports.

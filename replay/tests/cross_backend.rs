@@ -78,13 +78,13 @@ fn another_kernel_fingerprint_compares_within_tolerances() {
         bitwise.mode
     );
     t.header.kernels = "sm_90a; bf16 flash decode (flash_decode_seesaw)".into();
-    t.header.bf16_attention = true;
+    t.header.bf16_compute = true;
     let r = replay_cross(&t, Faults::none());
     assert!(r.divergence.is_none(), "{:?}", r.divergence);
     assert!(!r.bitwise());
     assert_eq!(
         r.tolerances,
-        Some(specmla_replay::compare::BF16_ATTENTION_CROSS_TOLERANCES)
+        Some(specmla_replay::compare::BF16_COMPUTE_CROSS_TOLERANCES)
     );
     assert!(
         r.mode.starts_with(

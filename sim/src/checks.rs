@@ -78,25 +78,27 @@ pub const BF16_LOGIT_ABS_TOLERANCE: f64 = 1e-2;
 /// two top logits may be off by it.
 pub const BF16_NEAR_TIE_MARGIN: f64 = 2e-2;
 
-/// [`LOGIT_ABS_TOLERANCE`] where the attention rounds queries and softmax probabilities to
-/// bf16 (the flash decode, as FlashMLA: bf16 Q·K and P·V products with f32 accumulation).
-/// Each rounding is one bf16 step (2^-8 relative) on an element of a 576-wide score or a
-/// probability, against the oracle's f64; at DeepSeek-V3's widths on an H100 the logits
-/// came within 2.43e-2 of the oracle (tp 16 and tp 1), where the same runs on the
-/// portable kernels (f32 queries and probabilities over the same bf16 cache) came within
-/// 5.9e-3, and with an f32 cache 6.5e-5. Twice the worst seen.
-pub const BF16_ATTENTION_LOGIT_ABS_TOLERANCE: f64 = 5e-2;
-/// [`NEAR_TIE_MARGIN`] with bf16 attention: twice its logit tolerance.
-pub const BF16_ATTENTION_NEAR_TIE_MARGIN: f64 = 1e-1;
+/// [`LOGIT_ABS_TOLERANCE`] where the backend computes in bf16 as an engine does: the
+/// attention rounds queries and softmax probabilities to bf16 (the flash decode, as
+/// FlashMLA: bf16 Q·K and P·V products with f32 accumulation) and every projection takes
+/// bf16 activations (cuBLASLt, f32 accumulation). Each rounding is one bf16 step (2^-8
+/// relative) against the oracle's f64 on the same (bf16) weights. At DeepSeek-V3's widths
+/// on an H100 the logits came within 2.43e-2 of the oracle with bf16 attention alone
+/// (6.5e-5 on the f32 kernels), and within 6.81e-2 (mixed_mtp, tp 16) once the
+/// projections took bf16 activations too. About twice the worst seen.
+pub const BF16_COMPUTE_LOGIT_ABS_TOLERANCE: f64 = 1.5e-1;
+/// [`NEAR_TIE_MARGIN`] in bf16: twice its logit tolerance (both logits of a pair may be
+/// off by it).
+pub const BF16_COMPUTE_NEAR_TIE_MARGIN: f64 = 3e-1;
 
 impl Tolerances {
     /// The tolerances for a run whose cache holds `dtype`, on a backend whose attention
-    /// does or does not round to bf16 (`Backend::bf16_attention`).
-    pub fn for_run(dtype: KvCacheDtype, bf16_attention: bool) -> Self {
-        if bf16_attention {
+    /// does or does not compute in bf16 (`Backend::bf16_compute`).
+    pub fn for_run(dtype: KvCacheDtype, bf16_compute: bool) -> Self {
+        if bf16_compute {
             Self {
-                logit_abs: BF16_ATTENTION_LOGIT_ABS_TOLERANCE,
-                near_tie_margin: BF16_ATTENTION_NEAR_TIE_MARGIN,
+                logit_abs: BF16_COMPUTE_LOGIT_ABS_TOLERANCE,
+                near_tie_margin: BF16_COMPUTE_NEAR_TIE_MARGIN,
             }
         } else {
             Self::for_kv_cache_dtype(dtype)
@@ -211,7 +213,7 @@ impl SimChecker {
         self.tol
     }
 
-    /// Checks with `tol` instead of the cache dtype's (a backend's bf16 attention).
+    /// Checks with `tol` instead of the cache dtype's (a backend computing in bf16).
     pub fn set_tolerances(&mut self, tol: Tolerances) {
         self.tol = tol;
     }

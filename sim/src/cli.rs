@@ -1,6 +1,15 @@
 //! Command-line conventions shared by `sim` and `replay`, so both say and take things
 //! the same way: counted nouns, fault lists, and the global `--json` flag.
 
+/// `x` in scientific notation with as few digits as show it exactly: "1e-3", "1.5e-1".
+pub fn sci(x: f64) -> String {
+    let short = format!("{x:.0e}");
+    match short.parse::<f64>() {
+        Ok(v) if v == x => short,
+        _ => format!("{x:.1e}"),
+    }
+}
+
 /// `n` and the noun, plural unless `n` is 1: "1 row", "3 rows".
 pub fn count(n: usize, noun: &str) -> String {
     if n == 1 {
@@ -70,6 +79,14 @@ pub fn args_with_json_last(subcommands: &[&str]) -> Vec<std::ffi::OsString> {
 
 #[cfg(test)]
 mod tests {
+    /// Tolerances print as given: one digit where that is exact, two otherwise.
+    #[test]
+    fn sci_keeps_the_digits_a_value_has() {
+        assert_eq!(super::sci(1e-3), "1e-3");
+        assert_eq!(super::sci(1.5e-1), "1.5e-1");
+        assert_eq!(super::sci(3e-1), "3e-1");
+    }
+
     use super::*;
 
     #[test]

@@ -16,3 +16,5 @@ pub mod progress;
 pub mod record;
 pub mod runner;
 pub mod scenarios;
+pub mod step_bench;
+pub mod step_time;

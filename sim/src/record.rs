@@ -48,7 +48,7 @@ pub fn trace_header<B: Backend>(
             .collect(),
         backend: B::KIND.to_string(),
         kernels: backend.kernels(),
-        bf16_attention: backend.bf16_attention(),
+        bf16_compute: backend.bf16_compute(),
     }
 }
 

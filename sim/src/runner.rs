@@ -19,6 +19,7 @@ use crate::model::{DrafterModel, TargetModel};
 use crate::oracle::Oracle;
 use crate::record::trace_header;
 use crate::scenarios::{generate_workload, Scenario};
+use crate::step_time::{step_kind, StepKindTime, StepTimes};
 use specmla_traces::TraceHeader;
 
 /// Why a run could not start or continue. [`RunError::Engine`] is a failed run (exit 1);
@@ -288,6 +289,10 @@ pub struct RunSummary {
     pub interrupted: bool,
     /// Each armed fault switch and the steps in which it fired, in catalog order.
     pub faults: Vec<FaultCount>,
+    /// Where the steps' time went, per step kind, on a backend that times itself
+    /// (empty on the CPU backend). Wall-clock numbers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub step_times: Vec<StepKindTime>,
 }
 
 /// How often an armed fault switch fired (`specmla_core::fired`).
@@ -344,7 +349,7 @@ where
     let mut checker = SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, greedy);
     checker.set_tolerances(Tolerances::for_run(
         cfg.kv_cache_dtype,
-        backend.bf16_attention(),
+        backend.bf16_compute(),
     ));
     let opts = EngineOptions {
         check_layouts: scenario.check_layouts,
@@ -365,6 +370,7 @@ where
     let mut engine =
         Engine::new(cfg.clone(), opts, workload, backend).map_err(engine_error::<B>)?;
     let mut interrupted = false;
+    let mut step_times = StepTimes::default();
     while stats.steps < scenario.max_steps {
         if crate::progress::interrupted() {
             interrupted = true;
@@ -377,6 +383,10 @@ where
         let forced = std::mem::take(&mut checker.forced_log);
         if let Some(sink) = sink.as_deref_mut() {
             sink.step(&outcome, &forced)?;
+        }
+        let time = engine.backend_mut().take_step_time();
+        if let (Some(t), Some(kind)) = (time, step_kind(&outcome.plan)) {
+            step_times.push(kind, t);
         }
         stats.absorb(&outcome);
         for (f, count) in cfg.faults.iter().zip(&mut fired_steps) {
@@ -421,5 +431,6 @@ where
                 trigger: f.trigger(),
             })
             .collect(),
+        step_times: step_times.summary(),
     })
 }

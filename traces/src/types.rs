@@ -37,9 +37,10 @@ pub struct TraceHeader {
     /// `"CPU reference (f32)"` on the CPU. A replay compares bit for bit only where both
     /// the kind and this match.
     pub kernels: String,
-    /// Whether the recording's attention rounded queries and probabilities to bf16 (the
-    /// flash decode), which widens a cross-kernel comparison's tolerances (version 5).
-    pub bf16_attention: bool,
+    /// Whether the recording computed in bf16 (the flash decode's queries and
+    /// probabilities, the projections' activations), which widens a cross-kernel
+    /// comparison's tolerances (version 5).
+    pub bf16_compute: bool,
 }
 
 /// One request of the workload.

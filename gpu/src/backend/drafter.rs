@@ -7,7 +7,7 @@ use specmla_core::backend::{DrafterOutput, TargetOutput};
 use specmla_core::drafter::{DFlashPass, DrafterPass};
 use specmla_core::split::SplitSchedule;
 
-use super::{as_i32, CacheOf, DecodeLaunch, GpuBackend, Result};
+use super::{as_i32, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
 use crate::launch::{copy, Buf, DPtr};
 use crate::ops::{DecodeBufs, DecodeShape};
 use crate::weights::LayerWeights;
@@ -176,7 +176,7 @@ impl GpuBackend {
         let hv = self.attn_width();
         let attn = ws.attn.ptr().range(0, nb * hv);
         k.fill(&dev, attn, 0.0, nb * hv)?;
-        self.dflash_attention(ws, pass, attn)?;
+        self.timed(Region::Attention, || self.dflash_attention(ws, pass, attn))?;
         // Finish every block position, then keep offsets 1..=K of each row.
         self.finish(w, ws, ws.x.ptr(), attn, nb)?;
         let keep = as_i32(&pass.sample_indices);

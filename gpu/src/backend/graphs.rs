@@ -8,7 +8,7 @@ use specmla_core::backend::TargetOutput;
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::plan::StepPlan;
 
-use super::{CacheOf, CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Result};
+use super::{CacheOf, CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Region, Result};
 use crate::device::GpuError;
 use crate::launch::copy;
 use crate::workspace::Workspace;
@@ -104,9 +104,12 @@ impl GpuBackend {
         g.ws.split_lens.write(&dev, &sched[0])?;
         g.ws.num_splits.write(&dev, &sched[1])?;
         g.ws.mapped_kv.write(&dev, &sched[2])?;
-        g.graph
-            .launch()
-            .map_err(GpuError::driver("launching a captured graph"))?;
+        self.timed(Region::Graph, || {
+            g.graph
+                .launch()
+                .map_err(GpuError::driver("launching a captured graph"))?;
+            Ok(())
+        })?;
         let rows: Vec<usize> = plan.logits_indices.iter().map(|&i| i as usize).collect();
         self.read_target(&g.ws, plan.num_tokens(), &rows)
     }

@@ -5,7 +5,7 @@
 use specmla_core::config::KvCacheDtype;
 use specmla_model::RMS_EPS;
 
-use super::{CacheOf, DecodeLaunch, GpuBackend, Result};
+use super::{CacheOf, DecodeLaunch, GpuBackend, Region, Result};
 use crate::launch::{Buf, DPtr};
 use crate::ops::GemmShape;
 use crate::ops::{DecodeBufs, DecodeShape};
@@ -159,14 +159,23 @@ impl GpuBackend {
         let out = attn.offset(s * md.heads * md.v);
         match (&self.flash, &w.w_uk_uv_bf16) {
             (Some(fp), Some((uk, uv))) => {
-                self.absorb_q_bf16(ws, q, uk.ptr(), q_lat, tokens)?;
-                self.flash_decode(ws, fp.cache(c), dl, (q_lat, o_lat))?;
-                self.apply_uv_bf16(ws, o_lat, uv.ptr(), out, keep)?;
+                let gemm = Region::Gemm;
+                self.timed(gemm, || self.absorb_q_bf16(ws, q, uk.ptr(), q_lat, tokens))?;
+                self.timed(Region::Attention, || {
+                    self.flash_decode(ws, fp.cache(c), dl, (q_lat, o_lat))
+                })?;
+                self.timed(gemm, || self.apply_uv_bf16(ws, o_lat, uv.ptr(), out, keep))?;
             }
             _ => {
-                k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?;
-                self.portable_decode(ws, c, dl, (q_lat, o_lat))?;
-                k.apply_uv(dev, md, o_lat, w.w_uv.ptr(), out, keep)?;
+                self.timed(Region::Gemm, || {
+                    Ok(k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?)
+                })?;
+                self.timed(Region::Attention, || {
+                    self.portable_decode(ws, c, dl, (q_lat, o_lat))
+                })?;
+                self.timed(Region::Gemm, || {
+                    Ok(k.apply_uv(dev, md, o_lat, w.w_uv.ptr(), out, keep)?)
+                })?;
             }
         }
         Ok(())
@@ -188,19 +197,21 @@ impl GpuBackend {
         if n == 0 {
             return Ok(());
         }
-        match (&lin.bf16_t, &lin.f32) {
-            (Some(wt), _) => {
-                let xb = self.bf16_input(ws, x, (n - 1) * sx + lin.k)?;
-                let shape = GemmShape::linear(n, lin.k, lin.n, sx);
-                self.gemm().run(dev, shape, wt.ptr(), xb, y, residual)?;
+        self.timed(Region::Gemm, || {
+            match (&lin.bf16_t, &lin.f32) {
+                (Some(wt), _) => {
+                    let xb = self.bf16_input(ws, x, (n - 1) * sx + lin.k)?;
+                    let shape = GemmShape::linear(n, lin.k, lin.n, sx);
+                    self.gemm().run(dev, shape, wt.ptr(), xb, y, residual)?;
+                }
+                (None, Some(w)) => {
+                    let res = residual.then_some(y);
+                    k.matmul(dev, x, sx, w.ptr(), res, y, (n, lin.k, lin.n))?;
+                }
+                (None, None) => unreachable!("Linear::upload keeps one form"),
             }
-            (None, Some(w)) => {
-                let res = residual.then_some(y);
-                k.matmul(dev, x, sx, w.ptr(), res, y, (n, lin.k, lin.n))?;
-            }
-            (None, None) => unreachable!("Linear::upload keeps one form"),
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// The first `len` values of `x` as bf16, in the workspace's GEMM staging.

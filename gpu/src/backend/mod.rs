@@ -32,6 +32,8 @@ pub use flash_path::portable_because;
 use flash_path::FlashPath;
 mod layers;
 mod target;
+mod timing;
+use timing::{Region, SharedTimeline};
 
 /// Errors of the CUDA backend.
 #[derive(Debug, thiserror::Error)]
@@ -114,6 +116,8 @@ pub struct GpuBackend {
     flash: Option<FlashPath>,
     /// Why the decode rows run the portable kernels (`None` on the flash path).
     portable_because: Option<String>,
+    /// Where the current step's time goes (`timing.rs`).
+    timeline: SharedTimeline,
 }
 
 impl GpuBackend {
@@ -172,6 +176,7 @@ impl GpuBackend {
             graphs: Vec::new(),
             flash,
             portable_because,
+            timeline: SharedTimeline::default(),
             k,
             dev,
         })
@@ -392,8 +397,9 @@ impl Backend for GpuBackend {
         }
     }
 
-    /// The flash decode takes queries and probabilities in bf16.
-    fn bf16_attention(&self) -> bool {
+    /// The flash path's decode takes queries and probabilities in bf16, and its
+    /// projections bf16 activations.
+    fn bf16_compute(&self) -> bool {
         self.flash.is_some()
     }
 
@@ -431,7 +437,48 @@ impl Backend for GpuBackend {
         Ok(())
     }
 
+    fn set_check_forwards(&mut self, on: bool) {
+        self.set_check_forwards_timing(on);
+    }
+
+    fn take_step_time(&mut self) -> Option<specmla_core::backend::StepTime> {
+        Some(self.take_step_timing())
+    }
+
     fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput> {
+        self.begin_forward()?;
+        let out = self.forward_target_body(plan)?;
+        self.end_forward()?;
+        Ok(out)
+    }
+
+    fn forward_drafter(
+        &mut self,
+        pass: &DrafterPass,
+        target: &TargetOutput,
+        prev: Option<&DrafterOutput>,
+    ) -> Result<DrafterOutput> {
+        self.begin_forward()?;
+        let out = self.forward_drafter_body(pass, target, prev)?;
+        self.end_forward()?;
+        Ok(out)
+    }
+
+    fn forward_dflash(
+        &mut self,
+        pass: &DFlashPass,
+        target: &TargetOutput,
+    ) -> Result<DrafterOutput> {
+        self.begin_forward()?;
+        let out = self.forward_dflash_body(pass, target)?;
+        self.end_forward()?;
+        Ok(out)
+    }
+}
+
+/// The forwards' bodies, timed as a whole by the `Backend` impl above.
+impl GpuBackend {
+    fn forward_target_body(&mut self, plan: &StepPlan) -> Result<TargetOutput> {
         match &plan.cudagraph {
             Some(gd) => {
                 let n = gd.shape.num_tokens;
@@ -446,7 +493,7 @@ impl Backend for GpuBackend {
         }
     }
 
-    fn forward_drafter(
+    fn forward_drafter_body(
         &mut self,
         pass: &DrafterPass,
         target: &TargetOutput,
@@ -474,7 +521,7 @@ impl Backend for GpuBackend {
         res
     }
 
-    fn forward_dflash(
+    fn forward_dflash_body(
         &mut self,
         pass: &DFlashPass,
         target: &TargetOutput,

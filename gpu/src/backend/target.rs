@@ -8,7 +8,7 @@ use specmla_core::block_pool::PAD_SLOT;
 use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 
-use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Result};
+use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
 use crate::launch::DPtr;
 use crate::ops::{KeyBufs, State};
 use crate::weights::LayerWeights;
@@ -179,7 +179,9 @@ impl GpuBackend {
         let ws_ref: &Workspace = ws;
         self.target_layers(ws_ref, n, &|me, l, w, attn| {
             me.eager_decode(ws_ref, plan, l, w, attn)?;
-            me.prefill_rows(ws_ref, plan, l, w, attn)
+            me.timed(Region::Attention, || {
+                me.prefill_rows(ws_ref, plan, l, w, attn)
+            })
         })?;
         let hid = self.dims.hidden_size;
         self.gather(ws, ws.x.ptr(), ws.xs.ptr(), idx.len(), hid)?;

@@ -44,6 +44,15 @@ pub enum DeviceArg {
     Gpu,
 }
 
+/// How the GPU backend's GEMMs choose their algorithm (`--gemm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GemmArg {
+    /// One pinned algorithm per shape, split-K off: a row's bits never depend on M.
+    Invariant,
+    /// cuBLASLt's heuristic choice per M: an engine's default, not batch-invariant.
+    Heuristic,
+}
+
 /// A backend factory, as [`run_with`] takes it (a plain `fn`, so a determinism check
 /// can build the backend twice).
 type Factory<B> = fn(
@@ -159,6 +168,11 @@ pub struct RunArgs {
     /// Device that executes the run: the CPU reference or the CUDA backend on GPU 0.
     #[arg(long, value_enum, default_value_t = DeviceArg::Cpu)]
     pub backend: DeviceArg,
+    /// How the GPU's bf16 projections pick their cuBLASLt algorithm: pinned per shape,
+    /// batch-invariant (the default), or cuBLAS's heuristic per row count, to measure
+    /// what the invariance costs (`--backend gpu` on the bf16 path only).
+    #[arg(long, value_enum)]
+    pub gemm: Option<GemmArg>,
     /// Probability that a draft position proposes the oracle's greedy token.
     #[arg(long)]
     pub acceptance_rate: Option<f64>,
@@ -412,14 +426,32 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
 pub fn run_scenario(a: &RunArgs) -> Result<ExitCode> {
     let (s, seed) = resolve_scenario(a)?;
     match a.backend {
+        DeviceArg::Cpu if a.gemm.is_some() => {
+            bail!("--gemm: the CPU backend has no GEMM algorithms to choose (use --backend gpu)")
+        }
         DeviceArg::Cpu => run_on(a, &s, seed, cpu_backend),
         #[cfg(feature = "gpu")]
-        DeviceArg::Gpu => run_on(a, &s, seed, specmla_gpu::GpuBackend::new),
+        DeviceArg::Gpu => match a.gemm {
+            Some(GemmArg::Heuristic) => run_on(a, &s, seed, gpu_heuristic_gemms),
+            _ => run_on(a, &s, seed, specmla_gpu::GpuBackend::new),
+        },
         #[cfg(not(feature = "gpu"))]
         DeviceArg::Gpu => {
             bail!("--backend gpu: this sim was built without the `gpu` feature")
         }
     }
+}
+
+/// The GPU backend with cuBLAS's per-M heuristic GEMMs (`--gemm heuristic`).
+#[cfg(feature = "gpu")]
+fn gpu_heuristic_gemms(
+    cfg: &EngineConfig,
+    target: Arc<TargetModel>,
+    drafter: Arc<DrafterModel>,
+) -> std::result::Result<specmla_gpu::GpuBackend, specmla_gpu::GpuBackendError> {
+    let mut b = specmla_gpu::GpuBackend::new(cfg, target, drafter)?;
+    b.set_gemm_algo(specmla_gpu::ops::GemmAlgo::Heuristic)?;
+    Ok(b)
 }
 
 fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) -> Result<ExitCode> {
@@ -541,12 +573,19 @@ fn print_summary(s: &RunSummary) {
     line(
         "max |logit - f64|",
         format!(
-            "{:.2e} (tolerance {:.0e})",
-            s.max_logit_error, s.tolerances.logit_abs
+            "{:.2e} (tolerance {})",
+            s.max_logit_error,
+            specmla_sim::cli::sci(s.tolerances.logit_abs)
         ),
     );
     if !s.faults.is_empty() {
         line("faults armed", specmla_sim::cli::fault_counts(&s.faults));
+    }
+    if !s.step_times.is_empty() {
+        say!("  step time (wall clock; check-only forwards left out):");
+        for l in specmla_sim::step_time::lines(&s.step_times) {
+            say!("    {l}");
+        }
     }
     say!("  checks:");
     for t in &s.checks {
@@ -559,8 +598,8 @@ fn print_summary(s: &RunSummary) {
     }
     if !s.near_ties.is_empty() {
         say!(
-            "  near-ties (margin < {:.0e}, reported not failed): {}",
-            s.tolerances.near_tie_margin,
+            "  near-ties (margin < {}, reported not failed): {}",
+            specmla_sim::cli::sci(s.tolerances.near_tie_margin),
             s.near_ties.len()
         );
         for n in s.near_ties.iter().take(5) {

@@ -29,7 +29,7 @@ pub fn sample_header() -> TraceHeader {
         }],
         backend: "cpu".into(),
         kernels: "CPU reference (f32)".into(),
-        bf16_attention: false,
+        bf16_compute: false,
     }
 }
 
@@ -215,7 +215,7 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
                 workload,
                 backend,
                 kernels,
-                bf16_attention,
+                bf16_compute,
             )| {
                 TraceHeader {
                     format_version: FORMAT_VERSION,
@@ -229,7 +229,7 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
                     workload,
                     backend,
                     kernels,
-                    bf16_attention,
+                    bf16_compute,
                 }
             },
         )

@@ -15,6 +15,8 @@ use specmla_gpu_lab::bench::{
     DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
 };
 use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, bench_prefill_spec_step, PrefillCase};
+use specmla_gpu_lab::bench_step::bench_verify_step;
+use specmla_sim::step_bench::VerifyBench;
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
 #[derive(Parser)]
@@ -59,6 +61,11 @@ struct Cli {
     /// per request (mode `splits=N`): the data the plans are chosen from.
     #[arg(long)]
     sweep_splits: bool,
+    /// Instead of the kernels, time whole real-width steps through the engine: 64 rows of
+    /// 1 + 3 tokens at 4096 keys (`--batch`, `--context` change them), GEMMs pinned vs
+    /// heuristic, graphs on vs off.
+    #[arg(long)]
+    verify_step: bool,
     /// Write the CSV here.
     #[arg(long, default_value = "gpu-bench.csv")]
     csv: std::path::PathBuf,
@@ -84,11 +91,41 @@ fn positive(s: &str) -> Result<usize, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if cli.verify_step {
+        return verify_step(&cli);
+    }
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::from(2)
+        }
+    }
+}
+
+/// `--verify-step`: exit 2 without a usable GPU, 1 when a step fails (a CUDA call
+/// mid-run, a violated invariant), 0 with the times printed.
+fn verify_step(cli: &Cli) -> ExitCode {
+    let dev = match GpuDevice::open(0) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let bench = VerifyBench {
+        rows: cli.batch.first().copied().unwrap_or(64),
+        context_tokens: cli.context.first().copied().unwrap_or(4096),
+        decode_steps: 16,
+        num_spec_tokens: 3,
+        cuda_graphs: true,
+    };
+    println!("device: {} ({})", dev.name, dev.arch);
+    match bench_verify_step(&dev, bench) {
+        Ok(_) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: verify-step bench: {e}");
+            ExitCode::from(1)
         }
     }
 }
@@ -135,6 +172,7 @@ fn shapes(cli: &Cli) -> Vec<BenchShape> {
 
 fn run(cli: &Cli) -> Result<(), GpuError> {
     let dev = Arc::new(GpuDevice::open(0)?);
+
     let sms = dev.sms;
     let k = Kernels::load(&dev)?;
     let fk = FlashKernels::load(&dev)?;
