@@ -324,7 +324,10 @@ impl SimChecker {
                 step,
                 row: Some(r),
                 req_id: Some(row.req_id),
-                detail: format!("logits for position {position} differ from the f64 oracle by {err:.3e} (> {tol:.0e})"),
+                detail: format!(
+                    "logits for position {position} differ from the f64 oracle by {err:.3e} (> {})",
+                    crate::cli::sci(tol)
+                ),
             });
             if self.greedy {
                 self.check_greedy(
