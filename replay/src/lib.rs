@@ -160,6 +160,11 @@ pub fn replay_records_on<B: Backend>(
     // Under exactly the recorded faults, a step's own check failures were already there
     // when it was recorded: only differences from the record count then.
     let own_checks_count = faults != bisect::recorded_faults(header);
+    // A trace whose steps cannot have come from its header is refused before any step
+    // runs, rather than read as a divergence.
+    for rec in records {
+        replayer::check_record_shape(rec, r.config())?;
+    }
     for (i, rec) in records.iter().enumerate() {
         if specmla_sim::progress::interrupted() {
             report.interrupted = true;

@@ -521,8 +521,12 @@ fn print_step_line(r: &StepRecord) {
     let tokens: u64 = r.rows.iter().map(|x| x.num_scheduled_tokens).sum();
     let accepted: u32 = r.num_accepted.iter().sum();
     let rows = count(r.rows.len(), "row");
+    let violated = match r.violations.len() {
+        0 => String::new(),
+        n => format!(", {} violated", count(n, "invariant")),
+    };
     say!(
-        "step {:>5}: {rows:>8} ({decode} decode, {} prefill), {tokens:>5} tokens, {} accepted",
+        "step {:>5}: {rows:>8} ({decode} decode, {} prefill), {tokens:>5} tokens, {} accepted{violated}",
         r.step,
         r.rows.len() - decode,
         count(accepted as usize, "draft")
@@ -546,5 +550,9 @@ fn print_step_detail(r: &StepRecord) {
             x.req_id, x.num_computed_tokens, x.num_scheduled_tokens, x.num_draft_tokens,
             r.sampled.get(p).cloned().unwrap_or_default(), r.num_accepted.get(p).copied().unwrap_or(0), r.proposals.get(p).cloned().unwrap_or_default()
         );
+    }
+    for v in &r.violations {
+        let row = v.row.map_or(String::new(), |p| format!(" (row {p})"));
+        say!("  violated: {}{row}: {}", v.rule, v.detail);
     }
 }

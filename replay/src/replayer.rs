@@ -326,6 +326,90 @@ pub fn parse_config(header: &TraceHeader) -> Result<EngineConfig, ReplayError> {
 
 /// The scheduled batch of a record, checked against the config so a damaged record is a
 /// clear error rather than a panic deep in the backend.
+/// Checks that a record could have come from a run of `cfg` (the header's config): the
+/// plan order is a permutation of its rows, every per-row vector has a row each, one
+/// layer digest per model layer with one digest per row, and recorded tensors of the
+/// model's widths. A record that fails is a trace that disagrees with its own header
+/// (exit 2), not a divergence. Checked on a trace as read, before its replay (a
+/// bisection's candidates, restricted to fewer requests, are re-recorded first).
+pub fn check_record_shape(rec: &StepRecord, cfg: &EngineConfig) -> Result<(), ReplayError> {
+    let bad = |reason: String| ReplayError::BadRecord {
+        step: rec.step,
+        reason: format!("disagrees with the header's config: {reason}"),
+    };
+    let n = rec.rows.len();
+    let mut seen = vec![false; n];
+    for &i in &rec.order {
+        match seen.get_mut(i as usize) {
+            Some(s) if !*s => *s = true,
+            _ => {
+                return Err(bad(format!(
+                    "plan order {:?} is not a permutation of {n} rows",
+                    rec.order
+                )))
+            }
+        }
+    }
+    let lens = [
+        ("plan order", rec.order.len()),
+        ("sampled", rec.sampled.len()),
+        ("num_accepted", rec.num_accepted.len()),
+        ("new_tokens", rec.new_tokens.len()),
+        ("proposals", rec.proposals.len()),
+    ];
+    if let Some((what, len)) = lens.iter().find(|(_, len)| *len != n) {
+        return Err(bad(format!("{len} entries of {what} for {n} rows")));
+    }
+    let m = &cfg.model;
+    // An empty step (a data-parallel rank's dummy step) runs no target forward.
+    if n == 0 {
+        return Ok(());
+    }
+    if rec.layers.len() != m.num_layers {
+        return Err(bad(format!(
+            "{} layer digests, the model has {} layers",
+            rec.layers.len(),
+            m.num_layers
+        )));
+    }
+    if let Some(l) = rec.layers.iter().find(|l| l.per_row.len() != n) {
+        return Err(bad(format!(
+            "layer {} has {} row digests for {n} rows",
+            l.layer,
+            l.per_row.len()
+        )));
+    }
+    let Some(t) = &rec.tensors else {
+        return Ok(());
+    };
+    let tokens: u64 = rec.rows.iter().map(|r| r.num_scheduled_tokens).sum();
+    let width = (m.num_heads * m.v_head_dim) as u64;
+    if t.attn_outputs.len() != m.num_layers
+        || t.attn_outputs
+            .iter()
+            .any(|a| a.len() as u64 != tokens * width)
+    {
+        return Err(bad(format!(
+            "attention outputs are not {} layers of {tokens} tokens x {width} values",
+            m.num_layers
+        )));
+    }
+    let samples: u64 = rec
+        .rows
+        .iter()
+        .filter(|r| r.samples)
+        .map(|r| 1 + r.num_draft_tokens)
+        .sum();
+    if t.logits.len() as u64 != samples * m.vocab_size as u64 {
+        return Err(bad(format!(
+            "{} logits for {samples} sampled positions of a vocabulary of {}",
+            t.logits.len(),
+            m.vocab_size
+        )));
+    }
+    Ok(())
+}
+
 fn to_batch(rec: &StepRecord, cfg: &EngineConfig) -> Result<ScheduledBatch, ReplayError> {
     let bad = |reason: String| ReplayError::BadRecord {
         step: rec.step,

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use specmla_core::fault::{Fault, Faults};
 use specmla_traces::FORMAT_VERSION;
 
 fn bin(name: &str, args: &[&str]) -> Output {
@@ -495,4 +496,34 @@ fn dimensions_the_gpu_kernels_cannot_take_are_refused() {
         w.finish().unwrap();
         assert_exit2(&[p.to_str().unwrap(), "--gpu"], needle);
     }
+}
+
+/// The invariant violations a run found are in its trace, and `replay show` lists them
+/// (issue 22, defect 6): F3 captures sizes that are not multiples of 1 + K.
+#[test]
+fn show_lists_the_violations_a_run_recorded() {
+    let p = dir().join("f3.bin");
+    let mut s = specmla_sim::scenarios::by_name("mixed_mtp").unwrap();
+    s.workload.num_requests = 2;
+    s.cfg.faults = Faults::none().with(Fault::F3);
+    let mut sink = specmla_sim::record::TraceSink::new(std::fs::File::create(&p).unwrap(), false);
+    let sum =
+        specmla_sim::runner::run_with(&s, 1, specmla_cpu::cpu_backend, Some(&mut sink), |_| {})
+            .unwrap();
+    sink.into_inner().unwrap();
+    assert!(!sum.passed());
+    let out = bin("replay", &["show", p.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    let line = text
+        .lines()
+        .find(|l| l.ends_with("invariants violated"))
+        .unwrap_or_else(|| panic!("no step lists violations:\n{text}"));
+    let step = line["step".len()..].split(':').next().unwrap().trim();
+    let out = bin("replay", &["show", p.to_str().unwrap(), "--step", step]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("  violated: cuda-graph: capture size"),
+        "{text}"
+    );
 }

@@ -94,7 +94,11 @@ fn another_kernel_fingerprint_compares_within_tolerances() {
         "{}",
         r.mode
     );
-    assert!(r.mode.contains("within abs 1.5e-1 + rel 1e-3"), "{}", r.mode);
+    assert!(
+        r.mode.contains("within abs 1.5e-1 + rel 1e-3"),
+        "{}",
+        r.mode
+    );
     assert_eq!(
         r.recorded_kernels,
         "sm_90a; bf16 flash decode (flash_decode_seesaw)"

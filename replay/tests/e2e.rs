@@ -202,3 +202,36 @@ fn same_seed_same_trace_bytes() {
     assert_eq!(t.header.backend, "cpu");
     assert!(t.records.iter().all(|r| r.tensors.is_some()));
 }
+
+/// Postmortem (issue 22, defect 6): a header whose model disagreed with its recorded
+/// steps replayed as "DIVERGED at step 0". Now such a trace is refused before any step
+/// runs, naming the disagreement (the CLI exits 2 on it).
+#[test]
+fn steps_that_cannot_come_from_their_header_are_refused() {
+    let (t, _) = record_with("mixed_mtp", 3, 1, true);
+    let with = |from: &str, to: &str| {
+        let mut h = t.header.clone();
+        assert!(h.config_json.contains(from), "{}", h.config_json);
+        h.config_json = h.config_json.replacen(from, to, 1);
+        replay_records(&h, &t.records, Faults::none())
+    };
+    let err = with("\"num_layers\":2", "\"num_layers\":3").unwrap_err();
+    assert!(
+        err.to_string().contains(
+            "disagrees with the header's config: 2 layer digests, the model has 3 layers"
+        ),
+        "{err}"
+    );
+    let err = with("\"num_heads\":4", "\"num_heads\":8").unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("attention outputs are not 2 layers of"),
+        "{err}"
+    );
+    let mut t2 = t.clone();
+    let busy = t2.records.iter().position(|r| !r.rows.is_empty()).unwrap();
+    let first = t2.records[busy].order[0];
+    t2.records[busy].order.push(first);
+    let err = replay_records(&t2.header, &t2.records, Faults::none()).unwrap_err();
+    assert!(err.to_string().contains("is not a permutation"), "{err}");
+}

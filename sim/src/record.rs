@@ -13,7 +13,7 @@ use specmla_core::request::RequestSpec;
 use specmla_traces::format::encode_payload;
 use specmla_traces::{
     digest_f32, Fnv1a64, ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors, TraceHeader,
-    TraceRequest, TraceRow, FORMAT_VERSION,
+    TraceRequest, TraceRow, TraceViolation, FORMAT_VERSION,
 };
 
 use crate::scenarios::Scenario;
@@ -48,6 +48,7 @@ pub fn trace_header<B: Backend>(
             .collect(),
         backend: B::KIND.to_string(),
         kernels: backend.kernels(),
+        digest_scheme: specmla_traces::DIGEST_SCHEME,
         bf16_compute: backend.bf16_compute(),
     }
 }
@@ -122,6 +123,15 @@ pub fn step_record(o: &StepOutcome, forced: &[(u64, usize, u32)], tensors: bool)
             attn_outputs: o.target.attn_outputs.clone(),
             logits: o.target.logits.clone(),
         }),
+        violations: o
+            .violations
+            .iter()
+            .map(|v| TraceViolation {
+                rule: v.rule.name().to_string(),
+                row: v.row.map(|r| r as u32),
+                detail: v.detail.clone(),
+            })
+            .collect(),
     }
 }
 

@@ -58,6 +58,11 @@ impl Fnv1a64 {
     }
 }
 
+/// The digest scheme this crate computes, recorded in every header: 1 is FNV-1a-64 over
+/// the bytes `FORMAT.md` lists for each digest. Any change to what a digest covers or how
+/// it is computed takes a new number.
+pub const DIGEST_SCHEME: u32 = 1;
+
 /// FNV-1a-64 of `b`.
 pub fn digest_bytes(b: &[u8]) -> u64 {
     let mut h = Fnv1a64::new();

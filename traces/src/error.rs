@@ -35,6 +35,14 @@ pub enum TraceError {
         /// Version this build reads.
         reads: u32,
     },
+    /// The trace's digests follow another scheme than this build computes.
+    #[error("trace digests follow scheme {written}, this build computes scheme {computes}")]
+    DigestScheme {
+        /// Scheme recorded in the header.
+        written: u32,
+        /// [`crate::DIGEST_SCHEME`].
+        computes: u32,
+    },
     /// The input ends before its header is complete, so nothing can be read.
     #[error("trace ends inside its header after {bytes} bytes")]
     HeaderTruncated {

@@ -1,8 +1,10 @@
 //! The byte layout of a trace file: constants, block framing and bounded reads.
 //!
 //! Owns everything that decides which bytes go where (see `FORMAT.md`): the magic, the
-//! version, the tagged length-prefixed blocks with their CRC-32, and the rule that a
-//! read never allocates more than the input can still hold. The streaming API in
+//! version, the tagged length-prefixed blocks, a CRC-32 over each block's prefix (so a
+//! damaged length reads as corruption, never as a cut-off file) and one over its
+//! payload, and the rule that a read never allocates more than the input can still
+//! hold. The streaming API in
 //! [`crate::io`] is built on these pieces and adds record counting and the footer check.
 
 use std::io::{ErrorKind, Read};
@@ -15,17 +17,18 @@ use crate::types::TraceHeader;
 /// First 8 bytes of every trace file.
 pub const MAGIC: [u8; 8] = *b"SPECMLA\0";
 /// Version of the byte layout and of every type in [`crate::types`].
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 /// Largest payload a block may declare (256 MiB); larger lengths are corruption.
 pub const MAX_BLOCK_BYTES: u32 = 256 << 20;
 /// Tag byte of a record block.
 pub const TAG_RECORD: u8 = 1;
 /// Tag byte of the footer block.
 pub const TAG_FOOTER: u8 = 2;
-/// Bytes before the header payload: magic, version, length.
-pub const HEADER_PREFIX_LEN: usize = 16;
-/// Bytes before a record or footer payload: tag, length.
-pub const BLOCK_PREFIX_LEN: usize = 5;
+/// Bytes before the header payload: magic, version, length, the CRC-32 of version and
+/// length.
+pub const HEADER_PREFIX_LEN: usize = 20;
+/// Bytes before a record or footer payload: tag, length, the CRC-32 of tag and length.
+pub const BLOCK_PREFIX_LEN: usize = 9;
 /// Bytes of the CRC-32 after every payload.
 pub const CRC_LEN: usize = 4;
 /// Initial buffer when the input length is unknown; the buffer then grows only as
@@ -62,7 +65,7 @@ pub fn header_block(payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(HEADER_PREFIX_LEN + payload.len() + CRC_LEN);
     out.extend_from_slice(&MAGIC);
     out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
-    push_payload(&mut out, payload);
+    push_payload(&mut out, MAGIC.len(), payload);
     out
 }
 
@@ -70,15 +73,18 @@ pub fn header_block(payload: &[u8]) -> Vec<u8> {
 pub fn tagged_block(tag: u8, payload: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(BLOCK_PREFIX_LEN + payload.len() + CRC_LEN);
     out.push(tag);
-    push_payload(&mut out, payload);
+    push_payload(&mut out, 0, payload);
     out
 }
 
-/// Appends `len: u32`, the payload and its CRC-32. Callers have checked the length
-/// through [`encode_payload`], so the cast cannot truncate.
-fn push_payload(out: &mut Vec<u8>, payload: &[u8]) {
+/// Appends `len: u32`, the CRC-32 of `out[prefix_from..]` (the tag or version) and the
+/// length, the payload and its CRC-32. Callers have checked the length through
+/// [`encode_payload`], so the cast cannot truncate.
+fn push_payload(out: &mut Vec<u8>, prefix_from: usize, payload: &[u8]) {
     let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);
     out.extend_from_slice(&len.to_le_bytes());
+    let prefix_crc = crc32(&out[prefix_from..]);
+    out.extend_from_slice(&prefix_crc.to_le_bytes());
     out.extend_from_slice(payload);
     out.extend_from_slice(&crc32(payload).to_le_bytes());
 }
@@ -192,6 +198,12 @@ pub enum Block {
     Eof,
     /// The input ended inside a block.
     Partial,
+    /// A block whose tag and length do not match their CRC-32, at byte `offset`: a
+    /// damaged length, which must not be read as a cut-off block.
+    DamagedPrefix {
+        /// Byte offset of the block.
+        offset: u64,
+    },
     /// A tag byte that is neither [`TAG_RECORD`] nor [`TAG_FOOTER`], at byte `offset`.
     UnknownTag {
         /// The tag found.
@@ -224,6 +236,14 @@ pub fn read_block<R: Read>(input: &mut Input<R>) -> Result<Block> {
     let Some(len) = input.read_u32()? else {
         return Ok(Block::Partial);
     };
+    let Some(prefix_crc) = input.read_u32()? else {
+        return Ok(Block::Partial);
+    };
+    let mut prefix = [tag, 0, 0, 0, 0];
+    prefix[1..].copy_from_slice(&len.to_le_bytes());
+    if prefix_crc != crc32(&prefix) {
+        return Ok(Block::DamagedPrefix { offset });
+    }
     Ok(match input.read_payload(len)? {
         None => Block::Partial,
         Some((payload, crc_ok)) => Block::Complete {
@@ -257,6 +277,11 @@ pub fn read_header<R: Read>(input: &mut Input<R>) -> Result<TraceHeader> {
     if got < HEADER_PREFIX_LEN {
         return Err(TraceError::HeaderTruncated { bytes: got as u64 });
     }
+    if le_u32(&prefix, 16) != crc32(&prefix[8..16]) {
+        return Err(TraceError::corrupt(
+            "the header's version and length do not match their checksum",
+        ));
+    }
     let Some((payload, crc_ok)) = input.read_payload(le_u32(&prefix, 12))? else {
         // With a known length, report the input's size rather than what was read.
         let bytes = input.pos() + input.remaining().unwrap_or(0);
@@ -278,10 +303,16 @@ fn decode_header(payload: &[u8], version: u32) -> Result<TraceHeader> {
             header.format_version
         )));
     }
+    if header.digest_scheme != crate::DIGEST_SCHEME {
+        return Err(TraceError::DigestScheme {
+            written: header.digest_scheme,
+            computes: crate::DIGEST_SCHEME,
+        });
+    }
     Ok(header)
 }
 
-/// The little-endian `u32` at byte `at` (8 or 12) of the header prefix.
+/// The little-endian `u32` at byte `at` (8, 12 or 16) of the header prefix.
 fn le_u32(prefix: &[u8; HEADER_PREFIX_LEN], at: usize) -> u32 {
     u32::from_le_bytes([prefix[at], prefix[at + 1], prefix[at + 2], prefix[at + 3]])
 }
@@ -317,12 +348,16 @@ mod tests {
     }
 
     #[test]
-    fn block_layout_is_tag_len_payload_crc() {
+    fn block_layout_is_tag_len_prefix_crc_payload_crc() {
         let b = tagged_block(TAG_RECORD, b"abc");
         assert_eq!(b[0], TAG_RECORD);
         assert_eq!(&b[1..5], &3u32.to_le_bytes());
-        assert_eq!(&b[5..8], b"abc");
-        assert_eq!(&b[8..12], &crc32fast::hash(b"abc").to_le_bytes());
+        assert_eq!(&b[5..9], &crc32fast::hash(&b[0..5]).to_le_bytes());
+        assert_eq!(&b[9..12], b"abc");
+        assert_eq!(&b[12..16], &crc32fast::hash(b"abc").to_le_bytes());
+        let h = header_block(b"xy");
+        assert_eq!(&h[8..12], &FORMAT_VERSION.to_le_bytes());
+        assert_eq!(&h[16..20], &crc32fast::hash(&h[8..16]).to_le_bytes());
         // The standard CRC-32 check value pins the polynomial crc32fast uses.
         assert_eq!(crc32(b"123456789"), 0xcbf4_3926);
     }

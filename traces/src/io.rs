@@ -213,6 +213,10 @@ impl<R: Read> TraceReader<R> {
                 self.truncated = true;
                 Ok(None)
             }
+            Block::DamagedPrefix { offset } => Err(TraceError::corrupt(format!(
+                "block {} (at byte {offset}): its length does not match its checksum",
+                self.num_records
+            ))),
             Block::UnknownTag { tag, offset } => Err(TraceError::corrupt(format!(
                 "unknown block tag {tag} at byte {offset}, after record {}",
                 self.num_records

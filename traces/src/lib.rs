@@ -13,11 +13,11 @@ pub mod format;
 pub mod io;
 pub mod types;
 
-pub use digest::{digest_bytes, digest_f32, Fnv1a64};
+pub use digest::{digest_bytes, digest_f32, Fnv1a64, DIGEST_SCHEME};
 pub use error::{Result, TraceError};
 pub use format::{FORMAT_VERSION, MAGIC, MAX_BLOCK_BYTES};
 pub use io::{read_all, read_all_from, Completeness, TraceReader, TraceWriter};
 pub use types::{
     ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors, TraceFooter, TraceHeader,
-    TraceRequest, TraceRow,
+    TraceRequest, TraceRow, TraceViolation,
 };

@@ -37,6 +37,10 @@ pub struct TraceHeader {
     /// `"CPU reference (f32)"` on the CPU. A replay compares bit for bit only where both
     /// the kind and this match.
     pub kernels: String,
+    /// The digest scheme every digest of the file follows (version 6):
+    /// [`crate::DIGEST_SCHEME`] is FNV-1a-64 as `FORMAT.md` defines it. A reader refuses
+    /// another, so a changed digest can never read as a divergence.
+    pub digest_scheme: u32,
     /// Whether the recording computed in bf16 (the flash decode's queries and
     /// probabilities, the projections' activations), which widens a cross-kernel
     /// comparison's tolerances (version 5).
@@ -155,6 +159,20 @@ pub struct StepRecord {
     pub drafter_digest: u64,
     /// With `trace_tensors`: the step's full attention outputs and logits.
     pub tensors: Option<StepTensors>,
+    /// The engine invariants this step's plan violated (version 6), as the run found
+    /// them.
+    pub violations: Vec<TraceViolation>,
+}
+
+/// One invariant a step violated.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TraceViolation {
+    /// The invariant's name, as `sim` prints it.
+    pub rule: String,
+    /// The planned row, when the invariant is about one row.
+    pub row: Option<u32>,
+    /// What was wrong.
+    pub detail: String,
 }
 
 /// The full tensors of one step, stored when the header says `trace_tensors`, so a

@@ -184,14 +184,50 @@ fn a_version_1_trace_without_a_backend_is_refused_by_version() {
     assert!(!matches!(err, TraceError::Version { .. }), "{err}");
 }
 
-/// A valid header followed by a record block prefix declaring `len` and a few bytes.
+/// A valid header followed by a record block prefix declaring `len` (with the prefix's
+/// own checksum, so the length reads as written on purpose) and a few bytes.
 fn header_then_record_len(len: u32) -> Vec<u8> {
     let (mut bytes, ends) = encode(&sample_header(), &[]);
     bytes.truncate(ends[0]);
+    let start = bytes.len();
     bytes.push(TAG_RECORD);
     bytes.extend_from_slice(&len.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[start..]);
+    bytes.extend_from_slice(&crc.to_le_bytes());
     bytes.extend_from_slice(&[0u8; 16]);
     bytes
+}
+
+/// Postmortem (issue 22, defect 6): a bit flipped in a record's length made the reader
+/// wait for bytes past the end, so a damaged trace read as a cut-off one. The prefix's
+/// checksum now says corrupt, naming the block.
+#[test]
+fn a_flipped_record_length_is_corruption_not_truncation() {
+    let (mut bytes, ends) = encode(&sample_header(), &sample_records(3));
+    bytes[ends[1] + 3] ^= 0x40;
+    for total in [Some(bytes.len() as u64), None] {
+        let err = read_all_from(&bytes[..], total).unwrap_err();
+        assert!(matches!(err, TraceError::Corrupt { .. }), "{err}");
+        assert!(
+            err.to_string().contains("block 1 (at byte")
+                && err
+                    .to_string()
+                    .contains("its length does not match its checksum"),
+            "{err}"
+        );
+    }
+}
+
+#[test]
+fn a_flipped_header_length_is_corruption() {
+    let (mut bytes, _) = encode(&sample_header(), &[]);
+    bytes[13] ^= 0x01;
+    let err = read_all_from(&bytes[..], Some(bytes.len() as u64)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("version and length do not match their checksum"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -210,6 +246,8 @@ fn an_absurd_record_length_is_too_large() {
 fn an_absurd_header_length_is_too_large() {
     let (mut bytes, _) = encode(&sample_header(), &[]);
     bytes[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+    let crc = crc32fast::hash(&bytes[8..16]);
+    bytes[16..20].copy_from_slice(&crc.to_le_bytes());
     let err = read_all_from(&bytes[..], Some(bytes.len() as u64)).unwrap_err();
     assert!(matches!(err, TraceError::TooLarge { .. }), "{err}");
 }
@@ -239,7 +277,8 @@ fn a_valid_checksum_over_garbage_is_a_decode_error_naming_the_record() {
 #[test]
 fn a_payload_flip_names_the_record() {
     let (mut bytes, ends) = encode(&sample_header(), &sample_records(3));
-    bytes[ends[1] + 7] ^= 0x10;
+    // Past the tag, length and prefix checksum: inside the payload.
+    bytes[ends[1] + 11] ^= 0x10;
     let err = read_all_from(&bytes[..], None).unwrap_err();
     assert!(matches!(err, TraceError::Checksum { record: 1 }), "{err}");
     assert_eq!(
@@ -306,4 +345,33 @@ fn error_messages_are_single_lines() {
             assert!(!e.to_string().contains('\n'), "{e}");
         }
     }
+}
+
+/// Postmortem (issue 22, defect 6): digests had no version, so a changed digest would
+/// have read as a divergence at step 0. The header names its scheme, and a reader
+/// refuses another by number.
+#[test]
+fn another_digest_scheme_is_refused_by_number() {
+    let mut h = sample_header();
+    h.digest_scheme = specmla_traces::DIGEST_SCHEME + 1;
+    let (bytes, _) = encode(&h, &sample_records(1));
+    let err = read_all_from(&bytes[..], None).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "trace digests follow scheme {}, this build computes scheme {}",
+            specmla_traces::DIGEST_SCHEME + 1,
+            specmla_traces::DIGEST_SCHEME
+        )
+    );
+}
+
+/// Violations found while recording survive the round trip.
+#[test]
+fn violations_are_recorded() {
+    let (bytes, _) = encode(&sample_header(), &sample_records(3));
+    let (_, records, _) = read_all_from(&bytes[..], None).unwrap();
+    assert!(records[0].violations.is_empty());
+    assert_eq!(records[1].violations[0].rule, "split_schedule");
+    assert_eq!(records[1].violations[0].row, Some(0));
 }

@@ -6,7 +6,7 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use specmla_traces::{
     ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors, TraceError, TraceHeader,
-    TraceReader, TraceRequest, TraceRow, TraceWriter, FORMAT_VERSION,
+    TraceReader, TraceRequest, TraceRow, TraceViolation, TraceWriter, FORMAT_VERSION,
 };
 
 /// A small fixed header.
@@ -29,6 +29,7 @@ pub fn sample_header() -> TraceHeader {
         }],
         backend: "cpu".into(),
         kernels: "CPU reference (f32)".into(),
+        digest_scheme: specmla_traces::DIGEST_SCHEME,
         bf16_compute: false,
     }
 }
@@ -81,6 +82,15 @@ pub fn sample_record(step: u64) -> StepRecord {
             attn_outputs: vec![vec![step as f32, -0.5, 1e-3]],
             logits: vec![0.25, -(step as f32)],
         }),
+        violations: if step == 1 {
+            vec![TraceViolation {
+                rule: "split_schedule".into(),
+                row: Some(0),
+                detail: "a stale schedule".into(),
+            }]
+        } else {
+            vec![]
+        },
     }
 }
 
@@ -229,6 +239,7 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
                     workload,
                     backend,
                     kernels,
+                    digest_scheme: specmla_traces::DIGEST_SCHEME,
                     bf16_compute,
                 }
             },
@@ -310,6 +321,7 @@ pub fn record() -> impl Strategy<Value = StepRecord> {
                 },
             ),
         ),
+        vec(violation(), 0..3),
     )
         .prop_map(
             |(
@@ -318,6 +330,7 @@ pub fn record() -> impl Strategy<Value = StepRecord> {
                 (forced_drafts, logits_digest, hidden_digest),
                 (layers, drafter_digest),
                 tensors,
+                violations,
             )| StepRecord {
                 step,
                 rows,
@@ -334,6 +347,16 @@ pub fn record() -> impl Strategy<Value = StepRecord> {
                 layers,
                 drafter_digest,
                 tensors,
+                violations,
             },
         )
+}
+
+fn violation() -> impl Strategy<Value = TraceViolation> {
+    (
+        "[a-z_]{1,12}",
+        proptest::option::of(any::<u32>()),
+        ".{0,24}",
+    )
+        .prop_map(|(rule, row, detail)| TraceViolation { rule, row, detail })
 }
