@@ -1,6 +1,9 @@
-//! Pictures `throughput` (TFLOP/s) and `bandwidth` (GB/s) against context length: one
-//! panel per q_len, one series per (kernel, mode, heads, batch) of the decode-like
-//! kernels (the same color in every panel), the GEMM or copy ceiling as a horizontal line.
+//! Pictures `throughput` (TFLOP/s) and `bandwidth` (GB/s) against context length: a row
+//! of panels per head count and a panel per q_len, one series per (kernel, mode, batch)
+//! of the decode-like kernels, the GEMM or copy ceiling as a horizontal line. A series'
+//! color is its kernel's, its dash its mode's and its width its batch's, and the legend
+//! names those parts once each, so a sweep of many kernels, modes and batches never
+//! shares a color between kernels (a bench run has at most ten kernels).
 //! Picture `prefill`: the prefill attention's TFLOP/s against keys per row, one panel for
 //! causal rows (queries = keys) and one per q_len of the non-causal ones; a line per
 //! (kernel, variant, heads, batch), colored by kernel and variant, dashed for the smaller
@@ -206,6 +209,100 @@ pub fn panels(series: &[ContextSeries]) -> (Vec<u32>, Vec<&SeriesKey>) {
 
 /// Width of one q_len panel.
 const PANEL_WIDTH_PX: u32 = 470;
+/// Height of one row of panels (one head count).
+const PANEL_HEIGHT_PX: u32 = 560;
+
+/// The decode pictures' parts: head counts (rows of panels), kernels (colors), modes
+/// (dash) and batches (line widths), each ascending.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facets {
+    pub heads: Vec<u32>,
+    pub kernels: Vec<String>,
+    pub modes: Vec<String>,
+    pub batches: Vec<u32>,
+}
+
+impl Facets {
+    /// The parts `series` use.
+    pub fn of(series: &[ContextSeries]) -> Self {
+        fn sorted<T: Ord + Clone>(v: impl Iterator<Item = T>) -> Vec<T> {
+            let mut v: Vec<T> = v.collect();
+            v.sort();
+            v.dedup();
+            v
+        }
+        Self {
+            heads: sorted(series.iter().map(|s| s.key.heads)),
+            kernels: sorted(series.iter().map(|s| s.key.kernel.clone())),
+            modes: sorted(series.iter().map(|s| s.key.mode.clone())),
+            batches: sorted(series.iter().map(|s| s.key.batch)),
+        }
+    }
+
+    /// A series' style: its kernel's color and marker, its mode's dash and fill, its
+    /// batch's line width (1 px for the smallest batch, one more per larger one, at most
+    /// 4).
+    pub fn style(&self, key: &SeriesKey) -> SeriesStyle {
+        let colors = style::kernel_colors(&self.kernels);
+        let k = self
+            .kernels
+            .iter()
+            .position(|k| *k == key.kernel)
+            .unwrap_or(0);
+        let b = self
+            .batches
+            .iter()
+            .position(|&b| b == key.batch)
+            .unwrap_or(0);
+        SeriesStyle {
+            width_px: 1 + b.min(3) as u32,
+            ..style::series_style(&key.kernel, &key.mode, colors[k])
+        }
+    }
+
+    /// The legend: the ceiling, then each kernel (its color), each mode (its dash) and
+    /// each batch (its width) once.
+    fn legend(&self, ceiling: &str) -> Vec<LegendEntry> {
+        let gray = style::CEILING_COLOR;
+        let colors = style::kernel_colors(&self.kernels);
+        let mut out = vec![LegendEntry {
+            label: ceiling.to_string(),
+            style: Some(CEILING_STYLE),
+        }];
+        for (k, c) in self.kernels.iter().zip(colors) {
+            out.push(LegendEntry {
+                label: crate::data::kernel_label(k, ""),
+                style: Some(SeriesStyle {
+                    width_px: 2,
+                    ..style::series_style(k, "", c)
+                }),
+            });
+        }
+        for m in self.modes.iter().filter(|m| !m.is_empty()) {
+            out.push(LegendEntry {
+                label: format!("mode {m}"),
+                style: Some(SeriesStyle {
+                    marker: None,
+                    width_px: 2,
+                    ..style::series_style("", m, gray)
+                }),
+            });
+        }
+        for (i, b) in self.batches.iter().enumerate() {
+            out.push(LegendEntry {
+                label: format!("batch {b}"),
+                style: Some(SeriesStyle {
+                    color: gray,
+                    marker: None,
+                    filled: true,
+                    dashed: Some(false),
+                    width_px: 1 + i.min(3) as u32,
+                }),
+            });
+        }
+        out
+    }
+}
 
 /// The `throughput` or `bandwidth` picture, ready to draw.
 pub struct ContextPicture {
@@ -269,7 +366,15 @@ impl Picture for ContextPicture {
 
     fn size_px(&self) -> (u32, u32) {
         let panels = panels(&self.series).0.len() as u32;
-        (panels * PANEL_WIDTH_PX + style::LEGEND_WIDTH_PX + 20, 720)
+        let rows = match self.metric {
+            Metric::Prefill => 1,
+            _ => Facets::of(&self.series).heads.len() as u32,
+        };
+        let height = (rows * PANEL_HEIGHT_PX + 160).max(720);
+        (
+            panels * PANEL_WIDTH_PX + style::LEGEND_WIDTH_PX + 20,
+            height,
+        )
     }
 
     fn draw<DB>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
@@ -281,14 +386,10 @@ impl Picture for ContextPicture {
         let width_px = root.dim_in_pixel().0;
         let (charts, legend_area) = root.split_horizontally(width_px - style::LEGEND_WIDTH_PX);
         let (q_lens, keys) = panels(&self.series);
-        let styles: Vec<SeriesStyle> = match self.metric {
-            Metric::Prefill => prefill_styles(&keys),
-            _ => keys
-                .iter()
-                .enumerate()
-                .map(|(i, k)| style::series_style(&k.kernel, &k.mode, style::palette(i)))
-                .collect(),
-        };
+        if self.metric != Metric::Prefill {
+            return self.draw_decode(&charts, &legend_area, &q_lens);
+        }
+        let styles: Vec<SeriesStyle> = prefill_styles(&keys);
         let style_of = |key: &SeriesKey| {
             let i = keys.iter().position(|k| k.style_key() == key.style_key());
             styles[i.expect("every series has a style slot")]
@@ -300,7 +401,7 @@ impl Picture for ContextPicture {
                 .iter()
                 .filter(|s| s.key.q_len == q_len)
                 .collect();
-            self.draw_panel(area, q_len, &series, &style_of)?;
+            self.draw_panel(area, (q_len, None), &series, &style_of)?;
         }
         let mut legend = vec![LegendEntry {
             label: self.ceiling_name().to_string(),
@@ -325,6 +426,35 @@ const CEILING_STYLE: SeriesStyle = SeriesStyle {
 };
 
 impl ContextPicture {
+    /// The decode pictures: a row of q_len panels per head count, styled by [`Facets`].
+    fn draw_decode<DB>(
+        &self,
+        charts: &DrawingArea<DB, Shift>,
+        legend_area: &DrawingArea<DB, Shift>,
+        q_lens: &[u32],
+    ) -> DrawResult
+    where
+        DB: DrawingBackend,
+        DB::ErrorType: 'static,
+    {
+        let facets = Facets::of(&self.series);
+        let style_of = |key: &SeriesKey| facets.style(key);
+        let areas = charts.split_evenly((facets.heads.len(), q_lens.len()));
+        let cells = facets
+            .heads
+            .iter()
+            .flat_map(|&h| q_lens.iter().map(move |&q| (h, q)));
+        for (area, (heads, q_len)) in areas.iter().zip(cells) {
+            let series: Vec<&ContextSeries> = self
+                .series
+                .iter()
+                .filter(|s| s.key.q_len == q_len && s.key.heads == heads)
+                .collect();
+            self.draw_panel(area, (q_len, Some(heads)), &series, &style_of)?;
+        }
+        style::draw_legend(legend_area, &facets.legend(self.ceiling_name()))
+    }
+
     fn ceiling_name(&self) -> &'static str {
         match self.metric {
             Metric::Tflops | Metric::Prefill => "bf16 GEMM ceiling",
@@ -332,11 +462,12 @@ impl ContextPicture {
         }
     }
 
-    /// One q_len's chart: every panel shares the context and rate ranges.
+    /// One q_len's chart (of one head count in the decode pictures): every panel shares
+    /// the context and rate ranges.
     fn draw_panel<DB>(
         &self,
         area: &DrawingArea<DB, Shift>,
-        q_len: u32,
+        (q_len, heads): (u32, Option<u32>),
         series: &[&ContextSeries],
         style_of: &dyn Fn(&SeriesKey) -> SeriesStyle,
     ) -> DrawResult
@@ -363,10 +494,11 @@ impl ContextPicture {
         let unit = self.metric.unit();
         let mut chart = ChartBuilder::on(area)
             .caption(
-                match (self.metric, q_len) {
-                    (Metric::Prefill, 0) => "causal (queries = keys)".to_string(),
-                    (Metric::Prefill, q) => format!("non-causal, {q} queries"),
-                    (_, q) => format!("q_len {q}"),
+                match (self.metric, q_len, heads) {
+                    (Metric::Prefill, 0, _) => "causal (queries = keys)".to_string(),
+                    (Metric::Prefill, q, _) => format!("non-causal, {q} queries"),
+                    (_, q, Some(h)) => format!("{h} heads, q_len {q}"),
+                    (_, q, None) => format!("q_len {q}"),
                 },
                 (FAMILY, style::AXIS_DESC_PX),
             )
@@ -464,6 +596,64 @@ triton_peer,,128,1,64,0,64,10,1,1,400,40,0,0
             labels,
             vec!["decode/fast h=128 b=64", "decode/invariant h=128 b=64"]
         );
+    }
+
+    /// Postmortem (issue 22, item 7): a sweep's 27 series shared 10 colors, so two
+    /// kernels could look the same. Colors now follow kernels only; modes, heads and
+    /// batches are told apart by dash, panel row and width, each named once.
+    #[test]
+    fn a_big_sweep_gives_each_kernel_its_own_color_and_a_short_legend() {
+        let mut csv = String::from(
+            "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm\ngemm_bf16,,0,0,0,0,0,0,0,0,0,700,0,0\n",
+        );
+        let kernels = ["decode", "decode_wgmma", "decode_mma"];
+        for k in kernels {
+            for m in ["fast", "invariant"] {
+                for h in [16, 128] {
+                    for b in [32, 64, 128] {
+                        csv += &format!("{k},{m},{h},4,{b},4096,64,1,1,1,1,100,0,0\n");
+                    }
+                }
+            }
+        }
+        let bench = Bench::parse(csv.as_bytes(), "t.csv").unwrap();
+        let series = context_series(&bench, Metric::Tflops);
+        assert_eq!(series.len(), 36);
+        let f = Facets::of(&series);
+        assert_eq!(f.heads, vec![16, 128]);
+        assert_eq!(f.batches, vec![32, 64, 128]);
+        let colors: Vec<RGBColor> = kernels
+            .iter()
+            .map(|k| {
+                series
+                    .iter()
+                    .find(|s| s.key.kernel == *k)
+                    .map(|s| f.style(&s.key).color)
+                    .unwrap()
+            })
+            .collect();
+        assert!(colors[0] != colors[1] && colors[1] != colors[2] && colors[0] != colors[2]);
+        // One color per kernel whatever the mode, heads or batch.
+        for s in &series {
+            let k = kernels.iter().position(|k| *k == s.key.kernel).unwrap();
+            assert_eq!(f.style(&s.key).color, colors[k]);
+        }
+        let widths: Vec<u32> = [32, 64, 128]
+            .iter()
+            .map(|&b| {
+                f.style(&SeriesKey {
+                    batch: b,
+                    ..series[0].key.clone()
+                })
+                .width_px
+            })
+            .collect();
+        assert_eq!(widths, vec![1, 2, 3]);
+        // Ceiling, 3 kernels, 2 modes, 3 batches.
+        let legend = f.legend("bf16 GEMM ceiling");
+        assert_eq!(legend.len(), 1 + 3 + 2 + 3);
+        assert_eq!(legend[4].label, "mode fast");
+        assert_eq!(legend[6].label, "batch 32");
     }
 
     #[test]

@@ -7,6 +7,7 @@
 pub mod bisect;
 pub mod compare;
 pub mod replayer;
+pub mod show;
 
 use std::sync::Arc;
 
@@ -195,4 +196,12 @@ pub fn replay_records_on<B: Backend>(
         }
     }
     Ok(report)
+}
+
+/// The default scenario's engine config, once (the fuzz targets' reference config).
+#[doc(hidden)]
+pub fn fuzz_config() -> EngineConfig {
+    static CFG: std::sync::OnceLock<EngineConfig> = std::sync::OnceLock::new();
+    CFG.get_or_init(|| specmla_sim::scenarios::all()[0].cfg.clone())
+        .clone()
 }

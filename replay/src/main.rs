@@ -27,7 +27,7 @@ use specmla_sim::cli::{count, fault_list};
 use specmla_sim::progress::{
     estimate_secs_left, install_interrupt_handler, interrupted, progress_secs, Progress,
 };
-use specmla_traces::{read_all, read_all_from, Completeness, RowPath, StepRecord, TraceWriter};
+use specmla_traces::{read_all, read_all_from, Completeness, StepRecord, TraceWriter};
 
 /// Re-executes a specmla trace (the recorded batches, not a new schedule) and compares
 /// every step with its record: bit for bit on the backend kind that recorded it, within
@@ -517,42 +517,11 @@ fn show(a: &ShowArgs, json: bool) -> Result<ExitCode> {
 }
 
 fn print_step_line(r: &StepRecord) {
-    let decode = r.rows.iter().filter(|x| x.path == RowPath::Decode).count();
-    let tokens: u64 = r.rows.iter().map(|x| x.num_scheduled_tokens).sum();
-    let accepted: u32 = r.num_accepted.iter().sum();
-    let rows = count(r.rows.len(), "row");
-    let violated = match r.violations.len() {
-        0 => String::new(),
-        n => format!(", {} violated", count(n, "invariant")),
-    };
-    say!(
-        "step {:>5}: {rows:>8} ({decode} decode, {} prefill), {tokens:>5} tokens, {} accepted{violated}",
-        r.step,
-        r.rows.len() - decode,
-        count(accepted as usize, "draft")
-    );
+    say!("{}", specmla_replay::show::step_line(r));
 }
 
 fn print_step_detail(r: &StepRecord) {
-    print_step_line(r);
-    for (p, &i) in r.order.iter().enumerate() {
-        // `show` reads records as they are; a damaged order entry is skipped, not trusted.
-        let Some(x) = r.rows.get(i as usize) else {
-            say!("  row {p:>3}: (order names scheduled row {i}, which does not exist)");
-            continue;
-        };
-        let path = match x.path {
-            RowPath::Decode => "decode",
-            RowPath::Prefill => "prefill",
-        };
-        say!(
-            "  row {p:>3}: request {:>4} {path:<7} context {:>5} q {:>3} drafts {} sampled {:?} accepted {} proposals {:?}",
-            x.req_id, x.num_computed_tokens, x.num_scheduled_tokens, x.num_draft_tokens,
-            r.sampled.get(p).cloned().unwrap_or_default(), r.num_accepted.get(p).copied().unwrap_or(0), r.proposals.get(p).cloned().unwrap_or_default()
-        );
-    }
-    for v in &r.violations {
-        let row = v.row.map_or(String::new(), |p| format!(" (row {p})"));
-        say!("  violated: {}{row}: {}", v.rule, v.detail);
+    for l in specmla_replay::show::step_detail(r) {
+        say!("{l}");
     }
 }

@@ -295,6 +295,36 @@ fn write_table(out: &mut String, prefix: &str, t: &toml::Table, base: Option<&to
     }
 }
 
+/// The fuzz target's body (`fuzz/fuzz_targets/run_config.rs`): `data` as a config file,
+/// through parsing, the scenario's and the engine's validation, and (for a small valid
+/// one) its workload, as `sim --config` runs them. Errors are fine (one line each); a
+/// panic is a bug.
+pub fn fuzz_one(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let c = match RunConfig::parse(text) {
+        Ok(c) => c,
+        Err(e) => {
+            assert!(!e.contains('\n'), "a multi-line error: {e}");
+            return;
+        }
+    };
+    let (s, seed) = c.into_scenario();
+    if let Err(e) = s.validate() {
+        assert!(!e.contains('\n'), "a multi-line error: {e}");
+        return;
+    }
+    if let Err(e) = s.cfg.validate() {
+        assert!(!e.to_string().contains('\n'), "a multi-line error: {e}");
+        return;
+    }
+    if s.workload.num_requests <= 64 {
+        let work = scenarios::generate_workload(&s.workload, &s.cfg, seed);
+        let _ = specmla_core::scheduler::validate_workload(&s.cfg, &work);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,6 +12,7 @@ pub mod invariance;
 /// The model both backends run lives in its own crate; re-exported under its old path.
 pub use specmla_model as model;
 pub mod oracle;
+pub mod plan_explain;
 pub mod progress;
 pub mod record;
 pub mod runner;

@@ -10,6 +10,7 @@
 pub mod digest;
 pub mod error;
 pub mod format;
+pub mod fuzzing;
 pub mod io;
 pub mod types;
 
