@@ -41,8 +41,10 @@ pub struct DraftQuery<'a> {
 }
 
 /// Controls acceptance in simulation by forcing some draft tokens (e.g. the greedy
-/// token of an oracle with a seeded probability). Must be deterministic: the same query
-/// after the same history of steps gives the same answer, whatever the batch.
+/// token of an oracle with a seeded probability). Under temperature > 0 a forced draft
+/// must be a draw from the target's own distribution: the engine then takes its q to be
+/// p, so rejection sampling accepts it. Must be deterministic: the same query after the
+/// same history of steps gives the same answer, whatever the batch.
 pub trait DraftOracle {
     fn forced_draft(&mut self, query: DraftQuery<'_>) -> Option<u32>;
 }
@@ -692,23 +694,26 @@ impl<B: Backend> Executor<B> {
     ) -> (u32, Option<Vec<f32>>) {
         let temperature = self.cfg.spec.temperature;
         let req_id = plan.rows[r].req_id;
+        let forced = verifies[r].as_ref().and_then(|v| {
+            let mut suffix = v.new_tokens.clone();
+            suffix.extend_from_slice(earlier);
+            oracle.forced_draft(DraftQuery {
+                req_id,
+                position,
+                suffix: &suffix,
+            })
+        });
         if temperature > 0.0 {
+            // A forced draft was drawn from the target's own distribution: its q is p,
+            // which verification reads as an empty q (`verify_rejection`).
+            if let Some(t) = forced {
+                return (t, Some(Vec::new()));
+            }
             let p = probs(logits, temperature, None);
             let mut rng = keyed_rng(self.opts.seed, Stream::DraftSample, req_id, position as u64);
             return (sample(&p, &mut rng), Some(p));
         }
-        let own = masked_argmax(logits, None).0;
-        let Some(v) = verifies[r].as_ref() else {
-            return (own, None);
-        };
-        let mut suffix = v.new_tokens.clone();
-        suffix.extend_from_slice(earlier);
-        let forced = oracle.forced_draft(DraftQuery {
-            req_id,
-            position,
-            suffix: &suffix,
-        });
-        (forced.unwrap_or(own), None)
+        (forced.unwrap_or_else(|| masked_argmax(logits, None).0), None)
     }
 }
 

@@ -18,6 +18,8 @@ pub enum Stream {
     Grammar = 14,
     /// Garbage for the graph buffers' unwritten regions (poison mode).
     Poison = 15,
+    /// The acceptance controller's draw of a forced draft under temperature > 0.
+    AcceptanceSample = 16,
 }
 
 /// An RNG for one decision about `req_id` at `position`.

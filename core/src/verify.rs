@@ -96,7 +96,8 @@ pub fn sample(p: &[f32], rng: &mut impl Rng) -> u32 {
 /// Standard speculative rejection sampling: accept draft i with probability
 /// min(1, p_i(d)/q_i(d)); on the first rejection sample from norm(max(0, p_i - q_i));
 /// if all are accepted, sample the bonus from p_K. The output is distributed exactly as
-/// sampling from the target alone.
+/// sampling from the target alone. An empty `q_i` is the target's own distribution (a
+/// draft the acceptance controller drew from it): p/q = 1, so it is accepted.
 pub fn verify_rejection(
     req_id: u64,
     drafts: &[u32],
@@ -108,7 +109,7 @@ pub fn verify_rejection(
     for (i, &d) in drafts.iter().enumerate() {
         let (p, q) = (&target_probs[i], &draft_probs[i]);
         let u: f32 = rng.gen();
-        if u * q[d as usize] <= p[d as usize] {
+        if q.is_empty() || u * q[d as usize] <= p[d as usize] {
             new_tokens.push(d);
             continue;
         }

@@ -159,6 +159,8 @@ pub struct SimChecker {
     seed: u64,
     acceptance_rate: f64,
     greedy: bool,
+    /// The run's sampling temperature (0: greedy).
+    temperature: f32,
     tol: Tolerances,
     reqs: BTreeMap<u64, OracleReq>,
     pub tallies: BTreeMap<CheckKind, Tally>,
@@ -171,15 +173,16 @@ pub struct SimChecker {
 }
 
 impl SimChecker {
-    /// A checker for `workload`; `greedy` is false when temperature > 0 (then spec ==
-    /// greedy does not apply and no draft is forced).
+    /// A checker for `workload` at sampling `temperature` (above 0, spec == greedy does not
+    /// apply and a forced draft is a draw from the oracle's distribution).
     pub fn new(
         oracle: Arc<Oracle>,
         workload: &[RequestSpec],
         seed: u64,
         acceptance_rate: f64,
-        greedy: bool,
+        temperature: f32,
     ) -> Self {
+        let greedy = temperature == 0.0;
         let reqs = workload
             .iter()
             .map(|r| {
@@ -198,6 +201,7 @@ impl SimChecker {
             seed,
             acceptance_rate,
             greedy,
+            temperature,
             tol,
             reqs,
             tallies: BTreeMap::new(),
@@ -429,11 +433,11 @@ fn masked_argmax_f64(
 impl DraftOracle for SimChecker {
     /// With probability `acceptance_rate` (a seeded coin per request and position)
     /// proposes the oracle's plain-greedy token, so acceptance is controllable while
-    /// verification stays the real target forward.
+    /// verification stays the real target forward. Under temperature > 0 it proposes a
+    /// draw from the oracle's distribution at that temperature (grammar mask applied),
+    /// which the engine verifies as the target's own: rejection sampling's accept branch
+    /// then runs for real, at about the rate asked.
     fn forced_draft(&mut self, q: DraftQuery<'_>) -> Option<u32> {
-        if !self.greedy {
-            return None;
-        }
         let mut coin = keyed_rng(self.seed, Stream::Acceptance, q.req_id, q.position as u64);
         if !coin.gen_bool(self.acceptance_rate) {
             return None;
@@ -449,7 +453,15 @@ impl DraftOracle for SimChecker {
         req.tokens.extend_from_slice(q.suffix);
         let logits = self.predict(q.req_id, q.position);
         let state = self.grammar_state(q.req_id, q.position);
-        let (token, _) = masked_argmax_f64(&logits, state);
+        let token = if self.greedy {
+            masked_argmax_f64(&logits, state).0
+        } else {
+            let mask = state.map(|(a, s)| a.mask(s));
+            let logits: Vec<f32> = logits.iter().map(|&l| l as f32).collect();
+            let p = specmla_core::verify::probs(&logits, self.temperature, mask.as_ref());
+            let mut rng = keyed_rng(self.seed, Stream::AcceptanceSample, q.req_id, q.position as u64);
+            specmla_core::verify::sample(&p, &mut rng)
+        };
         let req = self.reqs.get_mut(&q.req_id).expect("known request");
         req.tokens.truncate(saved);
         self.forced_log.push((q.req_id, q.position, token));

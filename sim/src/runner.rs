@@ -345,8 +345,9 @@ where
     let backend = make(&cfg, target, drafter)
         .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
     let device = backend.device_name();
-    let greedy = cfg.spec.temperature == 0.0;
-    let mut checker = SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, greedy);
+    let temperature = cfg.spec.temperature;
+    let mut checker =
+        SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, temperature);
     checker.set_tolerances(Tolerances::for_run(
         cfg.kv_cache_dtype,
         backend.bf16_compute(),

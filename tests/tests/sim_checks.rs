@@ -106,7 +106,7 @@ fn run_with_lie(s: &Scenario, seed: u64, lie: Lie) -> (SimChecker, Option<u64>) 
     } else {
         s.acceptance_rate
     };
-    let mut checker = SimChecker::new(oracle, &workload, seed, rate, true);
+    let mut checker = SimChecker::new(oracle, &workload, seed, rate, 0.0);
     let opts = EngineOptions {
         check_layouts: s.check_layouts,
         check_drafter_batches: s.check_drafter_batches,
@@ -273,6 +273,32 @@ fn temperature_sampling_runs_with_rejection_sampling() {
         .iter()
         .all(|t| t.check != CheckKind::SpecEqualsGreedy));
     assert!(sum.stats.accepted_drafts > 0);
+}
+
+/// Postmortem (issue 22, defect 4): under temperature > 0 the acceptance rate did
+/// nothing (4 of 3,153 drafts accepted at rate 0.7). A forced draft is now a draw from
+/// the oracle's distribution, verified as the target's own, so the per-position
+/// acceptance follows the rate: position i is accepted with about rate^i, and the mean
+/// acceptance length is about 1 + sum over i of rate^i (plus the drafter's own small
+/// chance).
+#[test]
+fn acceptance_rate_controls_acceptance_under_temperature() {
+    let mut s = small("mixed_mtp", 16);
+    s.cfg.spec.temperature = 0.7;
+    for rate in [0.0, 0.5, 0.9] {
+        s.acceptance_rate = rate;
+        let sum = run(&s, 5, |_| {}).unwrap();
+        assert!(sum.passed(), "{:?}", sum.failures);
+        let m = &sum.spec_decoding;
+        let expected: f64 = 1.0 + (1..=3).map(|i| rate.powi(i)).sum::<f64>();
+        let got = m.mean_acceptance_length;
+        assert!(
+            got >= expected - 0.15 && got <= expected + 0.25,
+            "rate {rate}: mean acceptance length {got}, expected about {expected}"
+        );
+        let first = m.per_position_acceptance_rate[0];
+        assert!((first - rate).abs() < 0.08, "rate {rate}: position 1 accepted at {first}");
+    }
 }
 
 fn profile() -> impl Strategy<Value = BackendProfile> {
