@@ -317,8 +317,10 @@ impl Plan {
         algo: lt::cublasLtMatmulAlgo_t,
         s: &GemmShape,
     ) -> Result<(), GpuError> {
-        // SAFETY: every descriptor is live; result is a properly sized struct.
+        // SAFETY: a plain C struct of integers and floats, for which all zeros is valid.
         let mut result: lt::cublasLtMatmulHeuristicResult_t = unsafe { std::mem::zeroed() };
+        // SAFETY: every descriptor is live (made by Plan::new); cuBLASLt writes only into
+        // `result`.
         let st = unsafe {
             lt::cublasLtMatmulAlgoCheck(
                 handle,
