@@ -713,7 +713,10 @@ impl<B: Backend> Executor<B> {
             let mut rng = keyed_rng(self.opts.seed, Stream::DraftSample, req_id, position as u64);
             return (sample(&p, &mut rng), Some(p));
         }
-        (forced.unwrap_or_else(|| masked_argmax(logits, None).0), None)
+        (
+            forced.unwrap_or_else(|| masked_argmax(logits, None).0),
+            None,
+        )
     }
 }
 

@@ -459,7 +459,12 @@ impl DraftOracle for SimChecker {
             let mask = state.map(|(a, s)| a.mask(s));
             let logits: Vec<f32> = logits.iter().map(|&l| l as f32).collect();
             let p = specmla_core::verify::probs(&logits, self.temperature, mask.as_ref());
-            let mut rng = keyed_rng(self.seed, Stream::AcceptanceSample, q.req_id, q.position as u64);
+            let mut rng = keyed_rng(
+                self.seed,
+                Stream::AcceptanceSample,
+                q.req_id,
+                q.position as u64,
+            );
             specmla_core::verify::sample(&p, &mut rng)
         };
         let req = self.reqs.get_mut(&q.req_id).expect("known request");

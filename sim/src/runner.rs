@@ -346,8 +346,13 @@ where
         .map_err(|e| RunError::Environment(format!("--backend {}: {e}", B::KIND)))?;
     let device = backend.device_name();
     let temperature = cfg.spec.temperature;
-    let mut checker =
-        SimChecker::new(oracle, &workload, seed, scenario.acceptance_rate, temperature);
+    let mut checker = SimChecker::new(
+        oracle,
+        &workload,
+        seed,
+        scenario.acceptance_rate,
+        temperature,
+    );
     checker.set_tolerances(Tolerances::for_run(
         cfg.kv_cache_dtype,
         backend.bf16_compute(),

@@ -297,7 +297,10 @@ fn acceptance_rate_controls_acceptance_under_temperature() {
             "rate {rate}: mean acceptance length {got}, expected about {expected}"
         );
         let first = m.per_position_acceptance_rate[0];
-        assert!((first - rate).abs() < 0.08, "rate {rate}: position 1 accepted at {first}");
+        assert!(
+            (first - rate).abs() < 0.08,
+            "rate {rate}: position 1 accepted at {first}"
+        );
     }
 }
 

@@ -1,0 +1,215 @@
+//! The `specmla` Python package's native module: the core's planning rules with vLLM's
+//! names and semantics, so an engine's own tests can call the reference where their
+//! metadata is built. Inputs are lists, tuples, numpy arrays or anything with
+//! `.tolist()` (torch tensors), read without importing either library. Bad input raises
+//! `ValueError` or `TypeError` naming the argument; every rule runs behind a panic guard,
+//! so a Rust panic never crosses into Python.
+
+use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
+use pyo3::prelude::*;
+use pyo3::types::PyBool;
+use specmla_core::config::Planner;
+use specmla_core::reorder::{reorder, split, RowShape, SplitInput};
+
+/// `obj` as a Python list of items: `.tolist()` first where it has one (numpy arrays,
+/// torch tensors), then any sequence.
+fn items<'py>(obj: &Bound<'py, PyAny>, name: &str) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    let obj = if obj.hasattr("tolist")? {
+        obj.call_method0("tolist")?
+    } else {
+        obj.clone()
+    };
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>()
+    {
+        return Err(PyTypeError::new_err(format!(
+            "{name}: expected a sequence of integers, got a string"
+        )));
+    }
+    let seq = obj.try_iter().map_err(|_| {
+        PyTypeError::new_err(format!(
+            "{name}: expected a sequence, got {}",
+            type_name(&obj)
+        ))
+    })?;
+    seq.collect()
+}
+
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
+        .name()
+        .map_or_else(|_| "?".into(), |n| n.to_string())
+}
+
+/// A non-negative integer (not a bool, not a float), named `name` in errors.
+fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name}: expected an integer, got {}",
+            type_name(obj)
+        )));
+    }
+    let v: i128 = obj
+        .extract()
+        .map_err(|_| PyValueError::new_err(format!("{name}: an integer out of range")))?;
+    if v < 0 {
+        return Err(PyValueError::new_err(format!("{name}: {v} is negative")));
+    }
+    usize::try_from(v)
+        .ok()
+        .filter(|&n| n <= u32::MAX as usize)
+        .ok_or_else(|| PyValueError::new_err(format!("{name}: {v} is out of range")))
+}
+
+/// A sequence of non-negative integers; element `i` is named `name[i]` in errors.
+fn counts(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
+    items(obj, name)?
+        .iter()
+        .enumerate()
+        .map(|(i, x)| count(x, &format!("{name}[{i}]")))
+        .collect()
+}
+
+/// A sequence of bools (Python bools or 0/1 integers, as a bool tensor's `.tolist()`).
+fn flags(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<bool>> {
+    items(obj, name)?
+        .iter()
+        .enumerate()
+        .map(|(i, x)| {
+            if x.is_instance_of::<PyBool>() {
+                return x.extract();
+            }
+            match count(x, &format!("{name}[{i}]"))? {
+                0 => Ok(false),
+                1 => Ok(true),
+                v => Err(PyValueError::new_err(format!(
+                    "{name}[{i}]: {v} is not a bool"
+                ))),
+            }
+        })
+        .collect()
+}
+
+fn same_len(name: &str, len: usize, other: &str, n: usize) -> PyResult<()> {
+    if len == n {
+        Ok(())
+    } else {
+        Err(PyValueError::new_err(format!(
+            "{name}: {len} entries, but {other} has {n}"
+        )))
+    }
+}
+
+/// Runs a core rule; a panic (a bug: inputs were checked) becomes a RuntimeError.
+fn guarded<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> PyResult<T> {
+    std::panic::catch_unwind(f)
+        .map_err(|_| PyRuntimeError::new_err("specmla internal error (please report it)"))
+}
+
+/// vLLM's `split_decodes_and_prefills` over the query lengths of a batch already
+/// reordered: `(num_decodes, num_prefills, num_decode_tokens, num_prefill_tokens)`.
+/// The decodes are a prefix found from query lengths alone (`is_prefilling` is read
+/// only when `treat_short_extends_as_decodes` is False). `num_actual_tokens` defaults
+/// to the sum of the query lengths (a graph-padded count may be larger).
+#[pyfunction]
+#[pyo3(signature = (query_lens, decode_threshold, require_uniform=false, treat_short_extends_as_decodes=true, is_prefilling=None, num_actual_tokens=None))]
+fn split_decodes_and_prefills(
+    query_lens: &Bound<'_, PyAny>,
+    decode_threshold: &Bound<'_, PyAny>,
+    require_uniform: bool,
+    treat_short_extends_as_decodes: bool,
+    is_prefilling: Option<&Bound<'_, PyAny>>,
+    num_actual_tokens: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(usize, usize, usize, usize)> {
+    let qs = counts(query_lens, "query_lens")?;
+    let thr = count(decode_threshold, "decode_threshold")?;
+    let n = qs.len();
+    let prefilling = match is_prefilling {
+        Some(p) => {
+            let p = flags(p, "is_prefilling")?;
+            same_len("is_prefilling", p.len(), "query_lens", n)?;
+            p
+        }
+        None if !treat_short_extends_as_decodes => {
+            return Err(PyValueError::new_err(
+                "is_prefilling: required when treat_short_extends_as_decodes is False",
+            ))
+        }
+        None => vec![false; n],
+    };
+    let sum: usize = qs.iter().sum();
+    let total = match num_actual_tokens {
+        Some(t) => count(t, "num_actual_tokens")?,
+        None => sum,
+    };
+    if total < sum {
+        return Err(PyValueError::new_err(format!(
+            "num_actual_tokens: {total} is below the {sum} tokens of query_lens"
+        )));
+    }
+    let c = guarded(|| {
+        split(SplitInput {
+            query_lens: &qs,
+            num_actual_tokens: total,
+            decode_threshold: thr,
+            require_uniform,
+            treat_short_extends_as_decodes,
+            is_prefilling: &prefilling,
+        })
+    })?;
+    Ok((
+        c.num_decodes,
+        c.num_prefills,
+        c.num_decode_tokens,
+        c.num_prefill_tokens,
+    ))
+}
+
+/// vLLM's `reorder_batch_to_split_decodes_and_prefills`: `(order, modified)`, where
+/// `order[i]` is the input row placed at position `i` and `modified` says whether any
+/// row moved. `planner` is "vllm" (the four-region rule: decode, short_extend,
+/// long_extend, prefill) or "vllm-3region" (decode, extend, prefill).
+#[pyfunction]
+#[pyo3(signature = (num_computed_tokens, num_scheduled_tokens, num_prompt_tokens, decode_threshold, planner="vllm"))]
+fn reorder_batch(
+    num_computed_tokens: &Bound<'_, PyAny>,
+    num_scheduled_tokens: &Bound<'_, PyAny>,
+    num_prompt_tokens: &Bound<'_, PyAny>,
+    decode_threshold: &Bound<'_, PyAny>,
+    planner: &str,
+) -> PyResult<(Vec<usize>, bool)> {
+    let computed = counts(num_computed_tokens, "num_computed_tokens")?;
+    let scheduled = counts(num_scheduled_tokens, "num_scheduled_tokens")?;
+    let prompt = counts(num_prompt_tokens, "num_prompt_tokens")?;
+    let n = computed.len();
+    same_len(
+        "num_scheduled_tokens",
+        scheduled.len(),
+        "num_computed_tokens",
+        n,
+    )?;
+    same_len("num_prompt_tokens", prompt.len(), "num_computed_tokens", n)?;
+    let thr = count(decode_threshold, "decode_threshold")?;
+    let planner = Planner::from_name(planner).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "planner: {planner:?} is not one of {:?}",
+            Planner::ALL.map(|p| p.name())
+        ))
+    })?;
+    let rows: Vec<RowShape> = (0..n)
+        .map(|i| RowShape {
+            num_computed_tokens: computed[i],
+            num_scheduled_tokens: scheduled[i],
+            num_prompt_tokens: prompt[i],
+        })
+        .collect();
+    guarded(|| reorder(planner, &rows, thr))
+}
+
+/// The native module behind `specmla`.
+#[pymodule]
+fn _specmla(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(split_decodes_and_prefills, m)?)?;
+    m.add_function(wrap_pyfunction!(reorder_batch, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

@@ -1,0 +1,148 @@
+"""The specmla package against vLLM's own test cases (the inputs and expected outputs of
+vLLM's tests/v1/attention/test_attention_splitting.py and test_batch_reordering.py, as
+specmla's Rust table tests hold them), the input types an engine passes, and the errors
+bad input gets."""
+
+import random
+
+import numpy as np
+import pytest
+
+import specmla
+
+# (name, query_lens, decode_threshold, require_uniform, num_actual_tokens, expected)
+SPLIT_CASES = [
+    ("nonuniform_all_ones", [1, 1, 1], 1, False, None, (3, 0, 3, 0)),
+    ("nonuniform_all_short_decodes", [1, 2, 1, 3, 2, 1, 2], 3, False, None, (7, 0, 12, 0)),
+    ("nonuniform_all_prefills", [4, 5, 6, 7], 3, False, None, (0, 4, 0, 22)),
+    ("nonuniform_mixed_batch", [2, 1, 3, 4, 5, 6, 7, 8], 4, False, None, (4, 4, 10, 26)),
+    ("uniform_all_ones", [1, 1, 1], 1, True, None, (3, 0, 3, 0)),
+    ("uniform_all_short_decodes", [2, 2, 1, 3, 2, 1, 2], 3, True, None, (2, 5, 4, 9)),
+    ("uniform_all_prefills", [4, 5, 6, 7], 3, True, None, (0, 4, 0, 22)),
+    ("uniform_mixed_batch_all_uniform_decodes", [2, 2, 2, 4, 5, 6, 7, 8], 4, True, None, (3, 5, 6, 30)),
+    ("uniform_mixed_batch_non_uniform_decodes", [2, 1, 2, 4, 5, 6, 7, 8], 4, True, None, (1, 7, 2, 33)),
+    ("uniform_padded_batch_all_same", [2, 2, 2, 0], 3, True, 8, (4, 0, 8, 0)),
+]
+
+
+@pytest.mark.parametrize("name,qs,thr,uniform,padded,want", SPLIT_CASES, ids=[c[0] for c in SPLIT_CASES])
+def test_vllm_split_cases(name, qs, thr, uniform, padded, want):
+    got = specmla.split_decodes_and_prefills(
+        qs, thr, require_uniform=uniform, num_actual_tokens=padded
+    )
+    assert got == want
+
+
+def test_short_extends_end_the_decodes_when_not_treated_as_decodes():
+    got = specmla.split_decodes_and_prefills(
+        [1, 1, 5],
+        1,
+        treat_short_extends_as_decodes=False,
+        is_prefilling=[False, True, True],
+    )
+    assert got == (1, 2, 1, 6)
+
+
+# (name, rows as (num_scheduled, num_computed, num_prompt), expected order, modified, threshold)
+FOUR_REGION_CASES = [
+    ("all_decodes", [(1, 10, 10), (1, 20, 20), (1, 30, 30)], [0, 1, 2], False, 1),
+    ("mixed_decodes_long_extends", [(100, 100, 100), (1, 10, 10), (200, 200, 200), (1, 20, 20)], [3, 1, 2, 0], True, 1),
+    ("decodes_at_end", [(100, 100, 100), (200, 200, 200), (1, 10, 10), (1, 20, 20)], [2, 3, 0, 1], True, 1),
+    ("decode_long_extend_prefill", [(100, 0, 100), (10, 50, 50), (1, 10, 10)], [2, 1, 0], True, 1),
+    (
+        "complicated_mixed",
+        [(1, 20, 20), (1, 50, 50), (374, 0, 374), (300, 20, 20), (1, 20, 20), (256, 0, 256), (1, 5, 5), (27, 0, 27), (1, 4, 4)],
+        [0, 1, 6, 8, 4, 3, 2, 7, 5],
+        True,
+        1,
+    ),
+    ("new_request_single_token_prefill", [(100, 0, 100), (1, 0, 1), (50, 100, 100), (1, 10, 10)], [3, 2, 0, 1], True, 1),
+    ("four_way_needs_reorder", [(100, 0, 100), (1, 50, 100), (1, 100, 100), (10, 50, 100)], [2, 1, 3, 0], True, 1),
+    ("four_way_multiple_short_extends", [(2, 100, 100), (2, 50, 200), (2, 75, 150), (2, 200, 200)], [0, 3, 2, 1], True, 2),
+    ("four_way_spec_decode_threshold", [(5, 100, 100), (5, 50, 100), (5, 0, 100), (10, 50, 100)], [0, 1, 3, 2], True, 5),
+]
+
+
+@pytest.mark.parametrize("name,rows,order,modified,thr", FOUR_REGION_CASES, ids=[c[0] for c in FOUR_REGION_CASES])
+def test_vllm_reorder_cases_four_region(name, rows, order, modified, thr):
+    scheduled = [r[0] for r in rows]
+    computed = [r[1] for r in rows]
+    prompt = [r[2] for r in rows]
+    assert specmla.reorder_batch(computed, scheduled, prompt, thr) == (order, modified)
+
+
+def test_the_three_region_planner_keeps_short_extends_with_decodes():
+    # A short extend (context, q <= threshold, prompt not done): a decode under the
+    # three-region rule, its own region (after the decodes) under the four-region one.
+    computed, scheduled, prompt = [50, 100], [1, 1], [100, 100]
+    assert specmla.reorder_batch(computed, scheduled, prompt, 1, planner="vllm-3region") == ([0, 1], False)
+    assert specmla.reorder_batch(computed, scheduled, prompt, 1, planner="vllm") == ([1, 0], True)
+
+
+class Tensorish:
+    """What a torch tensor offers the package: `.tolist()`."""
+
+    def __init__(self, values):
+        self.values = values
+
+    def tolist(self):
+        return list(self.values)
+
+
+@pytest.mark.parametrize(
+    "wrap",
+    [list, tuple, np.array, lambda v: np.array(v, dtype=np.int32), Tensorish],
+    ids=["list", "tuple", "numpy int64", "numpy int32", "tolist"],
+)
+def test_inputs_of_every_kind_give_the_same_answer(wrap):
+    qs = [2, 1, 3, 4, 5, 6, 7, 8]
+    assert specmla.split_decodes_and_prefills(wrap(qs), 4) == (4, 4, 10, 26)
+    rows = FOUR_REGION_CASES[4][1]
+    got = specmla.reorder_batch(
+        wrap([r[1] for r in rows]), wrap([r[0] for r in rows]), wrap([r[2] for r in rows]), 1
+    )
+    assert got == (FOUR_REGION_CASES[4][2], True)
+    flags = specmla.split_decodes_and_prefills(
+        [1, 1, 5], 1, treat_short_extends_as_decodes=False, is_prefilling=np.array([False, True, True])
+    )
+    assert flags == (1, 2, 1, 6)
+
+
+@pytest.mark.parametrize(
+    "call,exc,needle",
+    [
+        (lambda: specmla.reorder_batch([1, 2], [1], [1, 2], 1), ValueError, "num_scheduled_tokens: 1 entries, but num_computed_tokens has 2"),
+        (lambda: specmla.split_decodes_and_prefills([1, -1], 1), ValueError, "query_lens[1]: -1 is negative"),
+        (lambda: specmla.split_decodes_and_prefills([1, 1.5], 1), TypeError, "query_lens[1]: expected an integer, got float"),
+        (lambda: specmla.split_decodes_and_prefills([1, True], 1), TypeError, "query_lens[1]: expected an integer, got bool"),
+        (lambda: specmla.split_decodes_and_prefills("11", 1), TypeError, "query_lens: expected a sequence of integers, got a string"),
+        (lambda: specmla.split_decodes_and_prefills(7, 1), TypeError, "query_lens: expected a sequence, got int"),
+        (lambda: specmla.split_decodes_and_prefills([1], -2), ValueError, "decode_threshold: -2 is negative"),
+        (lambda: specmla.split_decodes_and_prefills([1], 1, treat_short_extends_as_decodes=False), ValueError, "is_prefilling: required"),
+        (lambda: specmla.split_decodes_and_prefills([1, 2], 1, is_prefilling=[True]), ValueError, "is_prefilling: 1 entries, but query_lens has 2"),
+        (lambda: specmla.split_decodes_and_prefills([1, 2], 1, is_prefilling=[0, 2]), ValueError, "is_prefilling[1]: 2 is not a bool"),
+        (lambda: specmla.split_decodes_and_prefills([3, 4], 1, num_actual_tokens=5), ValueError, "num_actual_tokens: 5 is below the 7 tokens"),
+        (lambda: specmla.split_decodes_and_prefills([2**40], 1), ValueError, "query_lens[0]: 1099511627776 is out of range"),
+        (lambda: specmla.reorder_batch([1], [1], [1], 1, planner="sglang"), ValueError, "planner: \"sglang\" is not one of"),
+    ],
+)
+def test_bad_input_raises_naming_the_argument(call, exc, needle):
+    with pytest.raises(exc) as e:
+        call()
+    assert needle in str(e.value)
+
+
+def test_random_batches_never_escape_as_anything_but_answers_or_named_errors():
+    rng = random.Random(7)
+    for _ in range(2000):
+        n = rng.randrange(0, 12)
+        computed = [rng.randrange(0, 300) for _ in range(n)]
+        scheduled = [rng.randrange(0, 20) for _ in range(n)]
+        prompt = [rng.randrange(0, 300) for _ in range(n)]
+        thr = rng.randrange(0, 8)
+        order, modified = specmla.reorder_batch(computed, scheduled, prompt, thr, planner=rng.choice(["vllm", "vllm-3region"]))
+        assert sorted(order) == list(range(n))
+        assert modified == (order != list(range(n)))
+        qs = [scheduled[i] for i in order]
+        d, p, dt, pt = specmla.split_decodes_and_prefills(qs, thr, require_uniform=rng.random() < 0.5)
+        assert d + p == n and dt + pt == sum(qs)
