@@ -3,8 +3,9 @@ semantics, for an engine's own tests: see the repository's README ("Python")."""
 
 from specmla._specmla import (  # noqa: F401
     __version__,
+    plan_batch,
     reorder_batch,
     split_decodes_and_prefills,
 )
 
-__all__ = ["reorder_batch", "split_decodes_and_prefills", "__version__"]
+__all__ = ["plan_batch", "reorder_batch", "split_decodes_and_prefills", "__version__"]

@@ -8,8 +8,9 @@
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
-use specmla_core::config::Planner;
+use specmla_core::config::{BackendProfile, Planner, RowLayout};
 use specmla_core::reorder::{reorder, split, RowShape, SplitInput};
+use specmla_sim::plan_explain::{explain_batch, PlanOptions};
 
 /// `obj` as a Python list of items: `.tolist()` first where it has one (numpy arrays,
 /// torch tensors), then any sequence.
@@ -58,6 +59,12 @@ fn count(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
         .ok()
         .filter(|&n| n <= u32::MAX as usize)
         .ok_or_else(|| PyValueError::new_err(format!("{name}: {v} is out of range")))
+}
+
+/// [`count`] of `obj`, or `default` where it is None (an argument left out).
+fn count_or(obj: Option<&Bound<'_, PyAny>>, name: &str, default: usize) -> PyResult<usize> {
+    obj.filter(|o| !o.is_none())
+        .map_or(Ok(default), |o| count(o, name))
 }
 
 /// A sequence of non-negative integers; element `i` is named `name[i]` in errors.
@@ -205,11 +212,102 @@ fn reorder_batch(
     guarded(|| reorder(planner, &rows, thr))
 }
 
+/// The whole `sim plan` result for one batch, as a dict (the JSON `sim plan` prints):
+/// the reorder (`order`, `reordered`, each row's region and path), the split counts,
+/// `query_start_loc`, `seq_lens`, the context chunks, the graph dispatch and the logits
+/// indices, for the batch of rows `(num_computed_tokens[i], num_scheduled_tokens[i],
+/// num_prompt_tokens[i])` under `profile` (an attention backend profile: "flashmla",
+/// "flashinfer_mla", "cutlass_mla", "flash_attn_mla", "triton_mla") with K =
+/// `num_spec_tokens`. Left out: pages of 16, vLLM's thresholds for the profile, a
+/// workspace of 65,536 tokens, graphs captured up to 512 tokens, decode-first.
+#[pyfunction]
+#[pyo3(signature = (num_computed_tokens, num_scheduled_tokens, num_prompt_tokens, profile, num_spec_tokens, page_size=None, planner="vllm", reorder_batch_threshold=None, require_uniform=None, workspace_tokens=None, max_capture_size=None, layout="decode-first"))]
+#[allow(clippy::too_many_arguments)]
+fn plan_batch<'py>(
+    py: Python<'py>,
+    num_computed_tokens: &Bound<'py, PyAny>,
+    num_scheduled_tokens: &Bound<'py, PyAny>,
+    num_prompt_tokens: &Bound<'py, PyAny>,
+    profile: &str,
+    num_spec_tokens: &Bound<'py, PyAny>,
+    page_size: Option<&Bound<'py, PyAny>>,
+    planner: &str,
+    reorder_batch_threshold: Option<&Bound<'py, PyAny>>,
+    require_uniform: Option<bool>,
+    workspace_tokens: Option<&Bound<'py, PyAny>>,
+    max_capture_size: Option<&Bound<'py, PyAny>>,
+    layout: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    let computed = counts(num_computed_tokens, "num_computed_tokens")?;
+    let scheduled = counts(num_scheduled_tokens, "num_scheduled_tokens")?;
+    let prompt = counts(num_prompt_tokens, "num_prompt_tokens")?;
+    let n = computed.len();
+    same_len(
+        "num_scheduled_tokens",
+        scheduled.len(),
+        "num_computed_tokens",
+        n,
+    )?;
+    same_len("num_prompt_tokens", prompt.len(), "num_computed_tokens", n)?;
+    if BackendProfile::from_name(profile).is_none() {
+        return Err(PyValueError::new_err(format!(
+            "profile: {profile:?} is not one of {:?}",
+            BackendProfile::ALL.map(|p| p.name())
+        )));
+    }
+    let k = count(num_spec_tokens, "num_spec_tokens")?;
+    if k > 16 {
+        return Err(PyValueError::new_err(format!(
+            "num_spec_tokens: {k} is above 16"
+        )));
+    }
+    let o = PlanOptions {
+        profile: profile.to_string(),
+        num_spec_tokens: k as u64,
+        planner: Planner::from_name(planner).ok_or_else(|| {
+            PyValueError::new_err(format!(
+                "planner: {planner:?} is not one of {:?}",
+                Planner::ALL.map(|p| p.name())
+            ))
+        })?,
+        reorder_batch_threshold: reorder_batch_threshold
+            .map(|t| count(t, "reorder_batch_threshold").map(|t| t as u64))
+            .transpose()?,
+        require_uniform,
+        workspace_tokens: count_or(workspace_tokens, "workspace_tokens", 65_536)?,
+        max_capture_size: count_or(max_capture_size, "max_capture_size", 512)?,
+        layout: match layout {
+            "decode-first" => RowLayout::DecodeFirst,
+            "extend-first" => RowLayout::ExtendFirst,
+            _ => {
+                return Err(PyValueError::new_err(format!(
+                    "layout: {layout:?} is not \"decode-first\" or \"extend-first\""
+                )))
+            }
+        },
+    };
+    // The batch file `sim plan` reads, from checked integers.
+    let rows: Vec<String> = (0..n)
+        .map(|i| {
+            format!(
+                "{{\"num_computed_tokens\": {}, \"num_scheduled_tokens\": {}, \"num_prompt_tokens\": {}}}",
+                computed[i], scheduled[i], prompt[i]
+            )
+        })
+        .collect();
+    let page = count_or(page_size, "page_size", 16)?;
+    let text = format!("{{\"page_size\": {page}, \"rows\": [{}]}}", rows.join(", "));
+    let json = guarded(|| explain_batch(&text, &o))?
+        .map_err(|e| PyValueError::new_err(format!("{e:#}")))?;
+    py.import("json")?.call_method1("loads", (json,))
+}
+
 /// The native module behind `specmla`.
 #[pymodule]
 fn _specmla(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(split_decodes_and_prefills, m)?)?;
     m.add_function(wrap_pyfunction!(reorder_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(plan_batch, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -146,3 +146,55 @@ def test_random_batches_never_escape_as_anything_but_answers_or_named_errors():
         qs = [scheduled[i] for i in order]
         d, p, dt, pt = specmla.split_decodes_and_prefills(qs, thr, require_uniform=rng.random() < 0.5)
         assert d + p == n and dt + pt == sum(qs)
+
+
+def test_plan_batch_is_sim_plans_result():
+    # The README's `sim plan` example: FlashMLA, K = 3, a 32-token chunk of an unfinished
+    # prompt between two verify rows, graphs captured up to 16 tokens.
+    plan = specmla.plan_batch(
+        num_computed_tokens=[100, 64, 300],
+        num_scheduled_tokens=[4, 32, 4],
+        num_prompt_tokens=[90, 200, 250],
+        profile="flashmla",
+        num_spec_tokens=3,
+        page_size=64,
+        max_capture_size=16,
+    )
+    assert plan["order"] == [0, 2, 1] and plan["reordered"] is True
+    assert (plan["num_decodes"], plan["num_decode_tokens"]) == (2, 8)
+    assert (plan["num_prefills"], plan["num_prefill_tokens"]) == (1, 32)
+    assert plan["query_start_loc"] == [0, 4, 8, 40]
+    assert plan["seq_lens"] == [104, 304, 96]
+    assert [r["region"] for r in plan["rows"]] == ["decode", "decode", "short_extend"]
+    assert plan["cudagraph"]["capture_sizes"] == [4, 8, 16]
+    assert plan["cudagraph"]["graph"] is None
+    assert plan["prefill_chunks"]["chunks"][0]["rows"] == [{"input_row": 1, "len": 64, "start": 0}]
+    # The three-region rule keeps the chunk among the decodes, where its q ends them.
+    old = specmla.plan_batch([100, 64, 300], [4, 32, 4], [90, 200, 250], "flashmla", 3,
+                             page_size=64, max_capture_size=16, planner="vllm-3region")
+    assert old["order"] == [0, 1, 2] and old["reordered"] is False and old["num_decodes"] == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,needle",
+    [
+        (dict(profile="sglang_mla"), ValueError, 'profile: "sglang_mla" is not one of'),
+        (dict(num_spec_tokens=17), ValueError, "num_spec_tokens: 17 is above 16"),
+        (dict(page_size=3), ValueError, "page_size"),
+        (dict(layout="sideways"), ValueError, 'layout: "sideways"'),
+        (dict(workspace_tokens=-1), ValueError, "workspace_tokens: -1 is negative"),
+        (dict(num_scheduled_tokens=[4, 32]), ValueError, "num_scheduled_tokens: 2 entries"),
+    ],
+)
+def test_plan_batch_bad_input_raises_naming_the_argument(kwargs, exc, needle):
+    args = dict(
+        num_computed_tokens=[100, 64, 300],
+        num_scheduled_tokens=[4, 32, 4],
+        num_prompt_tokens=[90, 200, 250],
+        profile="flashmla",
+        num_spec_tokens=3,
+    )
+    args.update(kwargs)
+    with pytest.raises(exc) as e:
+        specmla.plan_batch(**args)
+    assert needle in str(e.value)
