@@ -679,8 +679,9 @@ impl<B: Backend> Executor<B> {
     }
 
     /// The drafter's token for one position: its argmax (or a seeded sample when
-    /// temperature > 0), unless the acceptance oracle forces one (greedy only, since a
-    /// forced token would break the rejection sampler's proposal distribution).
+    /// temperature > 0), unless the acceptance oracle forces one. Under temperature > 0
+    /// a forced token is a draw from the target's distribution, so its proposal
+    /// distribution is the target's own: an empty q, which `verify_rejection` reads as p.
     #[allow(clippy::too_many_arguments)]
     fn choose_draft(
         &self,
