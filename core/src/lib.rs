@@ -4,6 +4,7 @@
 //! [`plan::StepPlan`] and returns outputs; it never re-derives a scheduling decision.
 #![forbid(unsafe_code)]
 
+pub mod audit;
 pub mod backend;
 pub mod batch;
 pub mod block_pool;

@@ -8,6 +8,8 @@
 use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
+use pyo3::types::{PyDict, PyList};
+use specmla_core::audit::{audit as audit_log, StepLog};
 use specmla_core::config::{BackendProfile, Planner, RowLayout};
 use specmla_core::reorder::{reorder, split, RowShape, SplitInput};
 use specmla_sim::plan_explain::{explain_batch, PlanOptions};
@@ -302,12 +304,92 @@ fn plan_batch<'py>(
     py.import("json")?.call_method1("loads", (json,))
 }
 
+/// Field `key` of a step: a dict's item or an object's attribute; `None` when absent.
+fn field<'py>(step: &Bound<'py, PyAny>, key: &str) -> PyResult<Option<Bound<'py, PyAny>>> {
+    let v = match step.downcast::<PyDict>() {
+        Ok(d) => d.get_item(key)?,
+        Err(_) => step.getattr(key).ok(),
+    };
+    Ok(v.filter(|v| !v.is_none()))
+}
+
+fn required<'py>(step: &Bound<'py, PyAny>, key: &str) -> PyResult<Bound<'py, PyAny>> {
+    field(step, key)?.ok_or_else(|| PyValueError::new_err(format!("{key}: missing from the step")))
+}
+
+/// Checks one engine step against the planner's rules: the row order (vLLM's reorder),
+/// the decode/prefill split, and `query_start_loc` / `seq_lens`. `step` is a dict (or an
+/// object with these attributes): `decode_threshold`, `require_uniform` (default False),
+/// `planner` (default "vllm"), per request in the engine's input order
+/// `num_computed_tokens`, `num_scheduled_tokens`, `num_prompt_tokens`, and what the
+/// engine built: `order` (the input request at each row), `query_start_loc`, `seq_lens`,
+/// `num_decodes`, `num_decode_tokens`, `num_prefills`. Returns the violations as dicts
+/// `{"invariant", "row", "detail"}` with `sim`'s invariant names; empty when the step is
+/// what vLLM's rules give.
+#[pyfunction]
+fn audit<'py>(py: Python<'py>, step: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let list = |k: &str| counts(&required(step, k)?, k);
+    let one = |k: &str| count(&required(step, k)?, k);
+    let computed = list("num_computed_tokens")?;
+    let n = computed.len();
+    let per_request = |k: &str| -> PyResult<Vec<usize>> {
+        let v = list(k)?;
+        same_len(k, v.len(), "num_computed_tokens", n)?;
+        Ok(v)
+    };
+    let planner = match field(step, "planner")? {
+        None => Planner::Vllm,
+        Some(p) => {
+            let p: String = p
+                .extract()
+                .map_err(|_| PyTypeError::new_err("planner: expected a string"))?;
+            Planner::from_name(&p).ok_or_else(|| {
+                PyValueError::new_err(format!(
+                    "planner: {p:?} is not one of {:?}",
+                    Planner::ALL.map(|p| p.name())
+                ))
+            })?
+        }
+    };
+    let require_uniform = match field(step, "require_uniform")? {
+        None => false,
+        Some(b) => b
+            .extract()
+            .map_err(|_| PyTypeError::new_err("require_uniform: expected a bool"))?,
+    };
+    let log = StepLog {
+        decode_threshold: one("decode_threshold")?,
+        require_uniform,
+        planner,
+        num_scheduled_tokens: per_request("num_scheduled_tokens")?,
+        num_prompt_tokens: per_request("num_prompt_tokens")?,
+        num_computed_tokens: computed,
+        order: list("order")?,
+        query_start_loc: list("query_start_loc")?,
+        seq_lens: list("seq_lens")?,
+        num_decodes: one("num_decodes")?,
+        num_decode_tokens: one("num_decode_tokens")?,
+        num_prefills: one("num_prefills")?,
+    };
+    let found = guarded(|| audit_log(&log))?;
+    let out = PyList::empty(py);
+    for v in found {
+        let d = PyDict::new(py);
+        d.set_item("invariant", v.rule.name())?;
+        d.set_item("row", v.row)?;
+        d.set_item("detail", v.detail)?;
+        out.append(d)?;
+    }
+    Ok(out)
+}
+
 /// The native module behind `specmla`.
 #[pymodule]
 fn _specmla(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(split_decodes_and_prefills, m)?)?;
     m.add_function(wrap_pyfunction!(reorder_batch, m)?)?;
     m.add_function(wrap_pyfunction!(plan_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(audit, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

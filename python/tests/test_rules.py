@@ -198,3 +198,86 @@ def test_plan_batch_bad_input_raises_naming_the_argument(kwargs, exc, needle):
     with pytest.raises(exc) as e:
         specmla.plan_batch(**args)
     assert needle in str(e.value)
+
+
+def good_step():
+    """vLLM's "mixed_decodes_long_extends" batch, as a correct engine logs it."""
+    return {
+        "decode_threshold": 1,
+        "num_computed_tokens": [100, 10, 200, 20],
+        "num_scheduled_tokens": [100, 1, 200, 1],
+        "num_prompt_tokens": [100, 10, 200, 20],
+        "order": [3, 1, 2, 0],
+        "query_start_loc": [0, 1, 2, 202, 302],
+        "seq_lens": [21, 11, 400, 200],
+        "num_decodes": 2,
+        "num_decode_tokens": 2,
+        "num_prefills": 2,
+    }
+
+
+def test_audit_passes_a_correct_step_as_dict_or_object():
+    assert specmla.audit(good_step()) == []
+
+    class Step:
+        pass
+
+    s = Step()
+    for k, v in good_step().items():
+        setattr(s, k, np.array(v) if isinstance(v, list) else v)
+    assert specmla.audit(s) == []
+
+
+@pytest.mark.parametrize(
+    "change,invariant,row",
+    [
+        (dict(order=[1, 3, 2, 0], seq_lens=[11, 21, 400, 200]), "reorder", 0),
+        (dict(num_decodes=3), "split", None),
+        (dict(query_start_loc=[0, 1, 3, 202, 302]), "common-metadata", 1),
+        (dict(seq_lens=[21, 11, 399, 200]), "common-metadata", 2),
+        (dict(order=[0, 0, 1, 2]), "reorder", None),
+    ],
+)
+def test_audit_names_each_mistake(change, invariant, row):
+    step = good_step()
+    step.update(change)
+    found = specmla.audit(step)
+    assert [v["invariant"] for v in found] == [invariant], found
+    assert found[0]["row"] == row
+    assert found[0]["detail"]
+
+
+def test_audit_follows_the_planner():
+    step = {
+        "decode_threshold": 1,
+        "num_computed_tokens": [50, 100],
+        "num_scheduled_tokens": [1, 1],
+        "num_prompt_tokens": [100, 100],
+        "order": [0, 1],
+        "query_start_loc": [0, 1, 2],
+        "seq_lens": [51, 101],
+        "num_decodes": 2,
+        "num_decode_tokens": 2,
+        "num_prefills": 0,
+    }
+    assert specmla.audit(dict(step, planner="vllm-3region")) == []
+    assert [v["invariant"] for v in specmla.audit(step)] == ["reorder"]
+
+
+@pytest.mark.parametrize(
+    "change,exc,needle",
+    [
+        (dict(order=None), ValueError, "order: missing from the step"),
+        (dict(num_prompt_tokens=[1]), ValueError, "num_prompt_tokens: 1 entries, but num_computed_tokens has 4"),
+        (dict(planner="sglang"), ValueError, 'planner: "sglang" is not one of'),
+        (dict(planner=3), TypeError, "planner: expected a string"),
+        (dict(num_decodes=-1), ValueError, "num_decodes: -1 is negative"),
+        (dict(seq_lens=[1.5]), TypeError, "seq_lens[0]: expected an integer, got float"),
+    ],
+)
+def test_audit_bad_input_raises_naming_the_field(change, exc, needle):
+    step = good_step()
+    step.update(change)
+    with pytest.raises(exc) as e:
+        specmla.audit(step)
+    assert needle in str(e.value)
