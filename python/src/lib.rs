@@ -108,6 +108,32 @@ fn same_len(name: &str, len: usize, other: &str, n: usize) -> PyResult<()> {
     }
 }
 
+/// The per-request triple `(num_computed_tokens, num_scheduled_tokens,
+/// num_prompt_tokens)`, each checked, all of one length.
+fn requests(v: [&Bound<'_, PyAny>; 3]) -> PyResult<[Vec<usize>; 3]> {
+    const NAMES: [&str; 3] = [
+        "num_computed_tokens",
+        "num_scheduled_tokens",
+        "num_prompt_tokens",
+    ];
+    let [c, s, p] = [0, 1, 2].map(|i| counts(v[i], NAMES[i]));
+    let out = [c?, s?, p?];
+    for i in 1..3 {
+        same_len(NAMES[i], out[i].len(), NAMES[0], out[0].len())?;
+    }
+    Ok(out)
+}
+
+/// A planner by name ("vllm", "vllm-3region").
+fn planner_of(name: &str) -> PyResult<Planner> {
+    Planner::from_name(name).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "planner: {name:?} is not one of {:?}",
+            Planner::ALL.map(|p| p.name())
+        ))
+    })
+}
+
 /// Runs a core rule; a panic (a bug: inputs were checked) becomes a RuntimeError.
 fn guarded<T>(f: impl FnOnce() -> T + std::panic::UnwindSafe) -> PyResult<T> {
     std::panic::catch_unwind(f)
@@ -186,24 +212,11 @@ fn reorder_batch(
     decode_threshold: &Bound<'_, PyAny>,
     planner: &str,
 ) -> PyResult<(Vec<usize>, bool)> {
-    let computed = counts(num_computed_tokens, "num_computed_tokens")?;
-    let scheduled = counts(num_scheduled_tokens, "num_scheduled_tokens")?;
-    let prompt = counts(num_prompt_tokens, "num_prompt_tokens")?;
+    let [computed, scheduled, prompt] =
+        requests([num_computed_tokens, num_scheduled_tokens, num_prompt_tokens])?;
     let n = computed.len();
-    same_len(
-        "num_scheduled_tokens",
-        scheduled.len(),
-        "num_computed_tokens",
-        n,
-    )?;
-    same_len("num_prompt_tokens", prompt.len(), "num_computed_tokens", n)?;
     let thr = count(decode_threshold, "decode_threshold")?;
-    let planner = Planner::from_name(planner).ok_or_else(|| {
-        PyValueError::new_err(format!(
-            "planner: {planner:?} is not one of {:?}",
-            Planner::ALL.map(|p| p.name())
-        ))
-    })?;
+    let planner = planner_of(planner)?;
     let rows: Vec<RowShape> = (0..n)
         .map(|i| RowShape {
             num_computed_tokens: computed[i],
@@ -240,17 +253,9 @@ fn plan_batch<'py>(
     max_capture_size: Option<&Bound<'py, PyAny>>,
     layout: &str,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let computed = counts(num_computed_tokens, "num_computed_tokens")?;
-    let scheduled = counts(num_scheduled_tokens, "num_scheduled_tokens")?;
-    let prompt = counts(num_prompt_tokens, "num_prompt_tokens")?;
+    let [computed, scheduled, prompt] =
+        requests([num_computed_tokens, num_scheduled_tokens, num_prompt_tokens])?;
     let n = computed.len();
-    same_len(
-        "num_scheduled_tokens",
-        scheduled.len(),
-        "num_computed_tokens",
-        n,
-    )?;
-    same_len("num_prompt_tokens", prompt.len(), "num_computed_tokens", n)?;
     if BackendProfile::from_name(profile).is_none() {
         return Err(PyValueError::new_err(format!(
             "profile: {profile:?} is not one of {:?}",
@@ -266,12 +271,7 @@ fn plan_batch<'py>(
     let o = PlanOptions {
         profile: profile.to_string(),
         num_spec_tokens: k as u64,
-        planner: Planner::from_name(planner).ok_or_else(|| {
-            PyValueError::new_err(format!(
-                "planner: {planner:?} is not one of {:?}",
-                Planner::ALL.map(|p| p.name())
-            ))
-        })?,
+        planner: planner_of(planner)?,
         reorder_batch_threshold: reorder_batch_threshold
             .map(|t| count(t, "reorder_batch_threshold").map(|t| t as u64))
             .transpose()?,
@@ -343,12 +343,7 @@ fn audit<'py>(py: Python<'py>, step: &Bound<'py, PyAny>) -> PyResult<Bound<'py, 
             let p: String = p
                 .extract()
                 .map_err(|_| PyTypeError::new_err("planner: expected a string"))?;
-            Planner::from_name(&p).ok_or_else(|| {
-                PyValueError::new_err(format!(
-                    "planner: {p:?} is not one of {:?}",
-                    Planner::ALL.map(|p| p.name())
-                ))
-            })?
+            planner_of(&p)?
         }
     };
     let require_uniform = match field(step, "require_uniform")? {
