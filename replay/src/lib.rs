@@ -4,6 +4,7 @@
 //! shrinks diverging traces to minimal reproducers (on the CPU).
 #![forbid(unsafe_code)]
 
+pub mod audit_log;
 pub mod bisect;
 pub mod compare;
 pub mod replayer;

@@ -51,6 +51,16 @@ struct Cli {
 enum Command {
     /// Print a trace for people (or scripts, with --json).
     Show(ShowArgs),
+    /// Check an engine's step log (JSON Lines, one step per line) against the planner's
+    /// rules: row order, split counts, query_start_loc and seq_lens. Exit 0 clean, 1
+    /// violations, 2 unreadable.
+    Audit(AuditArgs),
+}
+
+#[derive(Args)]
+struct AuditArgs {
+    /// The step log (`-` reads stdin).
+    log: PathBuf,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -100,9 +110,10 @@ struct ShowArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse_from(specmla_sim::cli::args_with_json_last(&["show"]));
+    let cli = Cli::parse_from(specmla_sim::cli::args_with_json_last(&["show", "audit"]));
     let result = match cli.command {
         Some(Command::Show(a)) => show(&a, cli.json),
+        Some(Command::Audit(a)) => audit(&a, cli.json),
         None => run(&cli.run, cli.json),
     };
     result.unwrap_or_else(|e| {
@@ -462,6 +473,39 @@ fn plan_input(t: &Trace, rec: &StepRecord) -> Result<ExitCode> {
         cfg.scheduler.workspace_tokens
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// `replay audit LOG`: every step's violations, one line each (or `--json`); exit 1 if
+/// any.
+fn audit(a: &AuditArgs, json: bool) -> Result<ExitCode> {
+    let name = a.log.display().to_string();
+    let text = if name == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading the step log from stdin")?
+    } else {
+        std::fs::read_to_string(&a.log).with_context(|| format!("reading {name}"))?
+    };
+    let (steps, findings) =
+        specmla_replay::audit_log::audit_log(&text).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+    if json {
+        let v = specmla_replay::audit_log::findings_json(steps, &findings);
+        say!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        for f in &findings {
+            let row = f.row.map_or(String::new(), |r| format!(" row {r}"));
+            say!("step {}{row}: {}: {}", f.step, f.invariant, f.detail);
+        }
+        say!(
+            "{}: {} audited, {}",
+            if findings.is_empty() { "PASS" } else { "FAIL" },
+            count(steps, "step"),
+            count(findings.len(), "violation")
+        );
+    }
+    Ok(if findings.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
 }
 
 fn show(a: &ShowArgs, json: bool) -> Result<ExitCode> {

@@ -527,3 +527,60 @@ fn show_lists_the_violations_a_run_recorded() {
         "{text}"
     );
 }
+
+/// `replay audit` of an engine's step log (JSON Lines): a correct step passes, a step
+/// with the rows in the wrong order is named, bad input exits 2 with one line.
+#[test]
+fn audit_checks_an_engine_step_log() {
+    let good = r#"{"step": 7, "decode_threshold": 1, "num_computed_tokens": [100, 10, 200, 20], "num_scheduled_tokens": [100, 1, 200, 1], "num_prompt_tokens": [100, 10, 200, 20], "order": [3, 1, 2, 0], "query_start_loc": [0, 1, 2, 202, 302], "seq_lens": [21, 11, 400, 200], "num_decodes": 2, "num_decode_tokens": 2, "num_prefills": 2, "extra_engine_field": 1}"#;
+    let bad = good
+        .replace("\"step\": 7", "\"step\": 8")
+        .replace("[3, 1, 2, 0]", "[1, 3, 2, 0]")
+        .replace("[21, 11, 400, 200]", "[11, 21, 400, 200]");
+    let d = dir();
+    let clean = d.join("clean.jsonl");
+    std::fs::write(&clean, format!("{good}\n")).unwrap();
+    let o = bin("replay", &["audit", clean.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert_eq!(out.trim(), "PASS: 1 step audited, 0 violations");
+    let mixed = d.join("mixed.jsonl");
+    std::fs::write(&mixed, format!("{good}\n\n{bad}\n")).unwrap();
+    let o = bin("replay", &["audit", mixed.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.starts_with("step 8 row 0: reorder: row 0 holds request 1"),
+        "{out}"
+    );
+    assert!(
+        out.ends_with("FAIL: 2 steps audited, 1 violation\n"),
+        "{out}"
+    );
+    let o = bin("replay", &["audit", mixed.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 2);
+    assert_eq!(v["violations"][0]["invariant"], "reorder");
+    let empty = d.join("empty.jsonl");
+    std::fs::write(&empty, "\n").unwrap();
+    assert_exit2(&["audit", empty.to_str().unwrap()], "no steps in the log");
+    let broken = d.join("broken.jsonl");
+    std::fs::write(&broken, format!("{good}\n{{\"order\": [1]}}\n")).unwrap();
+    assert_exit2(
+        &["audit", broken.to_str().unwrap()],
+        "line 2: missing field",
+    );
+    let short = d.join("short.jsonl");
+    std::fs::write(
+        &short,
+        good.replace(
+            "\"num_prompt_tokens\": [100, 10, 200, 20]",
+            "\"num_prompt_tokens\": [100]",
+        ),
+    )
+    .unwrap();
+    assert_exit2(
+        &["audit", short.to_str().unwrap()],
+        "line 1: num_prompt_tokens has 1 entries",
+    );
+}
