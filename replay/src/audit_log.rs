@@ -66,8 +66,33 @@ pub fn audit_log(text: &str) -> Result<(usize, Vec<Finding>), String> {
     Ok((steps, findings))
 }
 
-/// The audit's input from one line (`line` numbers the errors).
+/// The audit's input from one line (`line` numbers the errors). Counts are at most
+/// `u32::MAX`, as an engine's are, so no sum of them can overflow.
 fn to_step_log(l: &LogLine, line: usize) -> Result<StepLog, String> {
+    let fields: [(&str, &[usize]); 6] = [
+        ("num_computed_tokens", &l.num_computed_tokens),
+        ("num_scheduled_tokens", &l.num_scheduled_tokens),
+        ("num_prompt_tokens", &l.num_prompt_tokens),
+        ("order", &l.order),
+        ("query_start_loc", &l.query_start_loc),
+        ("seq_lens", &l.seq_lens),
+    ];
+    let scalars = [
+        l.decode_threshold,
+        l.num_decodes,
+        l.num_decode_tokens,
+        l.num_prefills,
+    ];
+    let too_big = |v: &usize| *v > u32::MAX as usize;
+    if let Some((name, _)) = fields.iter().find(|(_, v)| v.iter().any(too_big)) {
+        return Err(format!(
+            "line {line}: {name} holds a value above {}",
+            u32::MAX
+        ));
+    }
+    if scalars.iter().any(too_big) {
+        return Err(format!("line {line}: a count above {}", u32::MAX));
+    }
     let n = l.num_computed_tokens.len();
     for (name, len) in [
         ("num_scheduled_tokens", l.num_scheduled_tokens.len()),
@@ -112,4 +137,15 @@ pub fn findings_json(steps: usize, findings: &[Finding]) -> serde_json::Value {
             "step": f.step, "invariant": f.invariant, "row": f.row, "detail": f.detail,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// The `step_log` fuzz target's body: `data` as a step log, audited. Errors are fine (one
+/// line each); a panic is a bug.
+pub fn fuzz_one(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    if let Err(e) = audit_log(text) {
+        assert!(!e.contains('\n'), "a multi-line error: {e}");
+    }
 }

@@ -48,3 +48,8 @@ fn sim_plan_corpus() {
 fn run_config_corpus() {
     replay("run_config", specmla_sim::config_file::fuzz_one);
 }
+
+#[test]
+fn step_log_corpus() {
+    replay("step_log", specmla_replay::audit_log::fuzz_one);
+}
