@@ -5,16 +5,34 @@ use crate::cudagraph::GraphShape;
 use crate::drafter::{DFlashPass, DrafterPass};
 use crate::plan::StepPlan;
 
-/// What one target forward returns.
+/// What one target forward returns. The full tensors stay on the backend's device
+/// unless the engine asked for them ([`Backend::set_full_outputs`]); what every step
+/// needs on the host is small: the sampled rows' logits and one [`row_digest`] per
+/// token, which the checks compare bit for bit and traces record.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TargetOutput {
     /// `[plan.logits_indices.len(), vocab]`.
     pub logits: Vec<f32>,
-    /// Final hidden state (before the final norm) of every real token, `[tokens, hidden]`.
+    /// Per real token, the [`row_digest`] of its final hidden state (before the final
+    /// norm).
+    pub hidden_digests: Vec<u64>,
+    /// Per layer, per real token, the [`row_digest`] of its attention output.
+    pub attn_digests: Vec<Vec<u64>>,
+    /// The full tensors, present when the engine asked for them.
+    pub tensors: Option<TargetTensors>,
+    /// Which forward of this backend produced the output: a drafter pass names it to
+    /// say whose hidden states it continues from (see [`Backend::forward_drafter`]).
+    pub forward_id: u64,
+    pub vocab_size: usize,
+}
+
+/// The full tensors of one target forward.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct TargetTensors {
+    /// Final hidden state of every real token, `[tokens, hidden]`.
     pub hidden: Vec<f32>,
     /// Attention output of every real token per layer, `[layers][tokens, heads * v]`.
     pub attn_outputs: Vec<Vec<f32>>,
-    pub vocab_size: usize,
     pub hidden_size: usize,
 }
 
@@ -23,6 +41,9 @@ impl TargetOutput {
     pub fn logits_row(&self, i: usize) -> &[f32] {
         &self.logits[i * self.vocab_size..(i + 1) * self.vocab_size]
     }
+}
+
+impl TargetTensors {
     /// Hidden state of real token `t`.
     pub fn hidden_row(&self, t: usize) -> &[f32] {
         &self.hidden[t * self.hidden_size..(t + 1) * self.hidden_size]
@@ -30,21 +51,97 @@ impl TargetOutput {
 }
 
 /// What one drafter pass returns: per sampled token (one per row for a multi-step pass,
-/// K per row for DFlash), logits and hidden state.
+/// K per row for DFlash), logits and the [`row_digest`] of its hidden state. The hidden
+/// states themselves stay with the backend, which carries them to the next pass.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DrafterOutput {
     pub logits: Vec<f32>,
-    pub hidden: Vec<f32>,
+    pub hidden_digests: Vec<u64>,
+    /// Which forward produced it (see [`TargetOutput::forward_id`]).
+    pub forward_id: u64,
     pub vocab_size: usize,
-    pub hidden_size: usize,
 }
 
 impl DrafterOutput {
     pub fn logits_row(&self, i: usize) -> &[f32] {
         &self.logits[i * self.vocab_size..(i + 1) * self.vocab_size]
     }
-    pub fn hidden_row(&self, i: usize) -> &[f32] {
-        &self.hidden[i * self.hidden_size..(i + 1) * self.hidden_size]
+}
+
+/// The digest of one row of f32 values, computable in parallel on a device and equal
+/// bit for bit on every backend: each value's bits, tagged with its index, go through
+/// SplitMix64's finalizer; the terms add modulo 2^64 (so any reduction order gives the
+/// same sum), and the sum, xored with the row's width, is finalized once more. Exact
+/// bits matter (0.0 and -0.0, NaN payloads). Two rows that differ in any bit collide
+/// with probability about 2^-64: a check comparing digests compares bits.
+pub fn row_digest(xs: &[f32]) -> u64 {
+    let sum = xs.iter().enumerate().fold(0u64, |acc, (i, x)| {
+        let tagged = ((i as u64) << 32) | x.to_bits() as u64;
+        acc.wrapping_add(splitmix_finalize(tagged ^ ROW_DIGEST_SALT))
+    });
+    splitmix_finalize(sum ^ xs.len() as u64)
+}
+
+/// [`row_digest`] of each `width`-value row of `xs`.
+pub fn row_digests(xs: &[f32], width: usize) -> Vec<u64> {
+    if width == 0 {
+        return Vec::new();
+    }
+    xs.chunks(width).map(row_digest).collect()
+}
+
+/// The golden-ratio constant SplitMix64 adds per draw; here it keeps an all-zero input
+/// from mapping to zero.
+pub const ROW_DIGEST_SALT: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// SplitMix64's output function (Steele, Lea and Flood, 2014).
+pub const fn splitmix_finalize(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// The forward ids a backend hands out and the two carries it keeps on its device: the
+/// last target forward's hidden states (which every drafter pass of the step reads) and
+/// the last drafter pass's (which the next pass reads). A pass naming any other output
+/// is refused, so a carry can never be read stale.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Carries {
+    next_id: u64,
+    target: Option<u64>,
+    drafter: Option<u64>,
+}
+
+impl Carries {
+    /// A new target forward: its id, now the target carry.
+    pub fn new_target(&mut self) -> u64 {
+        self.next_id += 1;
+        self.target = Some(self.next_id);
+        self.next_id
+    }
+
+    /// A new drafter pass: its id, now the drafter carry.
+    pub fn new_drafter(&mut self) -> u64 {
+        self.next_id += 1;
+        self.drafter = Some(self.next_id);
+        self.next_id
+    }
+
+    /// Whether a pass given `target` (and `prev`) reads the carries this backend holds.
+    pub fn check(&self, target: u64, prev: Option<u64>) -> Result<(), String> {
+        if self.target != Some(target) {
+            return Err(format!(
+                "a drafter pass given target forward {target}, but the hidden states carried                  are forward {:?}'s",
+                self.target
+            ));
+        }
+        match prev {
+            Some(p) if self.drafter != Some(p) => Err(format!(
+                "a drafter pass given drafter forward {p}, but the hidden states carried are                  forward {:?}'s",
+                self.drafter
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -132,6 +229,10 @@ pub trait Backend {
         None
     }
 
+    /// Whether forwards return their full tensors ([`TargetOutput::tensors`]): traces
+    /// that store tensors ask for them; otherwise they stay on the device.
+    fn set_full_outputs(&mut self, on: bool);
+
     /// Captures (or emulates capturing) uniform-decode graphs of these shapes.
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error>;
 
@@ -139,8 +240,10 @@ pub trait Backend {
     /// path and prefill rows through the prefill path, returns logits and hidden states.
     fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput, Self::Error>;
 
-    /// Runs one multi-step drafter pass over the drafter cache. `prev` is the previous
-    /// pass's output (hidden sources `DrafterRow`).
+    /// Runs one multi-step drafter pass over the drafter cache. Its hidden inputs come
+    /// from the backend's carries: `target`'s hidden states (sources `TargetToken`) and
+    /// `prev`'s, the previous pass's (sources `DrafterRow`). Both must be the latest of
+    /// their kind this backend produced ([`Carries`]), or the pass is refused.
     fn forward_drafter(
         &mut self,
         pass: &DrafterPass,
@@ -154,4 +257,45 @@ pub trait Backend {
         pass: &DFlashPass,
         target: &TargetOutput,
     ) -> Result<DrafterOutput, Self::Error>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // Computed independently (Python: struct.pack("<f") bits, the same finalizer).
+    #[test]
+    fn row_digest_known_answers_are_pinned() {
+        assert_eq!(row_digest(&[]), 0);
+        assert_eq!(row_digest(&[1.0, -2.5, 0.0]), 0x7598_82af_e6bb_6cb1);
+        assert_eq!(row_digest(&[-0.0]), 0x428a_4ad8_05aa_cbff);
+    }
+
+    #[test]
+    fn row_digest_sees_every_bit_and_every_position() {
+        assert_ne!(row_digest(&[0.0]), row_digest(&[-0.0]));
+        let (a, b) = (f32::from_bits(0x7fc0_0000), f32::from_bits(0x7fc0_0001));
+        assert_ne!(row_digest(&[a]), row_digest(&[b]));
+        assert_ne!(row_digest(&[1.0, 2.0]), row_digest(&[2.0, 1.0]));
+        assert_ne!(row_digest(&[0.0]), row_digest(&[0.0, 0.0]));
+        let row: Vec<f32> = (0..512).map(|i| i as f32 * 0.37).collect();
+        for i in [0, 17, 511] {
+            let mut other = row.clone();
+            other[i] = f32::from_bits(other[i].to_bits() ^ 1);
+            assert_ne!(row_digest(&row), row_digest(&other), "bit 0 of value {i}");
+        }
+    }
+
+    #[test]
+    fn carries_refuse_a_stale_output() {
+        let mut c = Carries::default();
+        let t1 = c.new_target();
+        let t2 = c.new_target();
+        assert!(c.check(t1, None).is_err());
+        assert!(c.check(t2, None).is_ok());
+        let d1 = c.new_drafter();
+        let d2 = c.new_drafter();
+        assert!(c.check(t2, Some(d1)).is_err());
+        assert!(c.check(t2, Some(d2)).is_ok());
+    }
 }

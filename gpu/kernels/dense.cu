@@ -111,6 +111,47 @@ extern "C" __global__ void gather_rows(const float* __restrict__ src, const int*
     for (int c = threadIdx.x; c < d; c += THREADS) out[(long long)i * d + c] = src[(long long)idx[i] * d + c];
 }
 
+// out[i] = idx[i] >= 0 ? a[idx[i]] : b[-1 - idx[i]], rows of width d: a drafter pass's
+// hidden inputs, from the target's carried hidden states or the previous pass's.
+extern "C" __global__ void gather_rows2(const float* __restrict__ a, const float* __restrict__ b,
+                                        const int* __restrict__ idx, float* __restrict__ out,
+                                        int n, int d) {
+    int i = blockIdx.x;
+    if (i >= n) return;
+    int j = idx[i];
+    const float* src = j >= 0 ? a + (long long)j * d : b + (long long)(-1 - j) * d;
+    for (int c = threadIdx.x; c < d; c += THREADS) out[(long long)i * d + c] = src[c];
+}
+
+__device__ __forceinline__ unsigned long long splitmix_finalize(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+// out[g * n + i] = the row digest of row i of group g (rows of width d, groups
+// group_stride values apart): specmla_core::backend::row_digest. The per-value terms add
+// modulo 2^64, so the tree below gives the host's sequential sum exactly.
+extern "C" __global__ void row_digest(const float* __restrict__ src, unsigned long long* __restrict__ out,
+                                      int n, int d, long long group_stride) {
+    int i = blockIdx.x, g = blockIdx.y;
+    if (i >= n) return;
+    const float* row = src + g * group_stride + (long long)i * d;
+    unsigned long long acc = 0;
+    for (int c = threadIdx.x; c < d; c += THREADS) {
+        unsigned long long tagged = ((unsigned long long)c << 32) | __float_as_uint(row[c]);
+        acc += splitmix_finalize(tagged ^ 0x9e3779b97f4a7c15ull);
+    }
+    __shared__ unsigned long long part[THREADS];
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int s = THREADS / 2; s > 0; s >>= 1) {
+        if (threadIdx.x < s) part[threadIdx.x] += part[threadIdx.x + s];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) out[(long long)g * n + i] = splitmix_finalize(part[0] ^ (unsigned long long)d);
+}
+
 // out[t] = [a[t] | b[t]]: the EAGLE/MTP drafter's concat(embedding, hidden).
 extern "C" __global__ void concat_rows(const float* __restrict__ a, const float* __restrict__ b,
                                        float* __restrict__ out, int n, int da, int db) {

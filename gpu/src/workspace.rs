@@ -52,6 +52,9 @@ pub struct Workspace {
     pub xs: Buf<f32>,
     /// `[cap, vocab]`.
     pub logits: Buf<f32>,
+    /// Row digests of the hidden states and of each layer's attention outputs, `[1 +
+    /// layers, cap]`: what the host reads each step instead of the tensors.
+    pub digests: Buf<u64>,
 }
 
 impl Workspace {
@@ -98,6 +101,7 @@ impl Workspace {
             tmp: f(cap * (heads * d.qk_head_dim()).max(2 * hid), "staging")?,
             xs: f(cap * hid, "lm-head rows")?,
             logits: f(cap * d.vocab_size, "logits")?,
+            digests: Buf::uninit(dev, (1 + layers) * cap, "workspace row digests")?,
         })
     }
 

@@ -150,6 +150,7 @@ impl<B: Backend> Replayer<B> {
             seed: header.seed,
             check_layouts: true,
             check_drafter_batches: multi_step,
+            full_outputs: header.trace_tensors,
         };
         let vocab = cfg.model.vocab_size;
         let backend = make(&cfg, target, drafter)

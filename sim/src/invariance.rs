@@ -34,7 +34,8 @@ pub struct InvarianceCase {
 #[derive(Clone, Debug, PartialEq)]
 struct RowBits {
     decode_path: bool,
-    bits: Vec<u32>,
+    /// The row's logits bits, then its tokens' hidden-state and attention row digests.
+    bits: Vec<u64>,
     proposals: Vec<u32>,
 }
 
@@ -68,16 +69,13 @@ fn absorb(rec: &mut RunRecord, o: &StepOutcome) {
     rec.mismatches += o.layout_mismatches.len() + o.drafter_mismatches.len();
     let decode_rows = o.plan.mla.decode.as_ref().map_or(0..0, |d| d.rows.clone());
     for (r, row) in o.plan.rows.iter().enumerate() {
-        let mut bits: Vec<u32> = Vec::new();
+        let mut bits: Vec<u64> = Vec::new();
         for i in o.plan.row_samples(r) {
-            bits.extend(o.target.logits_row(i).iter().map(|v| v.to_bits()));
+            bits.extend(o.target.logits_row(i).iter().map(|v| v.to_bits() as u64));
         }
         for t in c.row_tokens(r) {
-            bits.extend(o.target.hidden_row(t).iter().map(|v| v.to_bits()));
-            let w = o.target.attn_outputs[0].len() / o.plan.num_tokens().max(1);
-            for layer in &o.target.attn_outputs {
-                bits.extend(layer[t * w..(t + 1) * w].iter().map(|v| v.to_bits()));
-            }
+            bits.push(o.target.hidden_digests[t]);
+            bits.extend(o.target.attn_digests.iter().map(|layer| layer[t]));
         }
         let key = (row.req_id, row.num_computed_tokens);
         if o.plan.rows.len() > 1 {
@@ -149,6 +147,7 @@ fn opts(layouts: bool, drafter: bool) -> EngineOptions {
         check_layouts: layouts,
         check_drafter_batches: drafter,
         seed: 7,
+        full_outputs: false,
     }
 }
 

@@ -12,8 +12,8 @@ use specmla_core::plan::StepPlan;
 use specmla_core::request::RequestSpec;
 use specmla_traces::format::encode_payload;
 use specmla_traces::{
-    digest_f32, Fnv1a64, ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors, TraceHeader,
-    TraceRequest, TraceRow, TraceViolation, FORMAT_VERSION,
+    digest_f32, digest_u64s, Fnv1a64, ForcedDraft, LayerDigest, RowPath, StepRecord, StepTensors,
+    TraceHeader, TraceRequest, TraceRow, TraceViolation, FORMAT_VERSION,
 };
 
 use crate::scenarios::Scenario;
@@ -116,11 +116,17 @@ pub fn step_record(o: &StepOutcome, forced: &[(u64, usize, u32)], tensors: bool)
             })
             .collect(),
         logits_digest: digest_f32(&o.target.logits),
-        hidden_digest: digest_f32(&o.target.hidden),
+        hidden_digest: digest_u64s(&o.target.hidden_digests),
         layers: layer_digests(o),
         drafter_digest: drafter_digest(o),
+        // The engine asks the backend for full tensors when a trace stores them; a step
+        // that ran no forward has none.
         tensors: tensors.then(|| StepTensors {
-            attn_outputs: o.target.attn_outputs.clone(),
+            attn_outputs: o
+                .target
+                .tensors
+                .as_ref()
+                .map_or_else(Vec::new, |t| t.attn_outputs.clone()),
             logits: o.target.logits.clone(),
         }),
         violations: o
@@ -164,10 +170,9 @@ fn layer_digests(o: &StepOutcome) -> Vec<LayerDigest> {
     if n == 0 {
         return Vec::new();
     }
-    let width = o.target.attn_outputs.first().map_or(0, |a| a.len() / n);
-    let tokens = |r: std::ops::Range<usize>| r.start.min(n) * width..r.end.min(n) * width;
+    let tokens = |r: std::ops::Range<usize>| r.start.min(n)..r.end.min(n);
     o.target
-        .attn_outputs
+        .attn_digests
         .iter()
         .enumerate()
         .map(|(l, a)| LayerDigest {
@@ -176,14 +181,14 @@ fn layer_digests(o: &StepOutcome) -> Vec<LayerDigest> {
                 .mla
                 .decode
                 .as_ref()
-                .map_or(0, |d| digest_f32(&a[tokens(d.tokens.clone())])),
+                .map_or(0, |d| digest_u64s(&a[tokens(d.tokens.clone())])),
             prefill_rows: plan
                 .mla
                 .prefill
                 .as_ref()
-                .map_or(0, |p| digest_f32(&a[tokens(p.tokens.clone())])),
+                .map_or(0, |p| digest_u64s(&a[tokens(p.tokens.clone())])),
             per_row: (0..plan.rows.len())
-                .map(|r| digest_f32(&a[tokens(plan.common.row_tokens(r))]))
+                .map(|r| digest_u64s(&a[tokens(plan.common.row_tokens(r))]))
                 .collect(),
         })
         .collect()
@@ -227,7 +232,9 @@ fn drafter_digest(o: &StepOutcome) -> u64 {
     }
     for out in &o.drafter_outputs {
         h.update_f32(&out.logits);
-        h.update_f32(&out.hidden);
+        for d in &out.hidden_digests {
+            h.update(&d.to_le_bytes());
+        }
     }
     h.update(&encode_payload(&(&o.proposals, &o.proposal_probs)).expect("proposals serialize"));
     h.finish()
@@ -280,5 +287,8 @@ impl<W: std::io::Write> crate::runner::StepSink for TraceSink<W> {
         let w = self.writer.take().expect("begin came first");
         self.finished = Some(w.finish()?);
         Ok(())
+    }
+    fn wants_tensors(&self) -> bool {
+        self.tensors
     }
 }

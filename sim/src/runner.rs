@@ -82,6 +82,10 @@ pub trait StepSink {
     fn step(&mut self, o: &StepOutcome, forced: &[(u64, usize, u32)]) -> Result<(), RunError>;
     /// Called once after the last step.
     fn end(&mut self) -> Result<(), RunError>;
+    /// Whether the sink stores full tensors, so the backend must return them.
+    fn wants_tensors(&self) -> bool {
+        false
+    }
 }
 
 /// The most host memory a run may take (the harness's models and oracle, and a
@@ -362,6 +366,7 @@ where
         check_drafter_batches: scenario.check_drafter_batches
             && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep,
         seed,
+        full_outputs: sink.as_deref().is_some_and(|s| s.wants_tensors()),
     };
     if let Some(sink) = sink.as_deref_mut() {
         sink.begin(trace_header(

@@ -84,6 +84,7 @@ impl VerifyBench {
             check_layouts: false,
             check_drafter_batches: false,
             seed: 7,
+            full_outputs: false,
         };
         let work = self.workload(cfg.model.vocab_size);
         let mut engine =

@@ -47,6 +47,9 @@ impl Backend for Liar {
     fn is_environment(_: &CpuBackendError) -> bool {
         false
     }
+    fn set_full_outputs(&mut self, on: bool) {
+        self.inner.set_full_outputs(on)
+    }
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
         self.inner.capture_graphs(shapes)
     }
@@ -58,8 +61,9 @@ impl Backend for Liar {
                 self.lied_at = Some(plan.step);
             }
             Lie::RowDependentHidden if plan.layout == RowLayout::ExtendFirst => {
-                if let Some(h) = out.hidden.first_mut() {
-                    *h += 1e-3;
+                // One bit of the first token's hidden state: its digest changes.
+                if let Some(h) = out.hidden_digests.first_mut() {
+                    *h ^= 1;
                 }
             }
             _ => {}
@@ -111,6 +115,7 @@ fn run_with_lie(s: &Scenario, seed: u64, lie: Lie) -> (SimChecker, Option<u64>) 
         check_layouts: s.check_layouts,
         check_drafter_batches: s.check_drafter_batches,
         seed,
+        full_outputs: false,
     };
     let backend = Liar {
         inner: CpuBackend::new(&cfg, target, drafter),

@@ -58,10 +58,12 @@ impl Fnv1a64 {
     }
 }
 
-/// The digest scheme this crate computes, recorded in every header: 1 is FNV-1a-64 over
-/// the bytes `FORMAT.md` lists for each digest. Any change to what a digest covers or how
-/// it is computed takes a new number.
-pub const DIGEST_SCHEME: u32 = 1;
+/// The digest scheme this crate computes, recorded in every header: FNV-1a-64 over the
+/// bytes `FORMAT.md` lists for each digest. Scheme 2 digests hidden states and attention
+/// outputs through per-token row digests (a device computes those without copying the
+/// tensors to the host); scheme 1 hashed their values directly. Any change to what a
+/// digest covers or how it is computed takes a new number.
+pub const DIGEST_SCHEME: u32 = 2;
 
 /// FNV-1a-64 of `b`.
 pub fn digest_bytes(b: &[u8]) -> u64 {
@@ -78,12 +80,22 @@ pub fn digest_f32(xs: &[f32]) -> u64 {
     h.finish()
 }
 
+/// FNV-1a-64 of `xs` as `to_le_bytes()` each, concatenated in order: how a trace folds a
+/// sequence of per-token row digests into one.
+pub fn digest_u64s(xs: &[u64]) -> u64 {
+    let mut h = Fnv1a64::new();
+    for x in xs {
+        h.update(&x.to_le_bytes());
+    }
+    h.finish()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// Pins the published FNV-1a-64 test vectors and our f32 encoding. If this test
-    /// changes, every recorded trace's digests change: bump FORMAT_VERSION instead.
+    /// changes, every recorded trace's digests change: bump DIGEST_SCHEME instead.
     #[test]
     fn known_answers_are_pinned() {
         assert_eq!(digest_bytes(b""), 0xcbf2_9ce4_8422_2325);
@@ -93,6 +105,8 @@ mod tests {
         assert_eq!(digest_f32(&[1.0]), digest_bytes(&[0x00, 0x00, 0x80, 0x3f]));
         assert_eq!(digest_f32(&[1.0, -2.5, 0.0]), KNOWN_F32);
         assert_eq!(digest_f32(&[-0.0]), KNOWN_NEG_ZERO);
+        assert_eq!(digest_u64s(&[]), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(digest_u64s(&[1]), digest_bytes(&[1, 0, 0, 0, 0, 0, 0, 0]));
     }
 
     // Computed independently (Python struct.pack("<3f", 1.0, -2.5, 0.0) + FNV-1a-64).

@@ -14,7 +14,7 @@ pub mod fuzzing;
 pub mod io;
 pub mod types;
 
-pub use digest::{digest_bytes, digest_f32, Fnv1a64, DIGEST_SCHEME};
+pub use digest::{digest_bytes, digest_f32, digest_u64s, Fnv1a64, DIGEST_SCHEME};
 pub use error::{Result, TraceError};
 pub use format::{FORMAT_VERSION, MAGIC, MAX_BLOCK_BYTES};
 pub use io::{read_all, read_all_from, Completeness, TraceReader, TraceWriter};

@@ -18,14 +18,19 @@ pub struct StepRun {
     pub kinds: Vec<StepKindTime>,
 }
 
-/// Runs `bench` with each GEMM choice, graphs on and off; prints and returns the
-/// summaries.
-pub fn bench_verify_step(dev: &Arc<GpuDevice>, bench: VerifyBench) -> Result<Vec<StepRun>, String> {
+/// Runs `bench` with each GEMM choice, with graphs on and (unless `graphs_only`) off;
+/// prints and returns the summaries.
+pub fn bench_verify_step(
+    dev: &Arc<GpuDevice>,
+    bench: VerifyBench,
+    graphs_only: bool,
+) -> Result<Vec<StepRun>, String> {
     let model = ModelDims::deepseek_v3_attn();
     let base = bench.config(model);
     let models = specmla_sim::runner::models(&base, 7);
     let mut out = Vec::new();
-    for graphs in [true, false] {
+    let modes: &[bool] = if graphs_only { &[true] } else { &[true, false] };
+    for &graphs in modes {
         for algo in [GemmAlgo::Invariant, GemmAlgo::Heuristic] {
             let b = VerifyBench {
                 cuda_graphs: graphs,

@@ -6,6 +6,7 @@ use rand_chacha::ChaCha8Rng;
 use specmla_model::{apply_rope, matvec, rms_norm, silu, RMS_EPS};
 
 use crate::checks::CaseResult;
+use specmla_core::backend::{row_digest, row_digests};
 use specmla_core::config::{KvCacheDtype, ModelDims};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
@@ -262,8 +263,92 @@ pub fn check_round_bf16(dev: &GpuDevice, k: &Kernels, seed: u64) -> Result<CaseR
     })
 }
 
+/// The device's row digests against `core::backend::row_digest`, exactly: random bits
+/// (NaNs, -0 and subnormals among them) in 3 groups of rows spaced apart, widths that
+/// are not multiples of the block, and one bit flipped to show the digest moves.
+pub fn check_row_digest(
+    dev: &GpuDevice,
+    k: &Kernels,
+    seed: u64,
+) -> Result<Vec<CaseResult>, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let mut out = Vec::new();
+    for (groups, rows, width, gap) in [(1, 1, 1, 0), (1, 37, 7168, 0), (3, 19, 16384, 5)] {
+        let stride = rows * width + gap;
+        let mut x: Vec<f32> = (0..groups * stride)
+            .map(|_| f32::from_bits(rng.gen::<u32>()))
+            .collect();
+        x[0] = -0.0;
+        let want: Vec<u64> = (0..groups)
+            .flat_map(|g| row_digests(&x[g * stride..g * stride + rows * width], width))
+            .collect();
+        let src = Buf::from_host(dev, &x, "digest input")?;
+        let dig = Buf::<u64>::from_host(dev, &vec![0; groups * rows], "digests")?;
+        k.row_digest(dev, src.ptr(), dig.ptr(), (groups, rows, width), stride)?;
+        let got = dig.read(dev, groups * rows)?;
+        let wrong = got.iter().zip(&want).filter(|(g, w)| g != w).count();
+        x[width - 1] = f32::from_bits(x[width - 1].to_bits() ^ 1);
+        let moved = row_digest(&x[..width]) != want[0];
+        out.push(CaseResult {
+            kernel: "row_digest",
+            case: format!(
+                "{groups} x {rows} rows of {width} random bits: {wrong} differ from the \
+                 core's; one flipped bit {} the digest",
+                if moved { "moves" } else { "does NOT move" }
+            ),
+            max_rel_err: if wrong == 0 && moved { 0.0 } else { 1.0 },
+            passed: wrong == 0 && moved,
+        });
+    }
+    Ok(out)
+}
+
+/// `gather_rows2` against the host: rows from two sources by the sign of the index.
+pub fn check_gather_rows2(dev: &GpuDevice, k: &Kernels, seed: u64) -> Result<CaseResult, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let (ra, rb, d) = (9, 5, 7168);
+    let a = rand_vec(&mut rng, ra * d, 1.0);
+    let b = rand_vec(&mut rng, rb * d, 1.0);
+    let idx: Vec<i32> = (0..23)
+        .map(|_| match rng.gen_bool(0.5) {
+            true => rng.gen_range(0..ra as i32),
+            false => -1 - rng.gen_range(0..rb as i32),
+        })
+        .collect();
+    let want: Vec<f32> = idx
+        .iter()
+        .flat_map(|&j| match j {
+            j if j >= 0 => &a[j as usize * d..(j as usize + 1) * d],
+            j => &b[(-1 - j) as usize * d..(-j) as usize * d],
+        })
+        .copied()
+        .collect();
+    let (da, db) = (Buf::from_host(dev, &a, "a")?, Buf::from_host(dev, &b, "b")?);
+    let di = Buf::from_host(dev, &idx, "indices")?;
+    let o = poisoned(dev, idx.len() * d)?;
+    // SAFETY: every index was drawn inside its source above.
+    unsafe { k.gather_rows2(dev, (da.ptr(), db.ptr()), di.ptr(), o.ptr(), (idx.len(), d)) }?;
+    let got = o.read(dev, idx.len() * d)?;
+    let exact = got
+        .iter()
+        .zip(&want)
+        .all(|(g, w)| g.to_bits() == w.to_bits());
+    Ok(CaseResult {
+        kernel: "gather_rows2",
+        case: format!(
+            "{} rows of {d} from two sources: {}",
+            idx.len(),
+            if exact { "exact" } else { "WRONG" }
+        ),
+        max_rel_err: if exact { 0.0 } else { 1.0 },
+        passed: exact,
+    })
+}
+
 pub fn run_dense(dev: &GpuDevice, k: &Kernels) -> Result<Vec<CaseResult>, GpuError> {
     let mut results = vec![check_round_bf16(dev, k, 450)?];
+    results.extend(check_row_digest(dev, k, 460)?);
+    results.push(check_gather_rows2(dev, k, 470)?);
     for (i, shape) in [(1, 64, 512), (37, 64, 96), (5, 128, 64), (3, 7168, 576)]
         .into_iter()
         .enumerate()

@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
-use specmla_core::backend::{DrafterOutput, TargetOutput};
-use specmla_core::drafter::{DFlashPass, DrafterPass};
+use specmla_core::backend::DrafterOutput;
+use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
 use specmla_core::split::SplitSchedule;
 
 use super::{as_i32, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
@@ -30,11 +30,13 @@ impl GpuBackend {
         unsafe { self.write_latents(ws, CacheOf::Drafter, n) }
     }
 
+    /// One multi-step pass; `sources` are its tokens' hidden inputs as
+    /// [`Self::carried_rows`] indexes them.
     pub(super) fn drafter_body(
         &self,
         ws: &mut Workspace,
         pass: &DrafterPass,
-        hidden_in: &[f32],
+        sources: &[i32],
     ) -> Result<DrafterOutput> {
         let dev = Arc::clone(&self.dev);
         let (k, d) = (&self.k, &self.dims);
@@ -54,7 +56,8 @@ impl GpuBackend {
                 hid,
             )
         }?;
-        ws.xs.write(&dev, hidden_in)?;
+        let xs = ws.xs.ptr();
+        self.gather_carried(ws, sources, xs)?;
         let cat = ws.tmp.ptr();
         k.concat_rows(&dev, ws.h.ptr(), ws.xs.ptr(), cat, n, hid, hid)?;
         self.linear(ws, (cat, 2 * hid), &self.drafter.fc, ws.x.ptr(), false, n)?;
@@ -126,11 +129,27 @@ impl GpuBackend {
         self.finish(w, ws, xs, attn, rows)?;
         copy(&dev, xs, ws.x.ptr(), rows * hid)?;
         self.lm_head(ws, &self.drafter.final_norm, &self.drafter.lm_head, rows)?;
+        self.drafter_output(ws, ws.x.ptr(), rows)
+    }
+
+    /// The output of a drafter pass whose `rows` hidden states sit at `hidden`: the
+    /// logits in `ws.logits`, the hidden states' digests, and the states themselves
+    /// copied into the drafter carry. The caller sets the forward id.
+    fn drafter_output(
+        &self,
+        ws: &Workspace,
+        hidden: DPtr<f32>,
+        rows: usize,
+    ) -> Result<DrafterOutput> {
+        let (dev, d) = (self.dev(), &self.dims);
+        let hid = d.hidden_size;
+        copy(dev, hidden, self.carry.drafter_ptr(), rows * hid)?;
+        let hidden_digests = self.read_digests(ws, hidden, (1, rows, hid), rows * hid)?;
         Ok(DrafterOutput {
-            logits: ws.logits.read(&dev, rows * d.vocab_size)?,
-            hidden: ws.x.read(&dev, rows * hid)?,
+            logits: ws.logits.read(dev, rows * d.vocab_size)?,
+            hidden_digests,
+            forward_id: 0,
             vocab_size: d.vocab_size,
-            hidden_size: hid,
         })
     }
 
@@ -138,7 +157,6 @@ impl GpuBackend {
         &self,
         ws: &mut Workspace,
         pass: &DFlashPass,
-        target: &TargetOutput,
     ) -> Result<DrafterOutput> {
         let dev = Arc::clone(&self.dev);
         let (k, d) = (&self.k, &self.dims);
@@ -146,11 +164,14 @@ impl GpuBackend {
         let w = &self.drafter.layer;
         // Context: target hidden states projected by fc_ctx, written to the drafter cache.
         let e = pass.context_token_indices.len();
-        let mut ctx_hidden = Vec::with_capacity(e * hid);
-        for &i in &pass.context_token_indices {
-            ctx_hidden.extend_from_slice(target.hidden_row(i as usize));
-        }
-        ws.xs.write(&dev, &ctx_hidden)?;
+        let sources: Vec<HiddenSource> = pass
+            .context_token_indices
+            .iter()
+            .map(|&i| HiddenSource::TargetToken(i))
+            .collect();
+        let sources = self.carried_rows(&sources, false)?;
+        let xs = ws.xs.ptr();
+        self.gather_carried(ws, &sources, xs)?;
         self.linear(
             ws,
             (ws.xs.ptr(), hid),
@@ -189,12 +210,7 @@ impl GpuBackend {
             &self.drafter.lm_head,
             keep.len(),
         )?;
-        Ok(DrafterOutput {
-            logits: ws.logits.read(&dev, keep.len() * d.vocab_size)?,
-            hidden: ws.h.read(&dev, keep.len() * hid)?,
-            vocab_size: d.vocab_size,
-            hidden_size: hid,
-        })
+        self.drafter_output(ws, ws.h.ptr(), keep.len())
     }
 
     /// Non-causal block attention: positions 1..=K of each row see the row's context

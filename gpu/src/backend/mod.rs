@@ -13,7 +13,7 @@ use specmla_core::backend::{Backend, DrafterOutput, TargetOutput};
 use specmla_core::block_pool::{NO_BLOCK, PAD_SLOT};
 use specmla_core::config::{EngineConfig, ModelDims};
 use specmla_core::cudagraph::GraphShape;
-use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
+use specmla_core::drafter::{DFlashPass, DrafterPass};
 use specmla_core::plan::StepPlan;
 use specmla_core::split::SplitSchedule;
 use specmla_model::{DrafterModel, TargetModel};
@@ -24,6 +24,7 @@ use crate::ops::{Gemm, GemmAlgo, Kernels, MlaDims};
 use crate::weights::{DrafterWeights, LayerWeights, TargetWeights, WeightForm};
 use crate::workspace::{PrefillScratch, Workspace};
 
+mod carry;
 mod drafter;
 mod flash_path;
 mod graphs;
@@ -33,6 +34,7 @@ use flash_path::FlashPath;
 mod layers;
 mod target;
 mod timing;
+use carry::DeviceCarry;
 use timing::{Region, SharedTimeline};
 
 /// Errors of the CUDA backend.
@@ -118,6 +120,10 @@ pub struct GpuBackend {
     portable_because: Option<String>,
     /// Where the current step's time goes (`timing.rs`).
     timeline: SharedTimeline,
+    /// Whether forwards return their full tensors (otherwise digests only).
+    full_outputs: bool,
+    /// The hidden states drafter passes continue from (`carry.rs`).
+    carry: DeviceCarry,
 }
 
 impl GpuBackend {
@@ -177,6 +183,8 @@ impl GpuBackend {
             flash,
             portable_because,
             timeline: SharedTimeline::default(),
+            full_outputs: false,
+            carry: DeviceCarry::new(),
             k,
             dev,
         })
@@ -427,6 +435,10 @@ impl Backend for GpuBackend {
         Ok(())
     }
 
+    fn set_full_outputs(&mut self, on: bool) {
+        self.full_outputs = on;
+    }
+
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<()> {
         // The core hands over the shapes as the capture froze them (F2 included).
         self.graphs.clear();
@@ -446,9 +458,14 @@ impl Backend for GpuBackend {
     }
 
     fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput> {
+        let n = plan.num_tokens();
+        self.carry
+            .ensure_target(&self.dev, n, self.dims.hidden_size)?;
         self.begin_forward()?;
-        let out = self.forward_target_body(plan)?;
+        let mut out = self.forward_target_body(plan)?;
         self.end_forward()?;
+        self.carry.target_rows = n;
+        out.forward_id = self.carry.ids.new_target();
         Ok(out)
     }
 
@@ -458,9 +475,13 @@ impl Backend for GpuBackend {
         target: &TargetOutput,
         prev: Option<&DrafterOutput>,
     ) -> Result<DrafterOutput> {
+        let ids = (target.forward_id, prev.map(|p| p.forward_id));
+        self.carry_ahead(ids, pass.num_rows())?;
         self.begin_forward()?;
-        let out = self.forward_drafter_body(pass, target, prev)?;
+        let mut out = self.forward_drafter_body(pass, prev.is_some())?;
         self.end_forward()?;
+        self.carry.drafter_rows = pass.num_rows();
+        out.forward_id = self.carry.ids.new_drafter();
         Ok(out)
     }
 
@@ -469,9 +490,13 @@ impl Backend for GpuBackend {
         pass: &DFlashPass,
         target: &TargetOutput,
     ) -> Result<DrafterOutput> {
+        let rows = pass.sample_indices.len();
+        self.carry_ahead((target.forward_id, None), rows)?;
         self.begin_forward()?;
-        let out = self.forward_dflash_body(pass, target)?;
+        let mut out = self.forward_dflash_body(pass)?;
         self.end_forward()?;
+        self.carry.drafter_rows = rows;
+        out.forward_id = self.carry.ids.new_drafter();
         Ok(out)
     }
 }
@@ -493,39 +518,27 @@ impl GpuBackend {
         }
     }
 
-    fn forward_drafter_body(
-        &mut self,
-        pass: &DrafterPass,
-        target: &TargetOutput,
-        prev: Option<&DrafterOutput>,
-    ) -> Result<DrafterOutput> {
+    /// Before a drafter pass: the outputs it names are the ones carried, and the drafter
+    /// carry has room for the `rows` it will write.
+    fn carry_ahead(&mut self, (target, prev): (u64, Option<u64>), rows: usize) -> Result<()> {
+        let ids = &self.carry.ids;
+        ids.check(target, prev).map_err(GpuBackendError::BadPlan)?;
+        self.carry
+            .ensure_drafter(&self.dev, rows, self.dims.hidden_size)
+    }
+
+    fn forward_drafter_body(&mut self, pass: &DrafterPass, prev: bool) -> Result<DrafterOutput> {
         let n = pass.token_ids.len();
-        let hid = self.dims.hidden_size;
-        let mut hidden_in = Vec::with_capacity(n * hid);
-        for src in &pass.hidden {
-            let row = match *src {
-                HiddenSource::TargetToken(i) => target.hidden_row(i as usize),
-                HiddenSource::DrafterRow(r) => prev
-                    .ok_or_else(|| {
-                        GpuBackendError::BadPlan("a later pass without a previous one".into())
-                    })?
-                    .hidden_row(r as usize),
-            };
-            hidden_in.extend_from_slice(row);
-        }
+        let sources = self.carried_rows(&pass.hidden, prev)?;
         let rows = pass.num_rows();
         self.ensure_eager(n.max(1), rows.max(1), pass.block_table_width)?;
         let mut ws = self.eager.take().expect("ensured above");
-        let res = self.drafter_body(&mut ws, pass, &hidden_in);
+        let res = self.drafter_body(&mut ws, pass, &sources);
         self.eager = Some(ws);
         res
     }
 
-    fn forward_dflash_body(
-        &mut self,
-        pass: &DFlashPass,
-        target: &TargetOutput,
-    ) -> Result<DrafterOutput> {
+    fn forward_dflash_body(&mut self, pass: &DFlashPass) -> Result<DrafterOutput> {
         let (e, b) = (pass.context_token_indices.len(), pass.block_len);
         let nb = pass.block_tokens.len();
         let rows = pass.req_ids.len();
@@ -542,7 +555,7 @@ impl GpuBackend {
         )?;
         self.ensure_scratch(max_keys)?;
         let mut ws = self.eager.take().expect("ensured above");
-        let res = self.dflash_body(&mut ws, pass, target);
+        let res = self.dflash_body(&mut ws, pass);
         self.eager = Some(ws);
         res
     }

@@ -3,13 +3,13 @@
 
 use std::sync::Arc;
 
-use specmla_core::backend::TargetOutput;
+use specmla_core::backend::{TargetOutput, TargetTensors};
 use specmla_core::block_pool::PAD_SLOT;
 use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 
 use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
-use crate::launch::DPtr;
+use crate::launch::{copy, DPtr};
 use crate::ops::{KeyBufs, State};
 use crate::weights::LayerWeights;
 use crate::workspace::{PrefillScratch, Workspace};
@@ -71,8 +71,10 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Reads hidden states and attention outputs of the `n` real tokens and the logits
-    /// of `rows` (indices into `ws.logits`).
+    /// The output of a forward whose `n` real tokens sit in `ws`: the logits of `rows`
+    /// (indices into `ws.logits`), the row digests of the hidden states and attention
+    /// outputs (the tensors themselves only when asked for), and the hidden states
+    /// copied into the target carry. The caller sets the forward id.
     pub(super) fn read_target(
         &self,
         ws: &Workspace,
@@ -85,7 +87,20 @@ impl GpuBackend {
             self.dims.vocab_size,
             self.attn_width(),
         );
-        let hidden = ws.x.read(dev, n * hid)?;
+        let layers = self.dims.num_layers;
+        let digests = ws.digests.ptr();
+        self.k
+            .row_digest(dev, ws.x.ptr(), digests, (1, n, hid), n * hid)?;
+        let attn_digests = digests.offset(n);
+        self.k.row_digest(
+            dev,
+            ws.attn.ptr(),
+            attn_digests,
+            (layers, n, hv),
+            ws.cap * hv,
+        )?;
+        copy(dev, ws.x.ptr(), self.carry.target_ptr(), n * hid)?;
+        let all = ws.digests.read(dev, (1 + layers) * n)?;
         let all_logits = ws
             .logits
             .read(dev, rows.iter().map(|r| r + 1).max().unwrap_or(0) * vocab)?;
@@ -93,15 +108,25 @@ impl GpuBackend {
             .iter()
             .flat_map(|&r| all_logits[r * vocab..(r + 1) * vocab].iter().copied())
             .collect();
-        let attn_outputs = (0..self.dims.num_layers)
-            .map(|l| ws.attn.read_at(dev, l * ws.cap * hv, n * hv))
-            .collect::<std::result::Result<_, _>>()?;
+        let tensors = match self.full_outputs {
+            true => Some(TargetTensors {
+                hidden: ws.x.read(dev, n * hid)?,
+                attn_outputs: (0..layers)
+                    .map(|l| ws.attn.read_at(dev, l * ws.cap * hv, n * hv))
+                    .collect::<std::result::Result<_, _>>()?,
+                hidden_size: hid,
+            }),
+            false => None,
+        };
         Ok(TargetOutput {
             logits,
-            hidden,
-            attn_outputs,
+            hidden_digests: all[..n].to_vec(),
+            attn_digests: (0..layers)
+                .map(|l| all[(1 + l) * n..(2 + l) * n].to_vec())
+                .collect(),
+            tensors,
+            forward_id: 0,
             vocab_size: vocab,
-            hidden_size: hid,
         })
     }
 

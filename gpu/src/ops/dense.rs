@@ -253,6 +253,54 @@ impl Kernels {
         unsafe { self.go(dev, "gather_rows", (n, 1), &args) }
     }
 
+    /// `out[i] = a[idx[i]]` where `idx[i] >= 0`, else `b[-1 - idx[i]]`; rows of width `d`.
+    ///
+    /// # Safety
+    /// Every index names a row inside the buffer it selects.
+    pub unsafe fn gather_rows2(
+        &self,
+        dev: &GpuDevice,
+        (a, b): (DPtr<f32>, DPtr<f32>),
+        idx: DPtr<i32>,
+        out: DPtr<f32>,
+        (n, d): (usize, usize),
+    ) -> Result<(), GpuError> {
+        idx.need(n);
+        out.need(n * d);
+        let args = [
+            a.into(),
+            b.into(),
+            idx.into(),
+            out.into(),
+            n.into(),
+            d.into(),
+        ];
+        // SAFETY: argument list matches gather_rows2; callers check indices on the host.
+        unsafe { self.go(dev, "gather_rows2", (n, 1), &args) }
+    }
+
+    /// `out[g * n + i]` = the row digest (`specmla_core::backend::row_digest`) of row `i`
+    /// of group `g`: `groups` groups of `n` rows of width `d`, `group_stride` values apart.
+    pub fn row_digest(
+        &self,
+        dev: &GpuDevice,
+        src: DPtr<f32>,
+        out: DPtr<u64>,
+        (groups, n, d): (usize, usize, usize),
+        group_stride: usize,
+    ) -> Result<(), GpuError> {
+        if groups == 0 || n == 0 {
+            return Ok(());
+        }
+        assert!(group_stride >= n * d, "digest groups overlap");
+        src.need((groups - 1) * group_stride + n * d);
+        out.need(groups * n);
+        let stride = Arg::I64(i64::try_from(group_stride).expect("stride fits in i64"));
+        let args = [src.into(), out.into(), n.into(), d.into(), stride];
+        // SAFETY: argument list matches row_digest; sizes checked above.
+        unsafe { self.go(dev, "row_digest", (n, groups), &args) }
+    }
+
     /// `out[t] = [a[t] | b[t]]` for `n` rows of widths `da`, `db`.
     #[allow(clippy::too_many_arguments)]
     pub fn concat_rows(

@@ -35,7 +35,7 @@ pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../../kernels/dense.cu"),
 ];
 
-const NAMES: [&str; 22] = [
+const NAMES: [&str; 24] = [
     "fill_bf16_hash",
     "scrub_l2",
     "kv_write",
@@ -58,6 +58,8 @@ const NAMES: [&str; 22] = [
     "concat_rows",
     "copy_cols",
     "fill",
+    "gather_rows2",
+    "row_digest",
 ];
 
 pub use specmla_core::config::MlaDims;

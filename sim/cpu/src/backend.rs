@@ -5,7 +5,9 @@
 
 use std::sync::Arc;
 
-use specmla_core::backend::{Backend, DrafterOutput, TargetOutput};
+use specmla_core::backend::{
+    row_digest, row_digests, Backend, Carries, DrafterOutput, TargetOutput, TargetTensors,
+};
 use specmla_core::config::EngineConfig;
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
@@ -24,6 +26,8 @@ use crate::model::{DrafterModel, MlaLayer, TargetModel};
 pub enum CpuBackendError {
     #[error("step replays a graph of {0} tokens that was never captured")]
     GraphNotCaptured(usize),
+    #[error("{0}")]
+    StaleCarry(String),
 }
 
 /// The CPU backend: target and drafter weights, their paged caches, captured shapes.
@@ -35,6 +39,13 @@ pub struct CpuBackend {
     drafter_cache: PagedLatentCache,
     graphs: Vec<GraphShape>,
     dims: MlaDims,
+    /// Whether forwards return their full tensors.
+    full_outputs: bool,
+    carries: Carries,
+    /// The last target forward's hidden states, `[tokens][hidden]`, and the last drafter
+    /// pass's, `[sampled][hidden]`: what the next drafter pass reads.
+    target_hidden: Vec<Vec<f32>>,
+    drafter_hidden: Vec<Vec<f32>>,
 }
 
 impl CpuBackend {
@@ -55,6 +66,10 @@ impl CpuBackend {
             drafter,
             graphs: Vec::new(),
             dims: MlaDims::from(d),
+            full_outputs: false,
+            carries: Carries::default(),
+            target_hidden: Vec::new(),
+            drafter_hidden: Vec::new(),
         }
     }
 
@@ -69,6 +84,31 @@ impl CpuBackend {
 
     fn page(&self) -> usize {
         self.cfg.scheduler.page_size
+    }
+
+    /// The carried hidden state a drafter token starts from (`prev` says whether the
+    /// pass continues a previous one).
+    fn hidden_source(&self, src: HiddenSource, prev: bool) -> Result<&[f32], CpuBackendError> {
+        let (rows, i, what) = match src {
+            HiddenSource::TargetToken(i) => (&self.target_hidden, i, "target token"),
+            HiddenSource::DrafterRow(r) if prev => (&self.drafter_hidden, r, "drafter row"),
+            HiddenSource::DrafterRow(_) => {
+                return Err(CpuBackendError::StaleCarry(
+                    "a later drafter pass without a previous one".into(),
+                ))
+            }
+        };
+        rows.get(i as usize).map(Vec::as_slice).ok_or_else(|| {
+            CpuBackendError::StaleCarry(format!("{what} {i} outside the {} carried", rows.len()))
+        })
+    }
+
+    /// Finishes a drafter output: digests, id, and `hidden` kept for the next pass.
+    fn drafter_carry(&mut self, mut out: DrafterOutput, hidden: Vec<Vec<f32>>) -> DrafterOutput {
+        out.hidden_digests = hidden.iter().map(|h| row_digest(h)).collect();
+        out.forward_id = self.carries.new_drafter();
+        self.drafter_hidden = hidden;
+        out
     }
 }
 
@@ -112,6 +152,10 @@ impl Backend for CpuBackend {
     /// Both latent caches live in host memory.
     fn host_allocations(cfg: &EngineConfig) -> Vec<specmla_core::memory::Allocation> {
         specmla_core::memory::allocations(cfg).split_off(2)
+    }
+
+    fn set_full_outputs(&mut self, on: bool) {
+        self.full_outputs = on;
     }
 
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<(), Self::Error> {
@@ -168,13 +212,21 @@ impl Backend for CpuBackend {
             .iter()
             .flat_map(|&i| model.logits(&x[i as usize]))
             .collect();
-        Ok(TargetOutput {
+        let width = dims.num_heads * dims.v_head_dim;
+        let out = TargetOutput {
             logits,
-            hidden: x.concat(),
-            attn_outputs,
+            hidden_digests: x.iter().map(|h| row_digest(h)).collect(),
+            attn_digests: attn_outputs.iter().map(|a| row_digests(a, width)).collect(),
+            tensors: self.full_outputs.then(|| TargetTensors {
+                hidden: x.concat(),
+                attn_outputs,
+                hidden_size: dims.hidden_size,
+            }),
+            forward_id: self.carries.new_target(),
             vocab_size: dims.vocab_size,
-            hidden_size: dims.hidden_size,
-        })
+        };
+        self.target_hidden = x;
+        Ok(out)
     }
 
     fn forward_drafter(
@@ -183,18 +235,17 @@ impl Backend for CpuBackend {
         target: &TargetOutput,
         prev: Option<&DrafterOutput>,
     ) -> Result<DrafterOutput, Self::Error> {
+        let carry = self
+            .carries
+            .check(target.forward_id, prev.map(|p| p.forward_id));
+        carry.map_err(CpuBackendError::StaleCarry)?;
         let dr = Arc::clone(&self.drafter);
         let layer = &dr.layer;
         let dims = &dr.dims;
         let n = pass.token_ids.len();
         let mut x = Vec::with_capacity(n);
         for t in 0..n {
-            let hidden_in = match pass.hidden[t] {
-                HiddenSource::TargetToken(i) => target.hidden_row(i as usize),
-                HiddenSource::DrafterRow(r) => prev
-                    .expect("a later pass has a previous one")
-                    .hidden_row(r as usize),
-            };
+            let hidden_in = self.hidden_source(pass.hidden[t], prev.is_some())?;
             let xt = dr.fuse(pass.token_ids[t], hidden_in);
             let latent = self.as_stored(layer.latent_only(dims, &xt, pass.positions[t] as usize));
             self.drafter_cache.write(0, pass.slot_mapping[t], &latent);
@@ -202,9 +253,9 @@ impl Backend for CpuBackend {
         }
         let mut out = DrafterOutput {
             vocab_size: dims.vocab_size,
-            hidden_size: dims.hidden_size,
             ..Default::default()
         };
+        let mut hidden = Vec::with_capacity(pass.num_rows());
         for r in 0..pass.num_rows() {
             let t = pass.token_indices_to_sample[r] as usize;
             let pos = pass.positions[t] as usize;
@@ -217,9 +268,9 @@ impl Backend for CpuBackend {
             let a = self.split_kv_attention(layer, &q, &keys, visible, split_at(&pass.split, r));
             let h = layer.finish(dims, &x[t], &a);
             out.logits.extend(dr.logits(&h));
-            out.hidden.extend(h);
+            hidden.push(h);
         }
-        Ok(out)
+        Ok(self.drafter_carry(out, hidden))
     }
 
     fn forward_dflash(
@@ -227,10 +278,13 @@ impl Backend for CpuBackend {
         pass: &DFlashPass,
         target: &TargetOutput,
     ) -> Result<DrafterOutput, Self::Error> {
+        let carry = self.carries.check(target.forward_id, None);
+        carry.map_err(CpuBackendError::StaleCarry)?;
         let dr = Arc::clone(&self.drafter);
         let (layer, dims) = (&dr.layer, &dr.dims);
         for (e, &i) in pass.context_token_indices.iter().enumerate() {
-            let xc = dr.context_x(target.hidden_row(i as usize));
+            let source = HiddenSource::TargetToken(i);
+            let xc = dr.context_x(self.hidden_source(source, false)?);
             let latent =
                 self.as_stored(layer.latent_only(dims, &xc, pass.context_positions[e] as usize));
             self.drafter_cache.write(0, pass.context_slots[e], &latent);
@@ -246,9 +300,9 @@ impl Backend for CpuBackend {
         }
         let mut out = DrafterOutput {
             vocab_size: dims.vocab_size,
-            hidden_size: dims.hidden_size,
             ..Default::default()
         };
+        let mut hidden = Vec::with_capacity(pass.sample_indices.len());
         let mut samples = pass.sample_indices.iter().map(|&j| j as usize).peekable();
         for r in 0..pass.req_ids.len() {
             let ctx = pass.context_lens[r] as usize;
@@ -265,10 +319,10 @@ impl Backend for CpuBackend {
                 let a = self.split_kv_attention(layer, q, &keys, n_keys, split_at(&pass.split, r));
                 let h = layer.finish(dims, xb, &a);
                 out.logits.extend(dr.logits(&h));
-                out.hidden.extend(h);
+                hidden.push(h);
             }
         }
-        Ok(out)
+        Ok(self.drafter_carry(out, hidden))
     }
 }
 

@@ -63,7 +63,7 @@ struct Cli {
     sweep_splits: bool,
     /// Instead of the kernels, time whole real-width steps through the engine: 64 rows of
     /// 1 + 3 tokens at 4096 keys (`--batch`, `--context` change them), GEMMs pinned vs
-    /// heuristic, graphs on vs off.
+    /// heuristic, graphs on vs off (with `--quick`, graphs on only).
     #[arg(long)]
     verify_step: bool,
     /// Write the CSV here.
@@ -121,7 +121,7 @@ fn verify_step(cli: &Cli) -> ExitCode {
         cuda_graphs: true,
     };
     println!("device: {} ({})", dev.name, dev.arch);
-    match bench_verify_step(&dev, bench) {
+    match bench_verify_step(&dev, bench, cli.quick) {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: verify-step bench: {e}");
