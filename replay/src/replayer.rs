@@ -141,8 +141,9 @@ impl<B: Backend> Replayer<B> {
         B::check_dims(&cfg.model)
             .map_err(|e| ReplayError::Environment(format!("--backend {}: {e}", B::KIND)))?;
         cfg.faults = faults;
-        let target = Arc::new(TargetModel::from_seed(&cfg.model, header.seed));
-        let drafter = Arc::new(DrafterModel::from_seed(&cfg.model, header.seed));
+        // The weights the recording ran with: drawn from the seed, and rounded to bf16
+        // where the cache is bf16, exactly as `sim` draws them.
+        let (target, drafter) = specmla_sim::runner::models(&cfg, header.seed);
         // The recording's shadow checks are not in the header, so the replay always runs
         // both: they are sound (idempotent KV writes) and only add evidence.
         let multi_step = cfg.spec.method == SpecMethod::MultiStep;

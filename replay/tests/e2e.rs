@@ -235,3 +235,16 @@ fn steps_that_cannot_come_from_their_header_are_refused() {
     let err = replay_records(&t2.header, &t2.records, Faults::none()).unwrap_err();
     assert!(err.to_string().contains("is not a permutation"), "{err}");
 }
+
+/// Postmortem: replay drew the weights unrounded while `sim` rounds them to bf16 under
+/// a bf16 cache, so every bf16 trace diverged on the first step that read an f32
+/// weight (on the GPU, the first prefill row or long decode row).
+#[test]
+fn a_bf16_cache_trace_replays_bit_for_bit_with_the_weights_it_ran_with() {
+    let mut s = scenarios::by_name("mixed_mtp").unwrap();
+    s.workload.num_requests = 4;
+    s.cfg.kv_cache_dtype = specmla_core::config::KvCacheDtype::Bf16;
+    let (t, _) = record_scenario(&s, 3, false);
+    let r = replay_records(&t.header, &t.records, Faults::none()).unwrap();
+    assert!(r.divergence.is_none(), "{:?}", r.divergence);
+}
