@@ -107,7 +107,18 @@ pub fn graph_shapes(cfg: &EngineConfig) -> Vec<GraphShape> {
 /// requires `num_computed_tokens >= num_prompt_tokens` for every request. F7 drops it.
 pub fn dispatch(cfg: &EngineConfig, rows: &[RowShape], sizes: &[usize]) -> Option<GraphDispatch> {
     let q = cfg.spec.uniform_decode_query_len();
-    let shape_only = cfg.faults.has(Fault::F7);
+    dispatch_rows(q, cfg.faults.has(Fault::F7), rows, sizes)
+}
+
+/// [`dispatch`] from its inputs alone: the uniform q_len `1 + K` and whether a batch
+/// qualifies by shape alone (F7's bug); what `core::audit` checks an engine's dispatch
+/// against.
+pub fn dispatch_rows(
+    q: usize,
+    shape_only: bool,
+    rows: &[RowShape],
+    sizes: &[usize],
+) -> Option<GraphDispatch> {
     if rows.is_empty()
         || !rows
             .iter()

@@ -9,7 +9,9 @@ use pyo3::exceptions::{PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyBool;
 use pyo3::types::{PyDict, PyList};
-use specmla_core::audit::{audit as audit_log, StepLog};
+use specmla_core::audit::{
+    audit as audit_log, ChunkedContextLog, GraphLog, SpecDecodeLog, StepLog,
+};
 use specmla_core::config::{BackendProfile, Planner, RowLayout};
 use specmla_core::reorder::{reorder, split, RowShape, SplitInput};
 use specmla_sim::plan_explain::{explain_batch, PlanOptions};
@@ -313,6 +315,86 @@ fn field<'py>(step: &Bound<'py, PyAny>, key: &str) -> PyResult<Option<Bound<'py,
     Ok(v.filter(|v| !v.is_none()))
 }
 
+/// An integer of either sign (a block id or slot, where -1 means none).
+fn signed(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<pyo3::types::PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{name}: expected an integer, got {}",
+            type_name(obj)
+        )));
+    }
+    obj.extract()
+        .map_err(|_| PyValueError::new_err(format!("{name}: an integer out of range")))
+}
+
+/// A sequence of rows, each read by `row` (named `name[i]`).
+fn rows_of<T>(
+    obj: &Bound<'_, PyAny>,
+    name: &str,
+    row: impl Fn(&Bound<'_, PyAny>, &str) -> PyResult<T>,
+) -> PyResult<Vec<T>> {
+    items(obj, name)?
+        .iter()
+        .enumerate()
+        .map(|(i, x)| row(x, &format!("{name}[{i}]")))
+        .collect()
+}
+
+fn signeds(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
+    rows_of(obj, name, signed)
+}
+
+/// `key` of `step` read by `read` where present (named `key` in errors).
+fn optional<T>(
+    step: &Bound<'_, PyAny>,
+    key: &str,
+    read: impl Fn(&Bound<'_, PyAny>, &str) -> PyResult<T>,
+) -> PyResult<Option<T>> {
+    field(step, key)?.map(|v| read(&v, key)).transpose()
+}
+
+fn a_bool(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
+    obj.extract()
+        .map_err(|_| PyTypeError::new_err(format!("{name}: expected a bool")))
+}
+
+fn chunked_context(c: &Bound<'_, PyAny>, name: &str) -> PyResult<ChunkedContextLog> {
+    let sub = |k: &str| required(c, k).map_err(|_| missing_in(name, k));
+    let named = |k: &str| format!("{name}.{k}");
+    Ok(ChunkedContextLog {
+        cu_seq_lens: rows_of(&sub("cu_seq_lens")?, &named("cu_seq_lens"), counts)?,
+        starts: rows_of(&sub("starts")?, &named("starts"), counts)?,
+        seq_tot: counts(&sub("seq_tot")?, &named("seq_tot"))?,
+        max_seq_lens: counts(&sub("max_seq_lens")?, &named("max_seq_lens"))?,
+    })
+}
+
+fn graph(g: &Bound<'_, PyAny>, name: &str) -> PyResult<GraphLog> {
+    let sub = |k: &str| required(g, k).map_err(|_| missing_in(name, k));
+    Ok(GraphLog {
+        num_tokens: count(&sub("num_tokens")?, &format!("{name}.num_tokens"))?,
+        uniform: a_bool(&sub("uniform")?, &format!("{name}.uniform"))?,
+        num_reqs: optional(g, "num_reqs", |v, _| count(v, &format!("{name}.num_reqs")))?,
+    })
+}
+
+fn spec_decode(m: &Bound<'_, PyAny>, name: &str) -> PyResult<SpecDecodeLog> {
+    let list = |k: &str| {
+        let v = required(m, k).map_err(|_| missing_in(name, k))?;
+        counts(&v, &format!("{name}.{k}"))
+    };
+    Ok(SpecDecodeLog {
+        cu_num_draft_tokens: list("cu_num_draft_tokens")?,
+        logits_indices: list("logits_indices")?,
+        target_logits_indices: list("target_logits_indices")?,
+        bonus_logits_indices: list("bonus_logits_indices")?,
+    })
+}
+
+fn missing_in(part: &str, key: &str) -> PyErr {
+    PyValueError::new_err(format!("{part}.{key}: missing from the step"))
+}
+
 fn required<'py>(step: &Bound<'py, PyAny>, key: &str) -> PyResult<Bound<'py, PyAny>> {
     field(step, key)?.ok_or_else(|| PyValueError::new_err(format!("{key}: missing from the step")))
 }
@@ -356,8 +438,13 @@ fn audit<'py>(py: Python<'py>, step: &Bound<'py, PyAny>) -> PyResult<Bound<'py, 
         decode_threshold: one("decode_threshold")?,
         require_uniform,
         planner,
+        num_spec_tokens: optional(step, "num_spec_tokens", count)?.unwrap_or(0),
+        page_size: optional(step, "page_size", count)?,
+        workspace_tokens: optional(step, "workspace_tokens", count)?,
+        capture_sizes: optional(step, "capture_sizes", counts)?,
         num_scheduled_tokens: per_request("num_scheduled_tokens")?,
         num_prompt_tokens: per_request("num_prompt_tokens")?,
+        num_draft_tokens: optional(step, "num_draft_tokens", counts)?,
         num_computed_tokens: computed,
         order: list("order")?,
         query_start_loc: list("query_start_loc")?,
@@ -365,7 +452,13 @@ fn audit<'py>(py: Python<'py>, step: &Bound<'py, PyAny>) -> PyResult<Bound<'py, 
         num_decodes: one("num_decodes")?,
         num_decode_tokens: one("num_decode_tokens")?,
         num_prefills: one("num_prefills")?,
+        block_table: optional(step, "block_table", |v, k| rows_of(v, k, signeds))?,
+        slot_mapping: optional(step, "slot_mapping", signeds)?,
+        chunked_context: optional(step, "chunked_context", chunked_context)?,
+        graph: optional(step, "graph", graph)?,
+        spec_decode: optional(step, "spec_decode", spec_decode)?,
     };
+    log.validate().map_err(PyValueError::new_err)?;
     let found = guarded(|| audit_log(&log))?;
     let out = PyList::empty(py);
     for v in found {

@@ -18,4 +18,5 @@ pub mod record;
 pub mod runner;
 pub mod scenarios;
 pub mod step_bench;
+pub mod step_log;
 pub mod step_time;

@@ -48,6 +48,9 @@ pub enum RunError {
     Environment(String),
     #[error("trace: {0}")]
     Trace(specmla_traces::TraceError),
+    /// Writing an output other than the trace (the step log) failed.
+    #[error("step log: {0}")]
+    Output(String),
 }
 
 // The causes above are part of each message, not a `source`, so a CLI printing the

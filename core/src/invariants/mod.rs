@@ -29,6 +29,7 @@ pub use drafter::{check_dflash, check_drafter_pass};
 pub use graphs::check_dummy_step;
 use graphs::{check_graph, check_graph_buffers};
 use metadata::{check_chunks, check_common, check_decode_rows};
+pub use reorder::matrix_threshold;
 use reorder::{check_reorder, check_split, check_threshold};
 pub use sampling::check_grammar_masks;
 use sampling::check_sampling;

@@ -9,27 +9,12 @@ pub(super) fn check_threshold(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink)
     } else {
         1 + k
     };
-    let expect = cfg
-        .backends
-        .iter()
-        .map(|p| {
-            let c = p.capabilities();
-            match (c.query_len_support, cfg.spec.enabled()) {
-                (QueryLenSupport::SingleOnly, _) => 1,
-                (_, true) => c.base_threshold.max(verify_len),
-                (_, false) => c.base_threshold,
-            }
-        })
-        .min()
-        .unwrap_or(1);
+    let spec = cfg.spec.enabled().then_some(verify_len);
+    let (expect, uniform) = matrix_threshold(&cfg.backends, spec);
     let expect = cfg.split_override.reorder_batch_threshold.unwrap_or(expect);
     s.check(plan.threshold == expect, Rule::Threshold, None, || {
         format!("threshold {} != {expect}", plan.threshold)
     });
-    let uniform = cfg
-        .backends
-        .iter()
-        .any(|p| p.capabilities().query_len_support != QueryLenSupport::Varlen);
     let uniform = cfg.split_override.require_uniform.unwrap_or(uniform);
     s.check(
         plan.require_uniform == uniform,
@@ -37,6 +22,33 @@ pub(super) fn check_threshold(cfg: &EngineConfig, plan: &StepPlan, s: &mut Sink)
         None,
         || "require_uniform disagrees with the matrix".into(),
     );
+}
+
+/// The decode threshold and `require_uniform` the backend matrix gives attention
+/// groups on `backends`, with verify rows of `verify_len` tokens when speculation is on:
+/// a single-token kernel keeps 1, others raise their base threshold to the verify
+/// length; the lowest over the groups wins, and any group that cannot take mixed query
+/// lengths makes the split require uniform decodes.
+pub fn matrix_threshold(
+    backends: &[crate::config::BackendProfile],
+    verify_len: Option<usize>,
+) -> (usize, bool) {
+    let threshold = backends
+        .iter()
+        .map(|p| {
+            let c = p.capabilities();
+            match (c.query_len_support, verify_len) {
+                (QueryLenSupport::SingleOnly, _) => 1,
+                (_, Some(v)) => c.base_threshold.max(v),
+                (_, None) => c.base_threshold,
+            }
+        })
+        .min()
+        .unwrap_or(1);
+    let uniform = backends
+        .iter()
+        .any(|p| p.capabilities().query_len_support != QueryLenSupport::Varlen);
+    (threshold, uniform)
 }
 
 /// The region of a row, restated from vLLM's four booleans (has context, below the

@@ -26,6 +26,7 @@ use specmla_sim::progress::{
 use specmla_sim::record::TraceSink;
 use specmla_sim::runner::{run_with, RunStats, RunSummary, SpecDecodingMetrics, StepSink};
 use specmla_sim::scenarios::{self, Scenario};
+use specmla_sim::step_log::{StepLogSink, Tee};
 
 /// Drafter batch mode on the command line.
 #[derive(Clone, Copy, Debug, ValueEnum)]
@@ -224,8 +225,12 @@ pub struct RunArgs {
     /// replay on the other backend compares them within tolerances).
     #[arg(long, requires = "trace")]
     pub trace_tensors: bool,
+    /// Write every step as an engine's step log (JSON Lines, schema `specmla.step/1`;
+    /// check it with `replay audit`).
+    #[arg(long, value_name = "FILE.jsonl")]
+    pub step_log: Option<std::path::PathBuf>,
     /// Run twice and name the first step whose trace record differs.
-    #[arg(long, conflicts_with = "trace")]
+    #[arg(long, conflicts_with_all = ["trace", "step_log"])]
     pub check_determinism: bool,
     /// Set from the global `--json` flag.
     #[arg(skip)]
@@ -491,14 +496,18 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
         }
         None => None,
     };
+    let mut log = step_log_sink(a, s)?;
+    let mut sinks: Vec<&mut dyn StepSink> = Vec::new();
+    if let Some(t) = sink.as_mut() {
+        sinks.push(t);
+    }
+    if let Some(l) = log.as_mut() {
+        sinks.push(l);
+    }
+    let mut tee = Tee(sinks);
     install_interrupt_handler();
-    let result = run_with(
-        s,
-        seed,
-        make,
-        sink.as_mut().map(|x| x as &mut dyn StepSink),
-        progress,
-    );
+    let result = run_with(s, seed, make, Some(&mut tee), progress);
+    drop(tee);
     bar.finish();
     let summary = match result {
         Ok(summary) => summary,
@@ -777,4 +786,24 @@ fn compare_traces(a: &[u8], b: &[u8]) -> Result<Determinism> {
         }
     });
     Ok(d)
+}
+
+/// The `--step-log` sink, refused (exit 2) where the log could not be what vLLM's rules
+/// describe: the schema's rows are in vLLM's decode-first layout.
+fn step_log_sink(
+    a: &RunArgs,
+    s: &Scenario,
+) -> Result<Option<StepLogSink<std::io::BufWriter<std::fs::File>>>> {
+    let Some(path) = &a.step_log else {
+        return Ok(None);
+    };
+    if s.cfg.scheduler.row_layout != RowLayout::DecodeFirst {
+        bail!("--step-log: the step-log schema follows vLLM's decode-first row layout; drop --layout extend-first");
+    }
+    let file =
+        std::fs::File::create(path).with_context(|| format!("--step-log {}", path.display()))?;
+    Ok(Some(StepLogSink::new(
+        std::io::BufWriter::new(file),
+        &s.cfg,
+    )))
 }

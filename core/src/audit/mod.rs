@@ -1,35 +1,160 @@
-//! Auditing one step an engine built: its row order, its decode/prefill split and its
-//! common metadata (`query_start_loc`, `seq_lens`) against the rules the planner follows
-//! (vLLM's reorder and split, `reorder.rs`), from the per-request facts the engine
-//! scheduled. Violations carry the same rule names `sim` prints. This is the part of a
-//! step log every engine has; the optional parts (chunked context, graph dispatch, spec
-//! decode and drafter metadata) are not audited yet.
+//! Auditing one step an engine built against the rules the planner follows, from the
+//! per-request facts the engine scheduled: its row order, its decode/prefill split and
+//! its common metadata (`query_start_loc`, `seq_lens`) against vLLM's reorder and split
+//! (`reorder.rs`), and, each only where the log carries it, its slot mapping, its
+//! chunked-context metadata, its graph dispatch and its spec-decode metadata
+//! (`parts.rs`). Violations carry the same rule names `sim` prints. [`StepLog`] is the
+//! step-log schema `specmla.step/1`, one JSON object per step.
 
-use crate::config::Planner;
+use serde::{Deserialize, Serialize};
+
+use crate::config::{DrafterBatch, Planner};
 use crate::invariants::{Rule, Violation};
 use crate::reorder::{reorder, split, RowShape, SplitInput};
 
+mod parts;
+pub use parts::{
+    chunked_context_log, drafter_passes, spec_decode_metadata, ChunkedContextLog, DFlashLog,
+    DrafterPassLog, GraphLog, SpecDecodeLog,
+};
+
+/// The schema name a step log's every line carries.
+pub const STEP_LOG_SCHEMA: &str = "specmla.step/1";
+
 /// One engine step as its log states it. Per-request vectors are in the engine's input
 /// order (before its reorder); `order[i]` is the input request at row `i` of what it
-/// built, and `query_start_loc` / `seq_lens` follow that row order.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// built, and every other vector (`query_start_loc`, `seq_lens`, `block_table`, the
+/// optional parts) follows that row order, or the token order it implies.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StepLog {
+    /// `reorder_batch_threshold`: a row with at most this many tokens is a decode.
     pub decode_threshold: usize,
+    #[serde(default)]
     pub require_uniform: bool,
+    #[serde(default)]
     pub planner: Planner,
+    /// K, the speculative tokens per request (0: none).
+    #[serde(default)]
+    pub num_spec_tokens: usize,
+    /// Tokens per KV block; needed to audit `slot_mapping` and the chunked context.
+    #[serde(default)]
+    pub page_size: Option<usize>,
+    /// The chunked-context workspace in tokens; needed to audit `chunked_context`.
+    #[serde(default)]
+    pub workspace_tokens: Option<usize>,
+    /// The attention backends of the model's attention groups, by profile name
+    /// (`BackendProfile::name`); where given, the threshold and `require_uniform` are
+    /// audited against the backend matrix.
+    #[serde(default)]
+    pub attention_backends: Option<Vec<String>>,
+    /// The graph capture sizes in tokens, ascending; needed to audit `graph`.
+    #[serde(default)]
+    pub capture_sizes: Option<Vec<usize>>,
     pub num_computed_tokens: Vec<usize>,
     pub num_scheduled_tokens: Vec<usize>,
     pub num_prompt_tokens: Vec<usize>,
+    /// Draft tokens scheduled per request (input order); needed to audit `spec_decode`.
+    #[serde(default)]
+    pub num_draft_tokens: Option<Vec<usize>>,
     pub order: Vec<usize>,
+    /// One more entry than rows; a graph step may carry its padding rows' entries too,
+    /// which must repeat the last (q = 0).
     pub query_start_loc: Vec<usize>,
+    /// One per row; a graph step may carry its padding rows' entries too, which must be
+    /// 0 (the persistent buffer zeroed).
     pub seq_lens: Vec<usize>,
+    /// Each row's request-state slot, padding rows included (-1: none); where given,
+    /// padding rows must map to no request.
+    #[serde(default)]
+    pub idx_mapping: Option<Vec<i64>>,
     pub num_decodes: usize,
     pub num_decode_tokens: usize,
     pub num_prefills: usize,
+    /// Each row's block ids (row order); with `slot_mapping` and `page_size`.
+    #[serde(default)]
+    pub block_table: Option<Vec<Vec<i64>>>,
+    /// Each token's cache slot (token order; -1 for a padding token).
+    #[serde(default)]
+    pub slot_mapping: Option<Vec<i64>>,
+    #[serde(default)]
+    pub chunked_context: Option<ChunkedContextLog>,
+    #[serde(default)]
+    pub graph: Option<GraphLog>,
+    #[serde(default)]
+    pub spec_decode: Option<SpecDecodeLog>,
+    /// Draft tokens each row's verification rejected (row order); with `drafter_passes`.
+    #[serde(default)]
+    pub num_rejected_tokens: Option<Vec<usize>>,
+    /// How the drafter batches its first pass: padded (vLLM's default) or compacted.
+    #[serde(default)]
+    pub drafter_batch: Option<DrafterBatch>,
+    /// The multi-step drafter's passes in order, each as its attention metadata states it.
+    #[serde(default)]
+    pub drafter_passes: Option<Vec<DrafterPassLog>>,
+    /// The longest sequence the engine serves; with `dflash`.
+    #[serde(default)]
+    pub max_model_len: Option<usize>,
+    /// The DFlash drafter's query blocks and the slots they write.
+    #[serde(default)]
+    pub dflash: Option<DFlashLog>,
+}
+
+impl StepLog {
+    /// Why this log cannot be audited: per-request vectors of different lengths, or a
+    /// count above `u32::MAX` (as an engine's never is, so no sum can overflow). Names
+    /// the field.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.num_computed_tokens.len();
+        let per_request = [
+            ("num_scheduled_tokens", self.num_scheduled_tokens.len()),
+            ("num_prompt_tokens", self.num_prompt_tokens.len()),
+            (
+                "num_draft_tokens",
+                self.num_draft_tokens.as_ref().map_or(n, Vec::len),
+            ),
+        ];
+        if let Some((name, len)) = per_request.iter().find(|(_, len)| *len != n) {
+            return Err(format!(
+                "{name} has {len} entries, num_computed_tokens has {n}"
+            ));
+        }
+        let big = |v: usize| v > u32::MAX as usize;
+        let vectors: [(&str, &[usize]); 7] = [
+            ("num_computed_tokens", &self.num_computed_tokens),
+            ("num_scheduled_tokens", &self.num_scheduled_tokens),
+            ("num_prompt_tokens", &self.num_prompt_tokens),
+            ("order", &self.order),
+            ("query_start_loc", &self.query_start_loc),
+            ("seq_lens", &self.seq_lens),
+            (
+                "num_draft_tokens",
+                self.num_draft_tokens.as_deref().unwrap_or(&[]),
+            ),
+        ];
+        if let Some((name, _)) = vectors.iter().find(|(_, v)| v.iter().any(|&x| big(x))) {
+            return Err(format!("{name} holds a value above {}", u32::MAX));
+        }
+        let scalars = [
+            ("decode_threshold", self.decode_threshold),
+            ("num_spec_tokens", self.num_spec_tokens),
+            ("num_decodes", self.num_decodes),
+            ("num_decode_tokens", self.num_decode_tokens),
+            ("num_prefills", self.num_prefills),
+            ("page_size", self.page_size.unwrap_or(1)),
+            ("workspace_tokens", self.workspace_tokens.unwrap_or(0)),
+        ];
+        if let Some((name, v)) = scalars.iter().find(|(_, v)| big(*v)) {
+            return Err(format!("{name} is {v}, above {}", u32::MAX));
+        }
+        if self.page_size == Some(0) {
+            return Err("page_size is 0".into());
+        }
+        parts::validate(self)
+    }
 }
 
 /// The rules `log` breaks, in rule order; empty when the engine planned as vLLM does.
-/// `log`'s per-request vectors must have one entry per request (the caller checks).
+/// `log` must pass [`StepLog::validate`] (the callers check).
 pub fn audit(log: &StepLog) -> Vec<Violation> {
     let n = log.num_computed_tokens.len();
     let rows: Vec<RowShape> = (0..n)
@@ -72,6 +197,7 @@ pub fn audit(log: &StepLog) -> Vec<Violation> {
         .collect();
     out.extend(audit_split(log, &qs).map(|d| violation(Rule::Split, None, d)));
     out.extend(audit_common(log, &rows).map(|(row, d)| violation(Rule::CommonMetadata, row, d)));
+    out.extend(parts::audit_parts(log, &rows));
     out
 }
 
@@ -156,6 +282,7 @@ mod tests {
             num_decodes: 2,
             num_decode_tokens: 2,
             num_prefills: 2,
+            ..StepLog::default()
         }
     }
 
