@@ -10,8 +10,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyBool;
 use pyo3::types::{PyDict, PyList};
 use specmla_core::audit::{
-    audit as audit_log, ChunkedContextLog, GraphLog, SpecDecodeLog, StepLog,
+    audit as audit_log, ChunkedContextLog, DFlashLog, DrafterPassLog, GraphLog, SpecDecodeLog,
+    StepLog,
 };
+use specmla_core::config::DrafterBatch;
 use specmla_core::config::{BackendProfile, Planner, RowLayout};
 use specmla_core::reorder::{reorder, split, RowShape, SplitInput};
 use specmla_sim::plan_explain::{explain_batch, PlanOptions};
@@ -391,6 +393,54 @@ fn spec_decode(m: &Bound<'_, PyAny>, name: &str) -> PyResult<SpecDecodeLog> {
     })
 }
 
+fn strings(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<String>> {
+    rows_of(obj, name, |x, n| {
+        x.extract()
+            .map_err(|_| PyTypeError::new_err(format!("{n}: expected a string")))
+    })
+}
+
+fn drafter_batch(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<DrafterBatch> {
+    let s: String = obj
+        .extract()
+        .map_err(|_| PyTypeError::new_err(format!("{name}: expected a string")))?;
+    match s.as_str() {
+        "padded" => Ok(DrafterBatch::Padded),
+        "compacted" => Ok(DrafterBatch::Compacted),
+        _ => Err(PyValueError::new_err(format!(
+            "{name}: {s:?} is not \"padded\" or \"compacted\""
+        ))),
+    }
+}
+
+fn drafter_pass(p: &Bound<'_, PyAny>, name: &str) -> PyResult<DrafterPassLog> {
+    let sub = |k: &str| required(p, k).map_err(|_| missing_in(name, k));
+    let named = |k: &str| format!("{name}.{k}");
+    Ok(DrafterPassLog {
+        query_start_loc: counts(&sub("query_start_loc")?, &named("query_start_loc"))?,
+        seq_lens: counts(&sub("seq_lens")?, &named("seq_lens"))?,
+        num_actual_tokens: count(&sub("num_actual_tokens")?, &named("num_actual_tokens"))?,
+        token_indices_to_sample: counts(
+            &sub("token_indices_to_sample")?,
+            &named("token_indices_to_sample"),
+        )?,
+    })
+}
+
+fn dflash(d: &Bound<'_, PyAny>, name: &str) -> PyResult<DFlashLog> {
+    let sub = |k: &str| required(d, k).map_err(|_| missing_in(name, k));
+    let named = |k: &str| format!("{name}.{k}");
+    Ok(DFlashLog {
+        block_len: count(&sub("block_len")?, &named("block_len"))?,
+        block_table: rows_of(&sub("block_table")?, &named("block_table"), signeds)?,
+        block_positions: counts(&sub("block_positions")?, &named("block_positions"))?,
+        block_slots: signeds(&sub("block_slots")?, &named("block_slots"))?,
+        block_indices: optional(d, "block_indices", |v, _| {
+            counts(v, &named("block_indices"))
+        })?,
+    })
+}
+
 fn missing_in(part: &str, key: &str) -> PyErr {
     PyValueError::new_err(format!("{part}.{key}: missing from the step"))
 }
@@ -399,15 +449,17 @@ fn required<'py>(step: &Bound<'py, PyAny>, key: &str) -> PyResult<Bound<'py, PyA
     field(step, key)?.ok_or_else(|| PyValueError::new_err(format!("{key}: missing from the step")))
 }
 
-/// Checks one engine step against the planner's rules: the row order (vLLM's reorder),
-/// the decode/prefill split, and `query_start_loc` / `seq_lens`. `step` is a dict (or an
-/// object with these attributes): `decode_threshold`, `require_uniform` (default False),
-/// `planner` (default "vllm"), per request in the engine's input order
-/// `num_computed_tokens`, `num_scheduled_tokens`, `num_prompt_tokens`, and what the
-/// engine built: `order` (the input request at each row), `query_start_loc`, `seq_lens`,
-/// `num_decodes`, `num_decode_tokens`, `num_prefills`. Returns the violations as dicts
+/// Checks one engine step against the planner's rules. `step` is a dict (or an object
+/// with these attributes) in the step-log schema `specmla.step/1`, documented field by
+/// field in the README ("The step log"): the configuration (`decode_threshold`,
+/// `require_uniform`, `planner`, `num_spec_tokens`, ...), per request in the engine's
+/// input order `num_computed_tokens`, `num_scheduled_tokens`, `num_prompt_tokens`, what
+/// the engine built (`order`, `query_start_loc`, `seq_lens`, `num_decodes`,
+/// `num_decode_tokens`, `num_prefills`), and optional parts, each audited only where
+/// present (`block_table` + `slot_mapping`, `chunked_context`, `graph`, `idx_mapping`,
+/// `spec_decode`, `drafter_passes`, `dflash`). Returns the violations as dicts
 /// `{"invariant", "row", "detail"}` with `sim`'s invariant names; empty when the step is
-/// what vLLM's rules give.
+/// what the rules give.
 #[pyfunction]
 fn audit<'py>(py: Python<'py>, step: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
     let list = |k: &str| counts(&required(step, k)?, k);
@@ -457,6 +509,13 @@ fn audit<'py>(py: Python<'py>, step: &Bound<'py, PyAny>) -> PyResult<Bound<'py, 
         chunked_context: optional(step, "chunked_context", chunked_context)?,
         graph: optional(step, "graph", graph)?,
         spec_decode: optional(step, "spec_decode", spec_decode)?,
+        attention_backends: optional(step, "attention_backends", strings)?,
+        idx_mapping: optional(step, "idx_mapping", signeds)?,
+        num_rejected_tokens: optional(step, "num_rejected_tokens", counts)?,
+        drafter_batch: optional(step, "drafter_batch", drafter_batch)?,
+        drafter_passes: optional(step, "drafter_passes", |v, k| rows_of(v, k, drafter_pass))?,
+        max_model_len: optional(step, "max_model_len", count)?,
+        dflash: optional(step, "dflash", dflash)?,
     };
     log.validate().map_err(PyValueError::new_err)?;
     let found = guarded(|| audit_log(&log))?;

@@ -532,7 +532,7 @@ fn show_lists_the_violations_a_run_recorded() {
 /// with the rows in the wrong order is named, bad input exits 2 with one line.
 #[test]
 fn audit_checks_an_engine_step_log() {
-    let good = r#"{"step": 7, "decode_threshold": 1, "num_computed_tokens": [100, 10, 200, 20], "num_scheduled_tokens": [100, 1, 200, 1], "num_prompt_tokens": [100, 10, 200, 20], "order": [3, 1, 2, 0], "query_start_loc": [0, 1, 2, 202, 302], "seq_lens": [21, 11, 400, 200], "num_decodes": 2, "num_decode_tokens": 2, "num_prefills": 2, "extra_engine_field": 1}"#;
+    let good = r#"{"schema": "specmla.step/1", "step": 7, "decode_threshold": 1, "num_computed_tokens": [100, 10, 200, 20], "num_scheduled_tokens": [100, 1, 200, 1], "num_prompt_tokens": [100, 10, 200, 20], "order": [3, 1, 2, 0], "query_start_loc": [0, 1, 2, 202, 302], "seq_lens": [21, 11, 400, 200], "num_decodes": 2, "num_decode_tokens": 2, "num_prefills": 2, "extra_engine_field": 1}"#;
     let bad = good
         .replace("\"step\": 7", "\"step\": 8")
         .replace("[3, 1, 2, 0]", "[1, 3, 2, 0]")
@@ -569,6 +569,12 @@ fn audit_checks_an_engine_step_log() {
     assert_exit2(
         &["audit", broken.to_str().unwrap()],
         "line 2: missing field",
+    );
+    let other = d.join("other.jsonl");
+    std::fs::write(&other, good.replace("specmla.step/1", "specmla.step/2")).unwrap();
+    assert_exit2(
+        &["audit", other.to_str().unwrap()],
+        "line 1: schema \"specmla.step/2\", this build reads \"specmla.step/1\"",
     );
     let short = d.join("short.jsonl");
     std::fs::write(

@@ -209,8 +209,9 @@ fn is_permutation(order: &[usize], n: usize) -> bool {
             .all(|&i| i < n && !std::mem::replace(&mut seen[i], true))
 }
 
-/// The split of the engine's own row order against its counts.
-fn audit_split(log: &StepLog, qs: &[usize]) -> Option<String> {
+/// vLLM's split of rows of `qs` tokens (the engine's row order) under the log's
+/// threshold: `(num_decodes, num_decode_tokens, num_prefills)`.
+fn rule_split(log: &StepLog, qs: &[usize]) -> (usize, usize, usize) {
     let none = vec![false; qs.len()];
     let c = split(SplitInput {
         query_lens: qs,
@@ -220,8 +221,13 @@ fn audit_split(log: &StepLog, qs: &[usize]) -> Option<String> {
         treat_short_extends_as_decodes: true,
         is_prefilling: &none,
     });
+    (c.num_decodes, c.num_decode_tokens, c.num_prefills)
+}
+
+/// The split of the engine's own row order against its counts.
+fn audit_split(log: &StepLog, qs: &[usize]) -> Option<String> {
     let got = (log.num_decodes, log.num_decode_tokens, log.num_prefills);
-    let want = (c.num_decodes, c.num_decode_tokens, c.num_prefills);
+    let want = rule_split(log, qs);
     (got != want).then(|| {
         format!(
             "(num_decodes, num_decode_tokens, num_prefills) = {got:?}, vLLM's split of these rows gives {want:?}"

@@ -406,7 +406,11 @@ fn audit_chunks(log: &StepLog, rows: &[RowShape]) -> Option<(Option<usize>, Stri
         log.workspace_tokens?,
         log.page_size?,
     );
-    let prefill = rows.get(log.num_decodes.min(rows.len())..)?;
+    // The prefill rows by the rule's split, so a wrong `num_decodes` (the split audit's
+    // finding) does not cascade here.
+    let qs: Vec<usize> = rows.iter().map(|r| r.num_scheduled_tokens).collect();
+    let (num_decodes, _, _) = super::rule_split(log, &qs);
+    let prefill = rows.get(num_decodes.min(rows.len())..)?;
     let ctx: Vec<usize> = prefill.iter().map(|r| r.num_computed_tokens).collect();
     let want = match plan_context_chunks(&ctx, workspace, page) {
         Ok(plan) => chunked_context_log(plan.as_ref()),
@@ -518,4 +522,101 @@ fn audit_spec_decode(log: &StepLog, rows: &[RowShape]) -> Option<(Option<usize>,
             format!("spec_decode {got:?}, the rows' draft counts {nd:?} give {want:?}"),
         )
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chunked_context::plan_context_chunks;
+
+    /// vLLM's `_calc_spec_decode_metadata` on num_draft_tokens [3, 0, 2] over rows of
+    /// [4, 7, 3] tokens (worked through the code of v0.33.0 `4ba787ec9`).
+    #[test]
+    fn spec_decode_metadata_is_vllms() {
+        let m = spec_decode_metadata(&[3, 0, 2], &[0, 4, 11, 14]);
+        assert_eq!(m.cu_num_draft_tokens, vec![3, 3, 5]);
+        assert_eq!(m.logits_indices, vec![0, 1, 2, 3, 10, 11, 12, 13]);
+        assert_eq!(m.target_logits_indices, vec![0, 1, 2, 5, 6]);
+        assert_eq!(m.bonus_logits_indices, vec![3, 4, 7]);
+    }
+
+    /// The classic MLA chunked-context arrays (vLLM v0.12-v0.26 `common.py`) for prefill
+    /// contexts [100, 0, 300], a workspace of 256 tokens, pages of 16.
+    #[test]
+    fn chunked_context_arrays_are_vllms() {
+        let plan = plan_context_chunks(&[100, 0, 300], 256, 16).unwrap();
+        let c = chunked_context_log(plan.as_ref());
+        assert_eq!(c.starts, vec![vec![0; 3], vec![128; 3], vec![256; 3]]);
+        assert_eq!(
+            c.cu_seq_lens,
+            vec![
+                vec![0, 100, 100, 228],
+                vec![0, 0, 0, 128],
+                vec![0, 0, 0, 44]
+            ]
+        );
+        assert_eq!(c.seq_tot, vec![228, 128, 44]);
+        assert_eq!(c.max_seq_lens, vec![128, 128, 44]);
+    }
+
+    /// vLLM's proposer on query_start_loc [0, 4, 11, 14], seq_lens [20, 57, 33] and 2, 0
+    /// and 0 rejected drafts (`llm_base_proposer.py`, v0.33.0).
+    #[test]
+    fn drafter_passes_are_vllms() {
+        let (q, seq, rej) = ([4, 7, 3], [20, 57, 33], [2, 0, 0]);
+        let p = drafter_passes(&q, &seq, &rej, DrafterBatch::Padded, 2);
+        assert_eq!(p[0].query_start_loc, vec![0, 4, 11, 14]);
+        assert_eq!(p[0].seq_lens, vec![20, 57, 33]);
+        assert_eq!(p[0].token_indices_to_sample, vec![1, 10, 13]);
+        assert_eq!(p[0].num_actual_tokens, 14);
+        assert_eq!(p[1].seq_lens, vec![19, 58, 34]);
+        assert_eq!(p[1].query_start_loc, vec![0, 1, 2, 3]);
+        assert_eq!(p[1].num_actual_tokens, 3);
+        let c = drafter_passes(&q, &seq, &rej, DrafterBatch::Compacted, 1);
+        assert_eq!(c[0].query_start_loc, vec![0, 2, 9, 12]);
+        assert_eq!(c[0].seq_lens, vec![18, 57, 33]);
+        assert_eq!(c[0].token_indices_to_sample, vec![1, 8, 11]);
+        assert_eq!(c[0].num_actual_tokens, 12);
+    }
+
+    fn rows(shapes: &[(usize, usize, usize)]) -> Vec<RowShape> {
+        shapes
+            .iter()
+            .map(|&(c, q, p)| RowShape {
+                num_computed_tokens: c,
+                num_scheduled_tokens: q,
+                num_prompt_tokens: p,
+            })
+            .collect()
+    }
+
+    /// K = 3, sizes [..., 16, 24, ...]: five verify rows of 4 tokens take the 24-token
+    /// graph of 6 requests; a row still prefilling keeps the step off it.
+    #[test]
+    fn the_graph_is_the_dispatchers() {
+        let sizes = vec![8, 16, 24, 32];
+        let verify = rows(&[(50, 4, 10); 5]);
+        let log = |uniform, num_tokens, num_reqs| StepLog {
+            num_spec_tokens: 3,
+            capture_sizes: Some(sizes.clone()),
+            graph: Some(GraphLog {
+                num_tokens,
+                uniform,
+                num_reqs,
+            }),
+            ..StepLog::default()
+        };
+        assert!(audit_graph(&log(true, 24, Some(6)), &verify).is_none());
+        assert!(audit_graph(&log(true, 24, Some(5)), &verify).is_some());
+        assert!(audit_graph(&log(false, 20, None), &verify).is_some());
+        let prefilling = rows(&[(0, 4, 10)]);
+        assert!(audit_graph(&log(true, 8, None), &prefilling).is_some());
+        assert!(audit_graph(&log(false, 4, None), &prefilling).is_none());
+        let mut odd = log(false, 4, None);
+        odd.capture_sizes = Some(vec![1, 8]);
+        assert!(audit_graph(&odd, &prefilling)
+            .unwrap()
+            .1
+            .contains("not a multiple"));
+    }
 }
