@@ -75,11 +75,84 @@ fn count_or(obj: Option<&Bound<'_, PyAny>>, name: &str, default: usize) -> PyRes
 
 /// A sequence of non-negative integers; element `i` is named `name[i]` in errors.
 fn counts(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
+    if let Some(v) = fast_ints(obj)? {
+        if v.iter().all(|&x| (0..=u32::MAX as i64).contains(&x)) {
+            return Ok(v.into_iter().map(|x| x as usize).collect());
+        }
+    }
     items(obj, name)?
         .iter()
         .enumerate()
         .map(|(i, x)| count(x, &format!("{name}[{i}]")))
         .collect()
+}
+
+/// The integers of `obj` read without a Python call per element, where it is a list of
+/// plain ints (bools excluded) or a numpy-like array of an integer dtype (torch tensors
+/// through `.numpy()`); `None` sends the caller to the element-by-element reader, whose
+/// errors name the element.
+fn fast_ints(obj: &Bound<'_, PyAny>) -> PyResult<Option<Vec<i64>>> {
+    if let Ok(list) = obj.downcast::<PyList>() {
+        let mut out = Vec::with_capacity(list.len());
+        for x in list.iter() {
+            match x.downcast_exact::<pyo3::types::PyInt>() {
+                Ok(i) => match i.extract::<i64>() {
+                    Ok(v) => out.push(v),
+                    Err(_) => return Ok(None),
+                },
+                Err(_) => return Ok(None),
+            }
+        }
+        return Ok(Some(out));
+    }
+    Ok(array_ints(obj)?.map(|(v, _)| v))
+}
+
+/// A numpy-like integer array's values and shape, from its bytes (little-endian
+/// machines; the dtype says the width). Torch tensors go through `.numpy()`.
+fn array_ints(obj: &Bound<'_, PyAny>) -> PyResult<Option<(Vec<i64>, Vec<usize>)>> {
+    let arr = if !obj.hasattr("dtype")? {
+        return Ok(None);
+    } else if obj.hasattr("tobytes")? {
+        obj.clone()
+    } else if obj.hasattr("numpy")? {
+        match obj.call_method0("numpy") {
+            Ok(a) if a.hasattr("tobytes")? => a,
+            _ => return Ok(None),
+        }
+    } else {
+        return Ok(None);
+    };
+    let dtype = arr.getattr("dtype")?;
+    let kind: String = dtype.getattr("kind")?.extract()?;
+    let size: usize = dtype.getattr("itemsize")?.extract()?;
+    let order: String = dtype.getattr("byteorder")?.extract()?;
+    if !matches!(kind.as_str(), "i" | "u") || order == ">" || !cfg!(target_endian = "little") {
+        return Ok(None);
+    }
+    let shape: Vec<usize> = arr.getattr("shape")?.extract()?;
+    let bytes = arr.call_method0("tobytes")?;
+    let b = bytes.downcast::<pyo3::types::PyBytes>()?.as_bytes();
+    fn le<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        b.chunks_exact(N)
+            .map(|c| f(c.try_into().expect("chunks of N")))
+            .collect()
+    }
+    let v: Option<Vec<i64>> = match (kind.as_str(), size) {
+        ("i", 1) => Some(le(b, |c: [u8; 1]| i8::from_le_bytes(c) as i64)),
+        ("i", 2) => Some(le(b, |c: [u8; 2]| i16::from_le_bytes(c) as i64)),
+        ("i", 4) => Some(le(b, |c: [u8; 4]| i32::from_le_bytes(c) as i64)),
+        ("i", 8) => Some(le(b, i64::from_le_bytes)),
+        ("u", 1) => Some(le(b, |c: [u8; 1]| c[0] as i64)),
+        ("u", 2) => Some(le(b, |c: [u8; 2]| u16::from_le_bytes(c) as i64)),
+        ("u", 4) => Some(le(b, |c: [u8; 4]| u32::from_le_bytes(c) as i64)),
+        // A u64 above i64::MAX is no count: the element reader names it.
+        ("u", 8) => le(b, |c: [u8; 8]| i64::try_from(u64::from_le_bytes(c)).ok())
+            .into_iter()
+            .collect(),
+        _ => None,
+    };
+    Ok(v.map(|v| (v, shape)))
 }
 
 /// A sequence of bools (Python bools or 0/1 integers, as a bool tensor's `.tolist()`).
@@ -236,7 +309,7 @@ fn reorder_batch(
 /// `query_start_loc`, `seq_lens`, the context chunks, the graph dispatch and the logits
 /// indices, for the batch of rows `(num_computed_tokens[i], num_scheduled_tokens[i],
 /// num_prompt_tokens[i])` under `profile` (an attention backend profile: "flashmla",
-/// "flashinfer_mla", "cutlass_mla", "flash_attn_mla", "triton_mla") with K =
+/// "flashinfer-mla", "cutlass-mla", "flashattn-mla", "triton-mla") with K =
 /// `num_spec_tokens`. Left out: pages of 16, vLLM's thresholds for the profile, a
 /// workspace of 65,536 tokens, graphs captured up to 512 tokens, decode-first.
 #[pyfunction]
@@ -343,7 +416,23 @@ fn rows_of<T>(
 }
 
 fn signeds(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
-    rows_of(obj, name, signed)
+    match fast_ints(obj)? {
+        Some(v) => Ok(v),
+        None => rows_of(obj, name, signed),
+    }
+}
+
+/// A table of integers (a block table): a 2-D array read at once, or rows read by
+/// [`signeds`].
+fn signed_rows(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<Vec<i64>>> {
+    if let Some((v, shape)) = array_ints(obj)? {
+        if let [rows, width] = shape[..] {
+            if rows * width == v.len() && width > 0 {
+                return Ok(v.chunks(width).map(<[i64]>::to_vec).collect());
+            }
+        }
+    }
+    rows_of(obj, name, signeds)
 }
 
 /// `key` of `step` read by `read` where present (named `key` in errors).
@@ -432,7 +521,7 @@ fn dflash(d: &Bound<'_, PyAny>, name: &str) -> PyResult<DFlashLog> {
     let named = |k: &str| format!("{name}.{k}");
     Ok(DFlashLog {
         block_len: count(&sub("block_len")?, &named("block_len"))?,
-        block_table: rows_of(&sub("block_table")?, &named("block_table"), signeds)?,
+        block_table: signed_rows(&sub("block_table")?, &named("block_table"))?,
         block_positions: counts(&sub("block_positions")?, &named("block_positions"))?,
         block_slots: signeds(&sub("block_slots")?, &named("block_slots"))?,
         block_indices: optional(d, "block_indices", |v, _| {
@@ -504,7 +593,7 @@ fn audit<'py>(py: Python<'py>, step: &Bound<'py, PyAny>) -> PyResult<Bound<'py, 
         num_decodes: one("num_decodes")?,
         num_decode_tokens: one("num_decode_tokens")?,
         num_prefills: one("num_prefills")?,
-        block_table: optional(step, "block_table", |v, k| rows_of(v, k, signeds))?,
+        block_table: optional(step, "block_table", signed_rows)?,
         slot_mapping: optional(step, "slot_mapping", signeds)?,
         chunked_context: optional(step, "chunked_context", chunked_context)?,
         graph: optional(step, "graph", graph)?,

@@ -43,3 +43,49 @@ fn readme_f1_replay_bisect_show() {
         assert_shown(&e, &String::from_utf8_lossy(&o.stdout));
     }
 }
+
+/// `sim --scenario NAME [--fault F] --step-log FILE`, run through the library as the
+/// `sim` binary runs it.
+fn write_step_log(argv: &[String], dir: &std::path::Path) {
+    let mut s = None;
+    let mut faults = specmla_core::fault::Faults::none();
+    let mut path = None;
+    let mut args = argv.iter();
+    while let Some(a) = args.next() {
+        let v = args.next().expect("each flag takes a value");
+        match a.as_str() {
+            "--scenario" => s = specmla_sim::scenarios::by_name(v),
+            "--fault" => faults = faults.with(specmla_core::fault::Fault::from_id(v).unwrap()),
+            "--step-log" => path = Some(dir.join(v)),
+            other => panic!("the block's sim takes --scenario, --fault, --step-log, not {other}"),
+        }
+    }
+    let mut s = s.expect("a scenario");
+    s.cfg.faults = faults;
+    let out = std::io::BufWriter::new(std::fs::File::create(path.unwrap()).unwrap());
+    let mut sink = specmla_sim::step_log::StepLogSink::new(out, &s.cfg);
+    let cpu = specmla_cpu::cpu_backend;
+    let _ = specmla_sim::runner::run_with(&s, 0, cpu, Some(&mut sink), |_| {});
+}
+
+#[test]
+fn readme_step_log_audit() {
+    let dir = scratch("step-log");
+    for e in examples("step-log", &dir) {
+        if e.argv[0] == "sim" {
+            write_step_log(&e.argv[1..], &dir);
+            continue;
+        }
+        let o = Command::new(env!("CARGO_BIN_EXE_replay"))
+            .args(&e.argv[1..])
+            .current_dir(&dir)
+            .output()
+            .expect("replay runs");
+        assert!(
+            matches!(o.status.code(), Some(0 | 1)),
+            "{}",
+            e.argv.join(" ")
+        );
+        assert_shown(&e, &String::from_utf8_lossy(&o.stdout));
+    }
+}

@@ -862,3 +862,38 @@ fn gpu_backend_without_a_gpu_is_one_line_and_exit_2() {
     assert!(!t.exists());
     assert_bad_input(&["--backend", "tpu"], &["cpu", "gpu"]);
 }
+
+/// `--step-log` writes one schema line per step; the extend-first layout is refused,
+/// since the schema's rows follow vLLM's decode-first order.
+#[test]
+fn step_log_writes_one_line_per_step() {
+    let path = temp_file("steps.jsonl", "");
+    let o = sim(&[
+        "--requests",
+        "3",
+        "--step-log",
+        path.to_str().unwrap(),
+        "--json",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let summary: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(
+        lines.len() as u64,
+        summary["stats"]["steps"].as_u64().unwrap()
+    );
+    assert!(lines.iter().all(|l| l["schema"] == "specmla.step/1"));
+    assert_bad_input(
+        &[
+            "--scenario",
+            "grammar_mixed",
+            "--step-log",
+            path.to_str().unwrap(),
+        ],
+        &["--step-log", "decode-first"],
+    );
+}
