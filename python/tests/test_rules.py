@@ -60,6 +60,13 @@ FOUR_REGION_CASES = [
     ("four_way_needs_reorder", [(100, 0, 100), (1, 50, 100), (1, 100, 100), (10, 50, 100)], [2, 1, 3, 0], True, 1),
     ("four_way_multiple_short_extends", [(2, 100, 100), (2, 50, 200), (2, 75, 150), (2, 200, 200)], [0, 3, 2, 1], True, 2),
     ("four_way_spec_decode_threshold", [(5, 100, 100), (5, 50, 100), (5, 0, 100), (10, 50, 100)], [0, 1, 3, 2], True, 5),
+    ("all_long_extends", [(100, 100, 100), (200, 200, 200), (300, 300, 300)], [0, 1, 2], False, 1),
+    ("already_ordered", [(1, 10, 10), (1, 20, 20), (100, 100, 100), (200, 0, 200)], [0, 1, 2, 3], False, 1),
+    ("single_request", [(1, 10, 10)], [0], False, 1),
+    ("higher_threshold", [(2, 10, 10), (3, 20, 20), (5, 30, 30), (6, 40, 40)], [0, 1, 2, 3], False, 4),
+    ("long_extend_prefill_only", [(100, 0, 100), (10, 50, 50), (200, 0, 200), (20, 75, 75)], [3, 1, 2, 0], True, 1),
+    ("multiple_new_requests_single_token_prefill", [(1, 0, 1), (1, 0, 1), (1, 50, 50), (200, 0, 200)], [2, 1, 0, 3], True, 1),
+    ("four_way_already_ordered", [(1, 100, 100), (1, 50, 100), (10, 50, 100), (100, 0, 100)], [0, 1, 2, 3], False, 1),
 ]
 
 
@@ -69,6 +76,32 @@ def test_vllm_reorder_cases_four_region(name, rows, order, modified, thr):
     computed = [r[1] for r in rows]
     prompt = [r[2] for r in rows]
     assert specmla.reorder_batch(computed, scheduled, prompt, thr) == (order, modified)
+
+
+# vLLM before PR #37303 (three regions: decode, extend, prefill), as the Rust table holds them.
+THREE_REGION_CASES = [
+    ("all_decodes", [(1, 10, 0), (1, 20, 0), (1, 30, 0)], [0, 1, 2], False, 1),
+    ("all_prefills", [(100, 100, 0), (200, 200, 0), (300, 300, 0)], [0, 1, 2], False, 1),
+    ("mixed_interleaved", [(100, 100, 0), (1, 10, 0), (200, 200, 0), (1, 20, 0)], [3, 1, 2, 0], True, 1),
+    ("already_ordered", [(1, 10, 0), (1, 20, 0), (100, 100, 0), (200, 0, 0)], [0, 1, 2, 3], False, 1),
+    ("single_request", [(1, 10, 0)], [0], False, 1),
+    ("higher_threshold", [(2, 10, 0), (3, 20, 0), (5, 30, 0), (6, 40, 0)], [0, 1, 2, 3], False, 4),
+    ("decodes_at_end", [(100, 100, 0), (200, 200, 0), (1, 10, 0), (1, 20, 0)], [2, 3, 0, 1], True, 1),
+    ("decode_extend_prefill", [(100, 0, 0), (10, 50, 0), (1, 10, 0)], [2, 1, 0], True, 1),
+    ("extend_prefill_only", [(100, 0, 0), (10, 50, 0), (200, 0, 0), (20, 75, 0)], [3, 1, 2, 0], True, 1),
+    ("complicated_mixed_interleaved", [(1, 20, 0), (1, 50, 0), (374, 0, 0), (300, 20, 0), (1, 20, 0), (256, 0, 0), (1, 5, 0), (27, 0, 0), (1, 4, 0)], [0, 1, 6, 8, 4, 3, 2, 7, 5], True, 1),
+    ("new_request_single_token_prefill", [(100, 0, 0), (1, 0, 0), (50, 100, 0), (1, 10, 0)], [3, 2, 0, 1], True, 1),
+    ("multiple_new_requests_single_token_prefill", [(1, 0, 0), (1, 0, 0), (1, 50, 0), (200, 0, 0)], [2, 1, 0, 3], True, 1),
+]
+
+
+@pytest.mark.parametrize("name,rows,order,modified,thr", THREE_REGION_CASES, ids=[c[0] for c in THREE_REGION_CASES])
+def test_vllm_reorder_cases_three_region(name, rows, order, modified, thr):
+    scheduled = [r[0] for r in rows]
+    computed = [r[1] for r in rows]
+    prompt = [r[2] for r in rows]
+    got = specmla.reorder_batch(computed, scheduled, prompt, thr, planner="vllm-3region")
+    assert got == (order, modified)
 
 
 def test_the_three_region_planner_keeps_short_extends_with_decodes():
