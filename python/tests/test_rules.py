@@ -198,6 +198,7 @@ def test_plan_batch_is_sim_plans_result():
     assert (plan["num_prefills"], plan["num_prefill_tokens"]) == (1, 32)
     assert plan["query_start_loc"] == [0, 4, 8, 40]
     assert plan["seq_lens"] == [104, 304, 96]
+    assert plan["logits_indices"] == [0, 1, 2, 3, 4, 5, 6, 7]
     assert [r["region"] for r in plan["rows"]] == ["decode", "decode", "short_extend"]
     assert plan["cudagraph"]["capture_sizes"] == [4, 8, 16]
     assert plan["cudagraph"]["graph"] is None

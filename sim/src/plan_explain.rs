@@ -349,6 +349,7 @@ fn explain(cfg: &EngineConfig, plan: &StepPlan, sizes: &[usize]) -> Value {
         "rows": rows,
         "prefill_chunks": chunks,
         "cudagraph": graph_json(cfg, plan, sizes),
+        "logits_indices": plan.logits_indices,
     })
 }
 
