@@ -121,6 +121,9 @@ pub struct GpuDevice {
     pub name: String,
     /// The device's multiprocessor count.
     pub sms: usize,
+    /// Bytes every `Buf` allocated on this device so far (never decreased): what a
+    /// check compares a computed footprint against.
+    pub allocated_bytes: std::sync::atomic::AtomicU64,
 }
 
 impl GpuDevice {
@@ -170,6 +173,7 @@ impl GpuDevice {
             arch,
             name,
             sms,
+            allocated_bytes: std::sync::atomic::AtomicU64::new(0),
         })
     }
 

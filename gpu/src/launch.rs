@@ -93,8 +93,11 @@ impl<T: DeviceRepr> Buf<T> {
     pub fn uninit(dev: &GpuDevice, len: usize, what: &str) -> Result<Self, GpuError> {
         // SAFETY: the memory is written (poisoned, filled or copied into) before any
         // read; every reader goes through a kernel that the host sized for it.
+        let bytes = len.max(1) * std::mem::size_of::<T>();
         let slice = unsafe { dev.stream.alloc::<T>(len.max(1)) }
-            .map_err(|e| GpuError::alloc(what, len * std::mem::size_of::<T>(), e))?;
+            .map_err(|e| GpuError::alloc(what, bytes, e))?;
+        dev.allocated_bytes
+            .fetch_add(bytes as u64, std::sync::atomic::Ordering::Relaxed);
         let addr = slice.device_ptr(&dev.stream).0;
         Ok(Self { slice, addr })
     }

@@ -105,6 +105,51 @@ impl Workspace {
         })
     }
 
+    /// The bytes [`Self::new`] allocates for these arguments, to check a configuration
+    /// against the device before allocating (a gpu-test case holds the two equal).
+    pub fn bytes(
+        d: &ModelDims,
+        layers: usize,
+        (cap, rows_cap, width): (usize, usize, usize),
+        flash_splits: Option<usize>,
+    ) -> u64 {
+        let (hid, heads, inter) = (d.hidden_size, d.num_heads, d.intermediate_size);
+        // Every buffer's element count, as `new` allocates it (at least one element).
+        let i32s = [
+            cap,
+            cap,
+            rows_cap * width,
+            rows_cap,
+            rows_cap,
+            rows_cap,
+            rows_cap,
+            cap,
+        ];
+        let f32s = [
+            cap * hid, // x
+            cap * hid, // h
+            cap * d.q_lora_rank.max(1),
+            cap * heads * d.qk_head_dim(),
+            cap * d.latent_dim(),
+            cap * heads * d.latent_dim(),
+            cap * heads * d.kv_lora_rank,
+            cap * heads,
+            layers * cap * heads * d.v_head_dim,
+            cap * inter, // gate
+            cap * inter, // up
+            cap * inter, // act
+            cap * (heads * d.qk_head_dim()).max(2 * hid),
+            cap * hid, // xs
+            cap * d.vocab_size,
+        ];
+        let (i64s, u64s) = ([cap], [(1 + layers) * cap]);
+        let sum = |counts: &[usize], size: u64| -> u64 {
+            counts.iter().map(|&n| n.max(1) as u64 * size).sum()
+        };
+        let flash = flash_splits.map_or(0, |n| FlashScratch::bytes(d, (cap, rows_cap), n));
+        sum(&i32s, 4) + sum(&f32s, 4) + sum(&i64s, 8) + sum(&u64s, 8) + flash
+    }
+
     /// Whether this workspace can hold a step of this size.
     pub fn fits(&self, cap: usize, rows: usize, width: usize) -> bool {
         cap <= self.cap && rows <= self.rows_cap && width == self.width
@@ -127,6 +172,17 @@ pub struct FlashScratch {
 }
 
 impl FlashScratch {
+    /// The bytes [`Self::new`] allocates.
+    fn bytes(d: &ModelDims, (cap, rows_cap): (usize, usize), max_splits: usize) -> u64 {
+        let rows = cap * d.num_heads;
+        let one = |n: usize| n.max(1) as u64;
+        one(rows * d.latent_dim()) * 2
+            + one(max_splits * rows * d.kv_lora_rank) * 4
+            + one(max_splits * rows) * 4
+            + one(rows.div_ceil(64) + rows_cap) * 4
+            + one(cap * gemm_input_width(d)) * 2
+    }
+
     fn new(
         dev: &GpuDevice,
         d: &ModelDims,
@@ -192,6 +248,22 @@ pub struct PrefillScratch {
 }
 
 impl PrefillScratch {
+    /// The bytes [`Self::new`] allocates.
+    pub fn bytes(d: &ModelDims, cap: usize) -> u64 {
+        let heads = d.num_heads;
+        let f32s = [
+            cap * heads * d.qk_nope_head_dim,
+            cap * heads * d.v_head_dim,
+            cap * d.latent_dim(),
+            cap * heads * d.v_head_dim,
+            cap * heads,
+            cap * heads * d.v_head_dim,
+            cap * heads,
+            cap * heads,
+        ];
+        f32s.iter().map(|&n| n.max(1) as u64 * 4).sum()
+    }
+
     /// Scratch for up to `cap` keys or queries at once.
     pub fn new(dev: &GpuDevice, d: &ModelDims, cap: usize) -> Result<Self, GpuError> {
         let heads = d.num_heads;

@@ -345,10 +345,50 @@ pub fn check_gather_rows2(dev: &GpuDevice, k: &Kernels, seed: u64) -> Result<Cas
     })
 }
 
+/// The footprint the backend checks a configuration against before allocating
+/// (`Workspace::bytes`, `PrefillScratch::bytes`) against what allocating them took.
+pub fn check_workspace_bytes(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
+    use specmla_gpu::workspace::{PrefillScratch, Workspace};
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut wide = ModelDims::deepseek_v3_attn();
+    wide.num_heads = 8;
+    let mut out = Vec::new();
+    for (name, d) in [
+        ("tiny", ModelDims::tiny()),
+        ("DeepSeek-V3 widths, 8 heads", wide),
+    ] {
+        for splits in [None, Some(3)] {
+            let dims = (37, 5, 11);
+            let before = dev.allocated_bytes.load(Relaxed);
+            let ws = Workspace::new(dev, &d, d.num_layers, dims, splits)?;
+            let took = dev.allocated_bytes.load(Relaxed) - before;
+            drop(ws);
+            let want = Workspace::bytes(&d, d.num_layers, dims, splits);
+            let before = dev.allocated_bytes.load(Relaxed);
+            let sc = PrefillScratch::new(dev, &d, 29)?;
+            let took_sc = dev.allocated_bytes.load(Relaxed) - before;
+            drop(sc);
+            let ok = took == want && took_sc == PrefillScratch::bytes(&d, 29);
+            out.push(CaseResult {
+                kernel: "workspace bytes",
+                case: format!(
+                    "{name}, flash splits {splits:?}: computed {want} B, allocated {took} B; \
+                     prefill scratch {} B, allocated {took_sc} B",
+                    PrefillScratch::bytes(&d, 29)
+                ),
+                max_rel_err: if ok { 0.0 } else { 1.0 },
+                passed: ok,
+            });
+        }
+    }
+    Ok(out)
+}
+
 pub fn run_dense(dev: &GpuDevice, k: &Kernels) -> Result<Vec<CaseResult>, GpuError> {
     let mut results = vec![check_round_bf16(dev, k, 450)?];
     results.extend(check_row_digest(dev, k, 460)?);
     results.push(check_gather_rows2(dev, k, 470)?);
+    results.extend(check_workspace_bytes(dev)?);
     for (i, shape) in [(1, 64, 512), (37, 64, 96), (5, 128, 64), (3, 7168, 576)]
         .into_iter()
         .enumerate()

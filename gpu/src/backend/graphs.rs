@@ -45,14 +45,12 @@ impl GpuBackend {
         self.lm_head(ws, &self.target.final_norm, &self.target.lm_head, n)
     }
 
-    pub(super) fn capture(&self, shape: GraphShape) -> Result<CapturedGraph> {
-        let width = self.cfg.scheduler.max_blocks_per_seq();
-        let ws = self.new_workspace((shape.num_tokens, shape.num_rows, width))?;
+    pub(super) fn capture(&self, ws: &Workspace, shape: GraphShape) -> Result<CapturedGraph> {
         let stream = &self.dev.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(GpuError::driver("beginning a graph capture"))?;
-        let body = self.graph_body(&ws, shape);
+        let body = self.graph_body(ws, shape);
         // End the capture whatever happened, so the stream is usable again.
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         body?;
@@ -61,27 +59,33 @@ impl GpuBackend {
             .ok_or_else(|| {
                 GpuBackendError::BadPlan(format!("capture of {shape:?} recorded nothing"))
             })?;
-        Ok(CapturedGraph { shape, ws, graph })
+        Ok(CapturedGraph { shape, graph })
     }
 
     pub(super) fn replay(&mut self, plan: &StepPlan, idx: usize) -> Result<TargetOutput> {
-        let mut g = self.graphs.swap_remove(idx);
-        let res = self.replay_body(&mut g, plan);
-        self.graphs.push(g);
+        let mut ws = self
+            .graph_ws
+            .take()
+            .expect("graphs were captured with their workspace");
+        let res = self.replay_body(&mut ws, idx, plan);
+        self.graph_ws = Some(ws);
         res
     }
 
+    /// Writes the step's inputs into the graph workspace `ws` and replays graph `idx`.
     pub(super) fn replay_body(
         &self,
-        g: &mut CapturedGraph,
+        ws: &mut Workspace,
+        idx: usize,
         plan: &StepPlan,
     ) -> Result<TargetOutput> {
+        let g = &self.graphs[idx];
         let s = g.shape;
         let c = &plan.common;
         let d = plan.mla.decode.as_ref();
-        self.write_token_inputs(&mut g.ws, plan, s.num_tokens)?;
+        self.write_token_inputs(ws, plan, s.num_tokens)?;
         // Rows past the plan's are padding: seq_len 0 and no blocks, so they see no key.
-        let width = g.ws.width;
+        let width = ws.width;
         let mut table = vec![-1i32; s.num_rows * width];
         let mut seq = vec![0i32; s.num_rows];
         // A row the schedule does not reach takes no split.
@@ -99,11 +103,11 @@ impl GpuBackend {
             seq[r] = c.seq_lens[r] as i32;
         }
         let dev = Arc::clone(&self.dev);
-        g.ws.block_table.write(&dev, &table)?;
-        g.ws.seq_lens.write(&dev, &seq)?;
-        g.ws.split_lens.write(&dev, &sched[0])?;
-        g.ws.num_splits.write(&dev, &sched[1])?;
-        g.ws.mapped_kv.write(&dev, &sched[2])?;
+        ws.block_table.write(&dev, &table)?;
+        ws.seq_lens.write(&dev, &seq)?;
+        ws.split_lens.write(&dev, &sched[0])?;
+        ws.num_splits.write(&dev, &sched[1])?;
+        ws.mapped_kv.write(&dev, &sched[2])?;
         self.timed(Region::Graph, || {
             g.graph
                 .launch()
@@ -111,6 +115,6 @@ impl GpuBackend {
             Ok(())
         })?;
         let rows: Vec<usize> = plan.logits_indices.iter().map(|&i| i as usize).collect();
-        self.read_target(&g.ws, plan.num_tokens(), &rows)
+        self.read_target(ws, plan.num_tokens(), &rows)
     }
 }

@@ -32,6 +32,7 @@ mod graphs;
 pub use flash_path::portable_because;
 use flash_path::FlashPath;
 mod layers;
+pub mod memory;
 mod target;
 mod timing;
 use carry::DeviceCarry;
@@ -65,10 +66,10 @@ type Result<T> = std::result::Result<T, GpuBackendError>;
 /// The attention of one layer: `(backend, layer, weights, attention output)`.
 type AttendFn<'a> = dyn Fn(&GpuBackend, usize, &LayerWeights, DPtr<f32>) -> Result<()> + 'a;
 
-/// One captured uniform-decode graph and the workspace its kernels address.
+/// One captured uniform-decode graph; its kernels address the backend's one graph
+/// workspace (`GpuBackend::graph_ws`).
 struct CapturedGraph {
     shape: GraphShape,
-    ws: Workspace,
     graph: CudaGraph,
 }
 
@@ -114,6 +115,9 @@ pub struct GpuBackend {
     eager: Option<Workspace>,
     scratch: Option<PrefillScratch>,
     graphs: Vec<CapturedGraph>,
+    /// The persistent buffers every captured graph reads and writes in place, sized for
+    /// the largest capture: graphs replay one at a time, so one set serves them all.
+    graph_ws: Option<Workspace>,
     /// The tensor-core decode path, where the configuration and device take it.
     flash: Option<FlashPath>,
     /// Why the decode rows run the portable kernels (`None` on the flash path).
@@ -149,6 +153,10 @@ impl GpuBackend {
         if portable_because.is_none() {
             allocs.extend(flash_path::flash_allocations(cfg));
         }
+        let splits = portable_because
+            .is_none()
+            .then(|| cfg.split_policy().max_splits);
+        allocs.extend(memory::workspace_allocations(cfg, splits));
         dev.check_fits(&allocs)?;
         let flash = match portable_because {
             None => Some(FlashPath::new(&dev, cfg)?),
@@ -180,6 +188,7 @@ impl GpuBackend {
             eager: None,
             scratch: None,
             graphs: Vec::new(),
+            graph_ws: None,
             flash,
             portable_because,
             timeline: SharedTimeline::default(),
@@ -442,10 +451,16 @@ impl Backend for GpuBackend {
     fn capture_graphs(&mut self, shapes: &[GraphShape]) -> Result<()> {
         // The core hands over the shapes as the capture froze them (F2 included).
         self.graphs.clear();
+        self.graph_ws = None;
+        let Some(dims) = graph_ws_dims(&self.cfg, shapes) else {
+            return Ok(());
+        };
+        let ws = self.new_workspace(dims)?;
         for &s in shapes {
-            let g = self.capture(s)?;
+            let g = self.capture(&ws, s)?;
             self.graphs.push(g);
         }
+        self.graph_ws = Some(ws);
         Ok(())
     }
 
@@ -587,4 +602,11 @@ mod tests {
         assert!(!GpuBackendError::BadPlan("slot 9 outside the cache".into()).is_environment());
         assert!(!GpuBackendError::GraphNotCaptured(8).is_environment());
     }
+}
+
+/// The one graph workspace's (tokens, rows, table width): the largest capture's.
+fn graph_ws_dims(cfg: &EngineConfig, shapes: &[GraphShape]) -> Option<(usize, usize, usize)> {
+    let tokens = shapes.iter().map(|s| s.num_tokens).max()?;
+    let rows = shapes.iter().map(|s| s.num_rows).max()?;
+    Some((tokens, rows, cfg.scheduler.max_blocks_per_seq()))
 }

@@ -1,0 +1,50 @@
+//! What the CUDA backend allocates beyond the weights and caches core counts
+//! (`core::memory`): the one graph workspace, the eager workspace at its largest (a step
+//! of `max_num_batched_tokens`), the prefill scratch and the two carries. The backend
+//! checks their sum against the device's free memory before allocating anything, so a
+//! configuration that does not fit is one line naming its allocations, not an
+//! out-of-memory error halfway through a run.
+
+use specmla_core::config::EngineConfig;
+use specmla_core::cudagraph::graph_shapes;
+use specmla_core::memory::Allocation;
+
+use crate::workspace::{PrefillScratch, Workspace};
+
+/// The backend's own allocations for `cfg`; `flash_splits` is the flash path's split
+/// cap (its workspaces hold that many split partials), `None` on the portable path.
+pub fn workspace_allocations(cfg: &EngineConfig, flash_splits: Option<usize>) -> Vec<Allocation> {
+    let d = &cfg.model;
+    let s = &cfg.scheduler;
+    let (layers, width) = (d.num_layers, s.max_blocks_per_seq());
+    let k = cfg.spec.k().max(1);
+    // The eager path grows to the largest step: every scheduled token, or every row of a
+    // uniform decode launch (which may address past the real tokens).
+    let eager_tokens = s.max_num_batched_tokens.max(s.max_num_seqs * (1 + k));
+    let mut out = vec![Allocation {
+        what: "eager workspace",
+        bytes: Workspace::bytes(
+            d,
+            layers,
+            (eager_tokens, s.max_num_seqs.max(4), width),
+            flash_splits,
+        ),
+    }];
+    if let Some((tokens, rows, w)) = super::graph_ws_dims(cfg, &graph_shapes(cfg)) {
+        out.push(Allocation {
+            what: "graph workspace",
+            bytes: Workspace::bytes(d, layers, (tokens, rows, w), flash_splits),
+        });
+    }
+    let scratch = s.max_num_batched_tokens.max(s.workspace_tokens);
+    out.push(Allocation {
+        what: "prefill scratch",
+        bytes: PrefillScratch::bytes(d, scratch),
+    });
+    let hid = d.hidden_size as u64 * 4;
+    out.push(Allocation {
+        what: "carried hidden states",
+        bytes: (s.max_num_batched_tokens as u64 + (s.max_num_seqs * k) as u64) * hid,
+    });
+    out
+}
