@@ -576,6 +576,13 @@ impl GpuBackend {
     }
 }
 
+/// The one graph workspace's (tokens, rows, table width): the largest capture's.
+fn graph_ws_dims(cfg: &EngineConfig, shapes: &[GraphShape]) -> Option<(usize, usize, usize)> {
+    let tokens = shapes.iter().map(|s| s.num_tokens).max()?;
+    let rows = shapes.iter().map(|s| s.num_rows).max()?;
+    Some((tokens, rows, cfg.scheduler.max_blocks_per_seq()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -602,11 +609,4 @@ mod tests {
         assert!(!GpuBackendError::BadPlan("slot 9 outside the cache".into()).is_environment());
         assert!(!GpuBackendError::GraphNotCaptured(8).is_environment());
     }
-}
-
-/// The one graph workspace's (tokens, rows, table width): the largest capture's.
-fn graph_ws_dims(cfg: &EngineConfig, shapes: &[GraphShape]) -> Option<(usize, usize, usize)> {
-    let tokens = shapes.iter().map(|s| s.num_tokens).max()?;
-    let rows = shapes.iter().map(|s| s.num_rows).max()?;
-    Some((tokens, rows, cfg.scheduler.max_blocks_per_seq()))
 }
