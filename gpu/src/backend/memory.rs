@@ -48,3 +48,41 @@ pub fn workspace_allocations(cfg: &EngineConfig, flash_splits: Option<usize>) ->
     });
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use specmla_core::config::{BackendProfile, DrafterBatch, ModelDims, SpecConfig};
+    use specmla_core::memory::{describe, gib, total_bytes};
+
+    /// The README's configuration: DeepSeek-V3's attention, 2 layers, 128 heads, 64
+    /// requests of 8192 tokens in pages of 64, MTP K = 3, steps of up to 8192 tokens,
+    /// graphs up to 256 tokens, at most 4 splits a row; what the flash path allocates
+    /// beyond core's weights and caches.
+    #[test]
+    fn a_real_width_batch_of_64_requests_of_8k() {
+        let spec = SpecConfig::multi_step(3, DrafterBatch::Padded);
+        let mut cfg = EngineConfig::tiny(BackendProfile::FlashMla, spec);
+        cfg.model = ModelDims::deepseek_v3_attn();
+        let s = &mut cfg.scheduler;
+        s.page_size = 64;
+        s.max_num_seqs = 64;
+        s.max_model_len = 8192 + 64;
+        s.num_gpu_blocks = 64 * (8192 + 64) / 64;
+        s.max_num_batched_tokens = 8192;
+        s.workspace_tokens = 8192;
+        cfg.max_capture_size_tokens = 256;
+        let a = workspace_allocations(&cfg, Some(4));
+        let all: Vec<_> = specmla_core::memory::allocations(&cfg)
+            .into_iter()
+            .chain(crate::backend::flash_path::flash_allocations(&cfg))
+            .chain(a.iter().cloned())
+            .collect();
+        assert_eq!(
+            describe(&a),
+            "eager workspace 17.93 GiB, prefill scratch 2.03 GiB, graph workspace 0.56 GiB, \
+             carried hidden states 0.22 GiB"
+        );
+        assert_eq!(gib(total_bytes(&all)), "29.44 GiB");
+    }
+}
