@@ -70,14 +70,6 @@ FOUR_REGION_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,rows,order,modified,thr", FOUR_REGION_CASES, ids=[c[0] for c in FOUR_REGION_CASES])
-def test_vllm_reorder_cases_four_region(name, rows, order, modified, thr):
-    scheduled = [r[0] for r in rows]
-    computed = [r[1] for r in rows]
-    prompt = [r[2] for r in rows]
-    assert specmla.reorder_batch(computed, scheduled, prompt, thr) == (order, modified)
-
-
 # vLLM before PR #37303 (three regions: decode, extend, prefill), as the Rust table holds them.
 THREE_REGION_CASES = [
     ("all_decodes", [(1, 10, 0), (1, 20, 0), (1, 30, 0)], [0, 1, 2], False, 1),
@@ -95,12 +87,21 @@ THREE_REGION_CASES = [
 ]
 
 
-@pytest.mark.parametrize("name,rows,order,modified,thr", THREE_REGION_CASES, ids=[c[0] for c in THREE_REGION_CASES])
-def test_vllm_reorder_cases_three_region(name, rows, order, modified, thr):
+REORDER_CASES = [("vllm",) + c for c in FOUR_REGION_CASES] + [
+    ("vllm-3region",) + c for c in THREE_REGION_CASES
+]
+
+
+@pytest.mark.parametrize(
+    "planner,name,rows,order,modified,thr",
+    REORDER_CASES,
+    ids=[f"{c[0]}-{c[1]}" for c in REORDER_CASES],
+)
+def test_vllm_reorder_cases(planner, name, rows, order, modified, thr):
     scheduled = [r[0] for r in rows]
     computed = [r[1] for r in rows]
     prompt = [r[2] for r in rows]
-    got = specmla.reorder_batch(computed, scheduled, prompt, thr, planner="vllm-3region")
+    got = specmla.reorder_batch(computed, scheduled, prompt, thr, planner=planner)
     assert got == (order, modified)
 
 
