@@ -17,10 +17,11 @@ struct LogLine {
     log: StepLog,
 }
 
-/// A violation found in the log: the step (its `step` field, else its line's index),
-/// the invariant, the row and what was wrong.
+/// A violation found in the log: its line (from 1), the step (its `step` field, else
+/// its line's index), the invariant, the row and what was wrong.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Finding {
+    pub line: usize,
     pub step: u64,
     pub invariant: &'static str,
     pub row: Option<usize>,
@@ -52,6 +53,7 @@ pub fn audit_log(text: &str) -> Result<(usize, Vec<Finding>), String> {
         steps += 1;
         let step = l.step.unwrap_or(i as u64);
         findings.extend(audit(&l.log).into_iter().map(|v| Finding {
+            line: i + 1,
             step,
             invariant: v.rule.name(),
             row: v.row,
@@ -69,7 +71,8 @@ pub fn findings_json(steps: usize, findings: &[Finding]) -> serde_json::Value {
     json!({
         "steps": steps,
         "violations": findings.iter().map(|f| json!({
-            "step": f.step, "invariant": f.invariant, "row": f.row, "detail": f.detail,
+            "line": f.line, "step": f.step, "invariant": f.invariant, "row": f.row,
+            "detail": f.detail,
         })).collect::<Vec<_>>(),
     })
 }

@@ -492,7 +492,13 @@ fn audit(a: &AuditArgs, json: bool) -> Result<ExitCode> {
     } else {
         for f in &findings {
             let row = f.row.map_or(String::new(), |r| format!(" row {r}"));
-            say!("step {}{row}: {}: {}", f.step, f.invariant, f.detail);
+            say!(
+                "line {} step {}{row}: {}: {}",
+                f.line,
+                f.step,
+                f.invariant,
+                f.detail
+            );
         }
         say!(
             "{}: {} audited, {}",

@@ -550,7 +550,7 @@ fn audit_checks_an_engine_step_log() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{out}");
     assert!(
-        out.starts_with("step 8 row 0: reorder: row 0 holds request 1"),
+        out.starts_with("line 3 step 8 row 0: reorder: row 0 holds request 1"),
         "{out}"
     );
     assert!(
