@@ -62,8 +62,8 @@ struct Cli {
     #[arg(long)]
     sweep_splits: bool,
     /// Instead of the kernels, time whole real-width steps through the engine: 64 rows of
-    /// 1 + 3 tokens at 4096 keys (`--batch`, `--context` change them), GEMMs pinned vs
-    /// heuristic, graphs on vs off (with `--quick`, graphs on only).
+    /// 1 + 3 tokens at 4096 keys (`--batch`, `--context` and `--q-len` (1 + K) change
+    /// them), GEMMs pinned vs heuristic, graphs on vs off (with `--quick`, graphs on only).
     #[arg(long)]
     verify_step: bool,
     /// Write the CSV here.
@@ -117,7 +117,8 @@ fn verify_step(cli: &Cli) -> ExitCode {
         rows: cli.batch.first().copied().unwrap_or(64),
         context_tokens: cli.context.first().copied().unwrap_or(4096),
         decode_steps: 16,
-        num_spec_tokens: 3,
+        // The verify rows' q_len is 1 + K (`--q-len`, default 4: MTP K = 3).
+        num_spec_tokens: cli.q_len.first().copied().unwrap_or(4) - 1,
         cuda_graphs: true,
     };
     println!("device: {} ({})", dev.name, dev.arch);
