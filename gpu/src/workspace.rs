@@ -25,6 +25,8 @@ pub struct Workspace {
     /// The flash decode's inputs and scratch, where the backend runs it.
     pub flash: Option<FlashScratch>,
     pub logits_idx: Buf<i32>,
+    /// A drafter pass's hidden sources over the carries (`gather_rows2`'s indices).
+    pub src_idx: Buf<i32>,
     /// Residual stream `[cap, hidden]`.
     pub x: Buf<f32>,
     /// Normed activations `[cap, hidden]`.
@@ -86,6 +88,7 @@ impl Workspace {
                 None => None,
             },
             logits_idx: i(cap, "logits_indices")?,
+            src_idx: i(cap, "hidden sources")?,
             x: f(cap * hid, "hidden")?,
             h: f(cap * hid, "normed hidden")?,
             q_a: f(cap * d.q_lora_rank.max(1), "compressed queries")?,

@@ -8,65 +8,67 @@ use specmla_core::drafter::HiddenSource;
 
 use super::{GpuBackend, GpuBackendError, Result};
 use crate::device::GpuDevice;
-use crate::launch::{copy, Buf, DPtr};
+use crate::launch::{Buf, DPtr};
 use crate::workspace::Workspace;
 
-/// The carried hidden states, `[rows, hidden]` each, grown on demand.
+/// The carried hidden states, `[rows, hidden]` each, allocated once at their largest
+/// (a step's every token; every drafter row's K samples), so their addresses never
+/// change: captured drafter graphs read and write them in place.
 pub(super) struct DeviceCarry {
     pub ids: Carries,
-    target: Option<Buf<f32>>,
+    target: Buf<f32>,
+    target_cap: usize,
     pub target_rows: usize,
-    drafter: Option<Buf<f32>>,
+    drafter: Buf<f32>,
+    drafter_cap: usize,
     pub drafter_rows: usize,
 }
 
 impl DeviceCarry {
-    pub fn new() -> Self {
-        Self {
+    /// Room for `(target_rows, drafter_rows)` rows of `hid` values.
+    pub fn new(
+        dev: &GpuDevice,
+        (target_cap, drafter_cap): (usize, usize),
+        hid: usize,
+    ) -> Result<Self> {
+        Ok(Self {
             ids: Carries::default(),
-            target: None,
+            target: Buf::uninit(dev, target_cap * hid, "carried target hidden states")?,
+            target_cap,
             target_rows: 0,
-            drafter: None,
+            drafter: Buf::uninit(dev, drafter_cap * hid, "carried drafter hidden states")?,
+            drafter_cap,
             drafter_rows: 0,
-        }
+        })
     }
 
-    /// Room for `rows` target rows (the old rows are about to be replaced).
-    pub fn ensure_target(&mut self, dev: &GpuDevice, rows: usize, hid: usize) -> Result<()> {
-        if self.target.as_ref().is_none_or(|b| b.len() < rows * hid) {
-            self.target = None;
-            let cap = rows.max(64) * hid;
-            self.target = Some(Buf::uninit(dev, cap, "carried target hidden states")?);
-        }
-        Ok(())
+    /// The rows each carry holds at most for `cfg`: a step's tokens, and every row's K
+    /// samples (a DFlash pass returns K per row).
+    pub fn capacity(cfg: &specmla_core::config::EngineConfig) -> (usize, usize) {
+        let s = &cfg.scheduler;
+        (
+            s.max_num_batched_tokens,
+            s.max_num_seqs * cfg.spec.k().max(1),
+        )
     }
 
-    /// Room for `rows` drafter rows, keeping the rows carried now (the pass about to run
-    /// reads them).
-    pub fn ensure_drafter(&mut self, dev: &GpuDevice, rows: usize, hid: usize) -> Result<()> {
-        if self.drafter.as_ref().is_none_or(|b| b.len() < rows * hid) {
-            let grown = Buf::uninit(dev, rows.max(64) * hid, "carried drafter hidden states")?;
-            if let Some(old) = &self.drafter {
-                copy(dev, old.ptr(), grown.ptr(), self.drafter_rows * hid)?;
-            }
-            self.drafter = Some(grown);
+    /// Refuses a forward of `target` tokens or a pass of `drafter` rows past the room.
+    pub fn check(&self, target: usize, drafter: usize) -> Result<()> {
+        if target > self.target_cap || drafter > self.drafter_cap {
+            return Err(GpuBackendError::BadPlan(format!(
+                "{target} tokens / {drafter} drafter rows past the carries' {} / {}",
+                self.target_cap, self.drafter_cap
+            )));
         }
         Ok(())
     }
 
     pub fn target_ptr(&self) -> DPtr<f32> {
-        self.target
-            .as_ref()
-            .expect("ensured before the forward")
-            .ptr()
+        self.target.ptr()
     }
 
     pub fn drafter_ptr(&self) -> DPtr<f32> {
-        // Before the first drafter pass there is nothing to read: the target's buffer
-        // stands in (no index can select it, see `carried_rows`).
-        self.drafter
-            .as_ref()
-            .map_or_else(|| self.target_ptr(), Buf::ptr)
+        self.drafter.ptr()
     }
 }
 
@@ -92,21 +94,21 @@ impl GpuBackend {
             .collect()
     }
 
-    /// Gathers the carried rows `idx` (from [`Self::carried_rows`]) into `out`, through
-    /// `ws.logits_idx`.
-    pub(super) fn gather_carried(
-        &self,
-        ws: &mut Workspace,
-        idx: &[i32],
-        out: DPtr<f32>,
-    ) -> Result<()> {
-        ws.logits_idx.write(&self.dev, idx)?;
+    /// Uploads the carried rows `idx` (from [`Self::carried_rows`]) into `ws.src_idx`.
+    pub(super) fn upload_carried(&self, ws: &mut Workspace, idx: &[i32]) -> Result<()> {
+        ws.src_idx.write(&self.dev, idx)?;
+        Ok(())
+    }
+
+    /// Gathers the `n` carried rows [`Self::upload_carried`] named into `out`.
+    pub(super) fn gather_carried(&self, ws: &Workspace, n: usize, out: DPtr<f32>) -> Result<()> {
         let hid = self.dims.hidden_size;
         let srcs = (self.carry.target_ptr(), self.carry.drafter_ptr());
-        // SAFETY: every index passed carried_rows against the rows each carry holds.
+        // SAFETY: ws.src_idx is written only by upload_carried, whose indices passed
+        // carried_rows against the rows each carry holds.
         unsafe {
             self.k
-                .gather_rows2(self.dev(), srcs, ws.logits_idx.ptr(), out, (idx.len(), hid))
+                .gather_rows2(self.dev(), srcs, ws.src_idx.ptr(), out, (n, hid))
         }?;
         Ok(())
     }

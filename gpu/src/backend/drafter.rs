@@ -5,19 +5,19 @@ use std::sync::Arc;
 
 use specmla_core::backend::DrafterOutput;
 use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
-use specmla_core::split::SplitSchedule;
 
 use super::{as_i32, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
 use crate::launch::{copy, Buf, DPtr};
 use crate::ops::{DecodeBufs, DecodeShape};
-use crate::weights::LayerWeights;
 use crate::workspace::Workspace;
 
-/// The keys and split schedule of the sampled drafter rows, as the core planned them.
-#[derive(Clone, Copy)]
-pub(super) struct KeyPlan<'a> {
-    pub kv_lens: &'a [u32],
-    pub split: &'a SplitSchedule,
+/// The shape a multi-step pass's kernels run at: what a captured drafter graph
+/// freezes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct DraftShape {
+    pub tokens: usize,
+    pub rows: usize,
+    pub width: usize,
 }
 
 impl GpuBackend {
@@ -30,25 +30,54 @@ impl GpuBackend {
         unsafe { self.write_latents(ws, CacheOf::Drafter, n) }
     }
 
-    /// One multi-step pass; `sources` are its tokens' hidden inputs as
-    /// [`Self::carried_rows`] indexes them.
-    pub(super) fn drafter_body(
+    /// Uploads one multi-step pass's inputs into `ws`, each checked on the host: tokens,
+    /// positions, hidden sources (`sources`, from [`Self::carried_rows`]), slots, the
+    /// sampled rows, and their keys' block table, lengths and split schedule.
+    pub(super) fn drafter_inputs(
         &self,
         ws: &mut Workspace,
         pass: &DrafterPass,
         sources: &[i32],
-    ) -> Result<DrafterOutput> {
+    ) -> Result<DraftShape> {
         let dev = Arc::clone(&self.dev);
-        let (k, d) = (&self.k, &self.dims);
-        let (n, hid) = (pass.token_ids.len(), d.hidden_size);
-        let w = &self.drafter.layer;
+        let n = pass.token_ids.len();
         ws.ids.write(&dev, &self.check_tokens(&pass.token_ids)?)?;
         ws.positions.write(&dev, &as_i32(&pass.positions))?;
+        self.upload_carried(ws, sources)?;
+        self.check_slots(&pass.slot_mapping)?;
+        ws.slots.write(&dev, &pass.slot_mapping)?;
+        let sample = as_i32(&pass.token_indices_to_sample);
+        self.set_gather_rows(ws, &sample, n)?;
+        let rows = sample.len();
+        ws.block_table
+            .write(&dev, &self.block_ids(&pass.block_table)?)?;
+        ws.seq_lens.write(&dev, &as_i32(&pass.kv_lens))?;
+        let [lens, counts, mapped] = self.split_schedule(&pass.split, rows)?;
+        ws.split_lens.write(&dev, &lens)?;
+        ws.num_splits.write(&dev, &counts)?;
+        ws.mapped_kv.write(&dev, &mapped)?;
+        Ok(DraftShape {
+            tokens: n,
+            rows,
+            width: pass.block_table_width,
+        })
+    }
+
+    /// The kernels of one multi-step pass over inputs [`Self::drafter_inputs`] wrote: the
+    /// fused input projection, the latent cache write, the sampled rows' attention,
+    /// finish and logits, their hidden states into the drafter carry and their digests
+    /// into `ws.digests`. Launch parameters depend on `shape` alone, so a captured graph
+    /// replays it for any pass of that shape.
+    pub(super) fn drafter_kernels(&self, ws: &Workspace, shape: DraftShape) -> Result<()> {
+        let dev = self.dev();
+        let (k, d, md) = (&self.k, &self.dims, self.md);
+        let (n, rows, hid) = (shape.tokens, shape.rows, d.hidden_size);
+        let w = &self.drafter.layer;
         // x = concat(embed(token), hidden_in) @ fc, built in xs/h/x.
-        // SAFETY: ws.ids holds only ids that passed check_tokens above.
+        // SAFETY: ws.ids holds only ids that passed check_tokens (drafter_inputs).
         unsafe {
             k.embed(
-                &dev,
+                dev,
                 self.drafter.embed_tokens.ptr(),
                 ws.ids.ptr(),
                 ws.h.ptr(),
@@ -57,79 +86,53 @@ impl GpuBackend {
             )
         }?;
         let xs = ws.xs.ptr();
-        self.gather_carried(ws, sources, xs)?;
+        self.gather_carried(ws, n, xs)?;
         let cat = ws.tmp.ptr();
-        k.concat_rows(&dev, ws.h.ptr(), ws.xs.ptr(), cat, n, hid, hid)?;
+        k.concat_rows(dev, ws.h.ptr(), ws.xs.ptr(), cat, n, hid, hid)?;
         self.linear(ws, (cat, 2 * hid), &self.drafter.fc, ws.x.ptr(), false, n)?;
         self.qkv(w, ws, n, true)?;
-        self.cache_drafter_latents(ws, &pass.slot_mapping, n)?;
-        // Sampled tokens only, over the keys and splits the core planned for each.
-        let sample: Vec<i32> = pass
-            .token_indices_to_sample
-            .iter()
-            .map(|&t| t as i32)
-            .collect();
-        let plan = KeyPlan {
-            kv_lens: &pass.kv_lens,
-            split: &pass.split,
-        };
-        self.set_gather_rows(ws, &sample, n)?;
-        self.sampled_attention(
-            ws,
-            w,
-            &sample,
-            plan,
-            &pass.block_table,
-            pass.block_table_width,
-        )
-    }
-
-    /// Attention, finish and logits of the sampled drafter tokens `sample` (indices into
-    /// this pass's tokens, whose q and x sit in `ws`).
-    pub(super) fn sampled_attention(
-        &self,
-        ws: &mut Workspace,
-        w: &LayerWeights,
-        sample: &[i32],
-        keys: KeyPlan<'_>,
-        table: &[u32],
-        width: usize,
-    ) -> Result<DrafterOutput> {
-        let dev = Arc::clone(&self.dev);
-        let (k, d, md) = (&self.k, &self.dims, self.md);
-        let (rows, hid) = (sample.len(), d.hidden_size);
+        // SAFETY: ws.slots passed check_slots in drafter_inputs.
+        unsafe { self.write_latents(ws, CacheOf::Drafter, n) }?;
+        // Sampled tokens only (their rows compacted to the front), over the keys and
+        // splits the core planned for each.
         let qw = md.heads * md.qk();
-        // Compact the sampled rows of q and x to the front (the caller set the rows).
         let hv = self.attn_width();
         let attn = ws.attn.ptr().range(0, rows * hv);
-        let xs = ws.xs.ptr();
         self.gather(ws, ws.x.ptr(), xs, rows, hid)?;
         self.gather(ws, ws.q.ptr(), ws.tmp.ptr(), rows, qw)?;
-        copy(&dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
-        ws.block_table.write(&dev, &self.block_ids(table)?)?;
-        ws.seq_lens.write(&dev, &as_i32(keys.kv_lens))?;
-        let [lens, counts, mapped] = self.split_schedule(keys.split, rows)?;
-        ws.split_lens.write(&dev, &lens)?;
-        ws.num_splits.write(&dev, &counts)?;
-        ws.mapped_kv.write(&dev, &mapped)?;
+        copy(dev, ws.tmp.ptr(), ws.q.ptr(), rows * qw)?;
         let dl = DecodeLaunch {
             token_start: 0,
             rows,
             q_len: 1,
             block_table: ws.block_table.ptr(),
-            width,
+            width: shape.width,
             seq_lens: ws.seq_lens.ptr(),
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
             mapped_kv: ws.mapped_kv.ptr(),
         };
-        k.fill(&dev, attn, 0.0, rows * hv)?;
+        k.fill(dev, attn, 0.0, rows * hv)?;
         self.decode(w, ws, CacheOf::Drafter, dl, rows, attn)?;
         // The residual of the sampled rows now lives in xs; finish it there.
         self.finish(w, ws, xs, attn, rows)?;
-        copy(&dev, xs, ws.x.ptr(), rows * hid)?;
+        copy(dev, xs, ws.x.ptr(), rows * hid)?;
         self.lm_head(ws, &self.drafter.final_norm, &self.drafter.lm_head, rows)?;
-        self.drafter_output(ws, ws.x.ptr(), rows)
+        copy(dev, ws.x.ptr(), self.carry.drafter_ptr(), rows * hid)?;
+        let digests = ws.digests.ptr();
+        k.row_digest(dev, ws.x.ptr(), digests, (1, rows, hid), rows * hid)?;
+        Ok(())
+    }
+
+    /// What a multi-step pass returns once its kernels ran: `rows` logits and digests.
+    pub(super) fn drafter_result(&self, ws: &Workspace, rows: usize) -> Result<DrafterOutput> {
+        let (dev, d) = (self.dev(), &self.dims);
+        Ok(DrafterOutput {
+            hidden_digests: ws.digests.read(dev, rows)?,
+            logits: ws.logits.read(dev, rows * d.vocab_size)?,
+            forward_id: 0,
+            vocab_size: d.vocab_size,
+        })
     }
 
     /// The output of a drafter pass whose `rows` hidden states sit at `hidden`: the
@@ -170,8 +173,9 @@ impl GpuBackend {
             .map(|&i| HiddenSource::TargetToken(i))
             .collect();
         let sources = self.carried_rows(&sources, false)?;
+        self.upload_carried(ws, &sources)?;
         let xs = ws.xs.ptr();
-        self.gather_carried(ws, &sources, xs)?;
+        self.gather_carried(ws, sources.len(), xs)?;
         self.linear(
             ws,
             (ws.xs.ptr(), hid),

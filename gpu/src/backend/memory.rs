@@ -36,6 +36,18 @@ pub fn workspace_allocations(cfg: &EngineConfig, flash_splits: Option<usize>) ->
             bytes: Workspace::bytes(d, layers, (tokens, rows, w), flash_splits),
         });
     }
+    if cfg.cuda_graphs && cfg.spec.method == specmla_core::config::SpecMethod::MultiStep {
+        let q = 1 + cfg.spec.k();
+        out.push(Allocation {
+            what: "drafter graph workspace",
+            bytes: Workspace::bytes(
+                d,
+                layers,
+                (s.max_num_seqs * q, s.max_num_seqs, width),
+                flash_splits,
+            ),
+        });
+    }
     let scratch = s.max_num_batched_tokens.max(s.workspace_tokens);
     out.push(Allocation {
         what: "prefill scratch",
@@ -80,9 +92,9 @@ mod tests {
             .collect();
         assert_eq!(
             describe(&a),
-            "eager workspace 17.93 GiB, prefill scratch 2.03 GiB, graph workspace 0.56 GiB, \
-             carried hidden states 0.22 GiB"
+            "eager workspace 17.93 GiB, prefill scratch 2.03 GiB, drafter graph workspace \
+             0.56 GiB, graph workspace 0.56 GiB, carried hidden states 0.22 GiB"
         );
-        assert_eq!(gib(total_bytes(&all)), "29.44 GiB");
+        assert_eq!(gib(total_bytes(&all)), "30.00 GiB");
     }
 }

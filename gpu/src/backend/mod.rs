@@ -26,6 +26,7 @@ use crate::workspace::{PrefillScratch, Workspace};
 
 mod carry;
 mod drafter;
+mod drafter_graphs;
 mod flash_path;
 mod graphs;
 
@@ -36,6 +37,7 @@ pub mod memory;
 mod target;
 mod timing;
 use carry::DeviceCarry;
+use drafter::DraftShape;
 use timing::{Region, SharedTimeline};
 
 /// Errors of the CUDA backend.
@@ -118,6 +120,10 @@ pub struct GpuBackend {
     /// The persistent buffers every captured graph reads and writes in place, sized for
     /// the largest capture: graphs replay one at a time, so one set serves them all.
     graph_ws: Option<Workspace>,
+    /// The multi-step drafter's graphs, one per pass shape met (`drafter_graphs.rs`),
+    /// and the one workspace they share.
+    draft_graphs: Vec<(DraftShape, CudaGraph)>,
+    draft_ws: Option<Workspace>,
     /// The tensor-core decode path, where the configuration and device take it.
     flash: Option<FlashPath>,
     /// Why the decode rows run the portable kernels (`None` on the flash path).
@@ -189,11 +195,13 @@ impl GpuBackend {
             scratch: None,
             graphs: Vec::new(),
             graph_ws: None,
+            draft_graphs: Vec::new(),
+            draft_ws: None,
             flash,
             portable_because,
             timeline: SharedTimeline::default(),
             full_outputs: false,
-            carry: DeviceCarry::new(),
+            carry: DeviceCarry::new(&dev, DeviceCarry::capacity(cfg), cfg.model.hidden_size)?,
             k,
             dev,
         })
@@ -474,8 +482,7 @@ impl Backend for GpuBackend {
 
     fn forward_target(&mut self, plan: &StepPlan) -> Result<TargetOutput> {
         let n = plan.num_tokens();
-        self.carry
-            .ensure_target(&self.dev, n, self.dims.hidden_size)?;
+        self.carry.check(n, 0)?;
         self.begin_forward()?;
         let mut out = self.forward_target_body(plan)?;
         self.end_forward()?;
@@ -538,17 +545,19 @@ impl GpuBackend {
     fn carry_ahead(&mut self, (target, prev): (u64, Option<u64>), rows: usize) -> Result<()> {
         let ids = &self.carry.ids;
         ids.check(target, prev).map_err(GpuBackendError::BadPlan)?;
-        self.carry
-            .ensure_drafter(&self.dev, rows, self.dims.hidden_size)
+        self.carry.check(0, rows)
     }
 
     fn forward_drafter_body(&mut self, pass: &DrafterPass, prev: bool) -> Result<DrafterOutput> {
         let n = pass.token_ids.len();
         let sources = self.carried_rows(&pass.hidden, prev)?;
+        if self.drafter_graph_fits(pass) {
+            return self.drafter_on_graph(pass, &sources);
+        }
         let rows = pass.num_rows();
         self.ensure_eager(n.max(1), rows.max(1), pass.block_table_width)?;
         let mut ws = self.eager.take().expect("ensured above");
-        let res = self.drafter_body(&mut ws, pass, &sources);
+        let res = self.drafter_eager(&mut ws, pass, &sources);
         self.eager = Some(ws);
         res
     }

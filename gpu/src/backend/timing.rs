@@ -34,6 +34,8 @@ pub(super) struct Timeline {
     host_start: Option<Instant>,
     /// Set during the engine's check-only forwards, which are not timed.
     checks: bool,
+    /// Set while a graph is being captured: no event may be recorded into it.
+    capturing: bool,
     step: StepTime,
 }
 
@@ -71,7 +73,7 @@ impl GpuBackend {
     pub(super) fn timed<T>(&self, r: Region, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let start = {
             let mut t = self.timeline();
-            match t.host_start.is_some() {
+            match t.host_start.is_some() && !t.capturing {
                 true => Some(self.mark(&mut t)?),
                 false => None,
             }
@@ -124,6 +126,11 @@ impl GpuBackend {
         }
         t.step.add(&f);
         Ok(())
+    }
+
+    /// Pauses the timed regions while a graph is captured mid-forward.
+    pub(super) fn set_capturing(&self, on: bool) {
+        self.timeline().capturing = on;
     }
 
     pub(super) fn set_check_forwards_timing(&self, on: bool) {
