@@ -126,7 +126,8 @@ impl Workspace {
             rows_cap,
             rows_cap,
             rows_cap,
-            cap,
+            cap, // logits_idx
+            cap, // src_idx
         ];
         let f32s = [
             cap * hid, // x
