@@ -7,12 +7,12 @@
 //! single-token passes after it), at most `MAX_DRAFT_GRAPHS` of them; a pass larger than
 //! the workspace, or past that many shapes, runs eager.
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
 use specmla_core::backend::DrafterOutput;
 use specmla_core::drafter::DrafterPass;
 
 use super::drafter::DraftShape;
-use super::{GpuBackend, GpuBackendError, Region, Result};
+use super::{GpuBackend, Region, Result};
 use crate::device::GpuError;
 use crate::workspace::Workspace;
 
@@ -99,29 +99,8 @@ impl GpuBackend {
     }
 
     /// Captures the kernels of a pass of `shape` over `ws` (nothing runs).
-    fn capture_drafter(
-        &self,
-        ws: &Workspace,
-        shape: DraftShape,
-    ) -> Result<cudarc::driver::CudaGraph> {
-        let stream = &self.dev.stream;
-        self.set_capturing(true);
-        let begun = stream
-            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
-            .map_err(GpuError::driver("beginning a drafter graph capture"));
-        if let Err(e) = begun {
-            self.set_capturing(false);
-            return Err(e.into());
-        }
-        let body = self.drafter_kernels(ws, shape);
-        // End the capture whatever happened, so the stream is usable again.
-        let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-        self.set_capturing(false);
-        body?;
-        graph
-            .map_err(GpuError::driver("instantiating a drafter graph"))?
-            .ok_or_else(|| {
-                GpuBackendError::BadPlan(format!("drafter capture of {shape:?} recorded nothing"))
-            })
+    fn capture_drafter(&self, ws: &Workspace, shape: DraftShape) -> Result<CudaGraph> {
+        let what = format!("the drafter pass {shape:?}");
+        self.capture_graph(&what, || self.drafter_kernels(ws, shape))
     }
 }

@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::CudaGraph;
 use specmla_core::backend::TargetOutput;
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::plan::StepPlan;
@@ -46,20 +47,30 @@ impl GpuBackend {
     }
 
     pub(super) fn capture(&self, ws: &Workspace, shape: GraphShape) -> Result<CapturedGraph> {
+        let what = format!("{shape:?}");
+        let graph = self.capture_graph(&what, || self.graph_body(ws, shape))?;
+        Ok(CapturedGraph { shape, graph })
+    }
+
+    /// Captures what `body` launches into a graph (nothing runs), with the timed regions
+    /// paused; the capture ends whatever happened, so the stream stays usable.
+    pub(super) fn capture_graph(
+        &self,
+        what: &str,
+        body: impl FnOnce() -> Result<()>,
+    ) -> Result<CudaGraph> {
         let stream = &self.dev.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(GpuError::driver("beginning a graph capture"))?;
-        let body = self.graph_body(ws, shape);
-        // End the capture whatever happened, so the stream is usable again.
+        self.set_capturing(true);
+        let body = body();
+        self.set_capturing(false);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         body?;
-        let graph = graph
+        graph
             .map_err(GpuError::driver("instantiating a captured graph"))?
-            .ok_or_else(|| {
-                GpuBackendError::BadPlan(format!("capture of {shape:?} recorded nothing"))
-            })?;
-        Ok(CapturedGraph { shape, graph })
+            .ok_or_else(|| GpuBackendError::BadPlan(format!("capture of {what} recorded nothing")))
     }
 
     pub(super) fn replay(&mut self, plan: &StepPlan, idx: usize) -> Result<TargetOutput> {
