@@ -40,13 +40,13 @@ pub enum ChunkError {
     },
 }
 
-/// Plans the chunks for prefill rows whose context lengths are `ctx_lens`
-/// (`seq_len - q_len` each). Returns `None` when no row has context.
-pub fn plan_context_chunks(
+/// The chunk size and the number of chunks [`plan_context_chunks`] plans (`None` when
+/// no row has context): what a caller can compare before planning every chunk.
+pub fn chunk_size(
     ctx_lens: &[usize],
     workspace_tokens: usize,
     page_size: usize,
-) -> Result<Option<ChunkedContext>, ChunkError> {
+) -> Result<Option<(usize, usize)>, ChunkError> {
     let rows_with_ctx = ctx_lens.iter().filter(|&&c| c > 0).count();
     let Some(&max_ctx) = ctx_lens.iter().max().filter(|&&m| m > 0) else {
         return Ok(None);
@@ -59,7 +59,19 @@ pub fn plan_context_chunks(
             page_size,
         });
     }
-    let num_chunks = max_ctx.div_ceil(chunk);
+    Ok(Some((chunk, max_ctx.div_ceil(chunk))))
+}
+
+/// Plans the chunks for prefill rows whose context lengths are `ctx_lens`
+/// (`seq_len - q_len` each). Returns `None` when no row has context.
+pub fn plan_context_chunks(
+    ctx_lens: &[usize],
+    workspace_tokens: usize,
+    page_size: usize,
+) -> Result<Option<ChunkedContext>, ChunkError> {
+    let Some((chunk, num_chunks)) = chunk_size(ctx_lens, workspace_tokens, page_size)? else {
+        return Ok(None);
+    };
     let chunks = (0..num_chunks)
         .map(|i| {
             let start = i * chunk;

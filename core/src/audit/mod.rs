@@ -149,6 +149,16 @@ impl StepLog {
         if self.page_size == Some(0) {
             return Err("page_size is 0".into());
         }
+        // A row verifies at most the drafts it schedules (and the audit then never
+        // builds more logits indices than the step has tokens).
+        let drafts = self.num_draft_tokens.as_deref().unwrap_or(&[]);
+        let q = &self.num_scheduled_tokens;
+        if let Some(i) = (0..drafts.len()).find(|&i| drafts[i] > q[i]) {
+            return Err(format!(
+                "num_draft_tokens[{i}] = {}, more than the {} tokens request {i} schedules",
+                drafts[i], q[i]
+            ));
+        }
         parts::validate(self)
     }
 }
@@ -322,6 +332,40 @@ mod tests {
         l.order = vec![0, 0, 1, 2];
         assert_eq!(rules(&l), vec!["reorder"]);
         assert!(audit(&l)[0].detail.contains("not a permutation"));
+    }
+
+    /// Postmortem of a review: a log's counts (up to u32::MAX each) could make the audit
+    /// build billions of expected chunks or logits indices. Sizes are compared first,
+    /// and more drafts than scheduled tokens is malformed; each answers at once.
+    #[test]
+    fn huge_counts_are_answered_without_building_them() {
+        let big = StepLog {
+            decode_threshold: 1,
+            num_computed_tokens: vec![2_000_000_000],
+            num_scheduled_tokens: vec![2_000_000_000],
+            num_prompt_tokens: vec![1],
+            order: vec![0],
+            query_start_loc: vec![0, 2_000_000_000],
+            seq_lens: vec![4_000_000_000],
+            num_prefills: 1,
+            page_size: Some(1),
+            workspace_tokens: Some(1),
+            num_draft_tokens: Some(vec![1_999_999_999]),
+            chunked_context: Some(ChunkedContextLog::default()),
+            spec_decode: Some(SpecDecodeLog::default()),
+            ..StepLog::default()
+        };
+        let v = audit(&big);
+        assert!(v
+            .iter()
+            .any(|v| v.rule == Rule::ChunkedContext && v.detail.contains("give 2000000000")));
+        assert!(v
+            .iter()
+            .any(|v| v.rule == Rule::Sampling && v.detail.contains("entries")));
+        assert!(big.validate().is_ok());
+        let mut over = big;
+        over.num_draft_tokens = Some(vec![2_000_000_001]);
+        assert!(over.validate().unwrap_err().contains("num_draft_tokens[0]"));
     }
 
     /// The three-region rule keeps a short extend among the decodes, where the

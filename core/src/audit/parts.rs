@@ -8,7 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::StepLog;
-use crate::chunked_context::plan_context_chunks;
+use crate::chunked_context::{chunk_size, plan_context_chunks};
 use crate::config::{BackendProfile, DrafterBatch};
 use crate::cudagraph::dispatch_rows;
 use crate::drafter::dflash_slot;
@@ -101,9 +101,10 @@ pub fn drafter_passes(
         let end = first.query_start_loc[i] + n;
         first.query_start_loc.push(end);
         let skip = if padded { rejected[i] } else { 0 };
+        // A row of no tokens (which no engine schedules) samples at its start.
         first
             .token_indices_to_sample
-            .push((end - 1).saturating_sub(skip));
+            .push(end.saturating_sub(1 + skip));
         first
             .seq_lens
             .push(if padded { seq[i] } else { seq[i] - (q[i] - n) });
@@ -382,7 +383,8 @@ fn audit_slots(log: &StepLog, rows: &[RowShape]) -> Option<(Option<usize>, Strin
             let block = table[i].get(pos / page).copied();
             let want = block
                 .filter(|&b| b >= 0)
-                .map(|b| b * page as i64 + (pos % page) as i64);
+                .and_then(|b| b.checked_mul(page as i64))
+                .and_then(|s| s.checked_add((pos % page) as i64));
             let got = slots.get(t).copied();
             if want.is_none() || got != want {
                 return Some((
@@ -412,6 +414,21 @@ fn audit_chunks(log: &StepLog, rows: &[RowShape]) -> Option<(Option<usize>, Stri
     let (num_decodes, _, _) = super::rule_split(log, &qs);
     let prefill = rows.get(num_decodes.min(rows.len())..)?;
     let ctx: Vec<usize> = prefill.iter().map(|r| r.num_computed_tokens).collect();
+    // The count first: a log's contexts may call for more chunks than it could hold.
+    let count = match chunk_size(&ctx, workspace, page) {
+        Ok(size) => size.map_or(0, |(_, n)| n),
+        Err(e) => return Some((None, format!("the log has chunks, but {e}"))),
+    };
+    if count != got.cu_seq_lens.len() {
+        return Some((
+            None,
+            format!(
+                "chunked_context has {} chunks, the prefill rows' contexts under a workspace \
+                 of {workspace} tokens and pages of {page} give {count}",
+                got.cu_seq_lens.len()
+            ),
+        ));
+    }
     let want = match plan_context_chunks(&ctx, workspace, page) {
         Ok(plan) => chunked_context_log(plan.as_ref()),
         Err(e) => return Some((None, format!("the log has chunks, but {e}"))),
@@ -515,6 +532,20 @@ fn audit_spec_decode(log: &StepLog, rows: &[RowShape]) -> Option<(Option<usize>,
     for r in rows {
         loc.push(loc.last().copied().unwrap_or(0) + r.num_scheduled_tokens);
     }
+    // The sizes first: the rows may call for more indices than the log could hold.
+    let drafts_total: usize = nd.iter().sum();
+    let sizes = [
+        (got.logits_indices.len(), drafts_total + nd.len()),
+        (got.target_logits_indices.len(), drafts_total),
+        (got.bonus_logits_indices.len(), nd.len()),
+        (got.cu_num_draft_tokens.len(), nd.len()),
+    ];
+    if let Some((g, w)) = sizes.iter().find(|(g, w)| g != w) {
+        return Some((
+            None,
+            format!("spec_decode holds an array of {g} entries where the rows' draft counts {nd:?} give {w}"),
+        ));
+    }
     let want = spec_decode_metadata(&nd, &loc);
     (*got != want).then(|| {
         (
@@ -572,6 +603,9 @@ mod tests {
         assert_eq!(p[1].seq_lens, vec![19, 58, 34]);
         assert_eq!(p[1].query_start_loc, vec![0, 1, 2, 3]);
         assert_eq!(p[1].num_actual_tokens, 3);
+        // A row of no tokens is no panic (an engine's log may hold anything).
+        let z = drafter_passes(&[0, 2], &[5, 7], &[0, 1], DrafterBatch::Padded, 2);
+        assert_eq!(z[0].token_indices_to_sample, vec![0, 0]);
         let c = drafter_passes(&q, &seq, &rej, DrafterBatch::Compacted, 1);
         assert_eq!(c[0].query_start_loc, vec![0, 2, 9, 12]);
         assert_eq!(c[0].seq_lens, vec![18, 57, 33]);
