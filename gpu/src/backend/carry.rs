@@ -112,19 +112,4 @@ impl GpuBackend {
         }?;
         Ok(())
     }
-
-    /// Row digests of `rows` rows of width `width` at `src` (`groups` groups,
-    /// `group_stride` apart), through `ws.digests`, read back.
-    pub(super) fn read_digests(
-        &self,
-        ws: &Workspace,
-        src: DPtr<f32>,
-        (groups, rows, width): (usize, usize, usize),
-        group_stride: usize,
-    ) -> Result<Vec<u64>> {
-        let out = ws.digests.ptr();
-        self.k
-            .row_digest(self.dev(), src, out, (groups, rows, width), group_stride)?;
-        Ok(ws.digests.read(self.dev(), groups * rows)?)
-    }
 }

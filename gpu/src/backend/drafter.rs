@@ -118,10 +118,7 @@ impl GpuBackend {
         self.finish(w, ws, xs, attn, rows)?;
         copy(dev, xs, ws.x.ptr(), rows * hid)?;
         self.lm_head(ws, &self.drafter.final_norm, &self.drafter.lm_head, rows)?;
-        copy(dev, ws.x.ptr(), self.carry.drafter_ptr(), rows * hid)?;
-        let digests = ws.digests.ptr();
-        k.row_digest(dev, ws.x.ptr(), digests, (1, rows, hid), rows * hid)?;
-        Ok(())
+        self.carry_out(ws, ws.x.ptr(), rows)
     }
 
     /// What a multi-step pass returns once its kernels ran: `rows` logits and digests.
@@ -135,25 +132,15 @@ impl GpuBackend {
         })
     }
 
-    /// The output of a drafter pass whose `rows` hidden states sit at `hidden`: the
-    /// logits in `ws.logits`, the hidden states' digests, and the states themselves
-    /// copied into the drafter carry. The caller sets the forward id.
-    fn drafter_output(
-        &self,
-        ws: &Workspace,
-        hidden: DPtr<f32>,
-        rows: usize,
-    ) -> Result<DrafterOutput> {
-        let (dev, d) = (self.dev(), &self.dims);
-        let hid = d.hidden_size;
+    /// A drafter pass's `rows` hidden states at `hidden`, copied into the drafter carry
+    /// and digested into `ws.digests`: what [`Self::drafter_result`] reads.
+    fn carry_out(&self, ws: &Workspace, hidden: DPtr<f32>, rows: usize) -> Result<()> {
+        let (dev, hid) = (self.dev(), self.dims.hidden_size);
         copy(dev, hidden, self.carry.drafter_ptr(), rows * hid)?;
-        let hidden_digests = self.read_digests(ws, hidden, (1, rows, hid), rows * hid)?;
-        Ok(DrafterOutput {
-            logits: ws.logits.read(dev, rows * d.vocab_size)?,
-            hidden_digests,
-            forward_id: 0,
-            vocab_size: d.vocab_size,
-        })
+        let digests = ws.digests.ptr();
+        self.k
+            .row_digest(dev, hidden, digests, (1, rows, hid), rows * hid)?;
+        Ok(())
     }
 
     pub(super) fn dflash_body(
@@ -214,7 +201,8 @@ impl GpuBackend {
             &self.drafter.lm_head,
             keep.len(),
         )?;
-        self.drafter_output(ws, ws.h.ptr(), keep.len())
+        self.carry_out(ws, ws.h.ptr(), keep.len())?;
+        self.drafter_result(ws, keep.len())
     }
 
     /// Non-causal block attention: positions 1..=K of each row see the row's context
