@@ -239,20 +239,35 @@ extern "C" __global__ void __launch_bounds__(FP_THREADS(128), 1) flash_prefill_w
     fp_body<128>(FP_ARGS);
 }
 
-// out[k_start_loc[b] + j] = the latent row of position j of row b (j < its key count),
-// gathered from the paged bf16 cache [slots, 576] through the row's block table
-// [batch, width]: the context a prefill row up-projects. One block per (position, row),
-// one thread per 16-byte chunk.
+// out[k_start_loc[b] + j] = the latent row of position ctx_start[b] + j of row b, for j
+// below ctx_len[b] (null: the row's key count k_start_loc[b + 1] - k_start_loc[b]; a
+// DFlash row's keys are its context, then its block, which the caller writes), from
+// position 0 where ctx_start is null; gathered from the paged bf16 cache [slots, 576]
+// through the row's block table [batch, width]. One block per (position, row), one
+// thread per 16 bytes.
 extern "C" __global__ void gather_latent_bf16(const unsigned short* __restrict__ cache,
                                               const int* __restrict__ block_table,
-                                              const int* __restrict__ k_start_loc, int width,
+                                              const int* __restrict__ k_start_loc,
+                                              const int* __restrict__ ctx_start,
+                                              const int* __restrict__ ctx_len, int width,
                                               int page, unsigned short* __restrict__ out) {
     const int j = blockIdx.x, b = blockIdx.y, c = threadIdx.x;
     const int k0 = k_start_loc[b];
-    if (j >= k_start_loc[b + 1] - k0 || c >= 576 / 8) return;
-    const long long slot = (long long)block_table[(long long)b * width + j / page] * page + j % page;
-    reinterpret_cast<uint4*>(out + (long long)(k0 + j) * 576)[c] =
-        reinterpret_cast<const uint4*>(cache + slot * 576)[c];
+    const int len = ctx_len ? ctx_len[b] : k_start_loc[b + 1] - k0;
+    if (j >= len || c >= 576 / 8) return;
+    // Position pos of row b; a position past the table or on a missing block (-1)
+    // gathers NaN, as the f32 gather_context does: a stale read cannot pass unseen.
+    const int pos = (ctx_start ? ctx_start[b] : 0) + j;
+    const int blk = pos / page < width ? block_table[(long long)b * width + pos / page] : -1;
+    uint4 v;
+    if (blk < 0) {
+        const unsigned int nan2 = 0x7fc07fc0u;
+        v = make_uint4(nan2, nan2, nan2, nan2);
+    } else {
+        const long long slot = (long long)blk * page + pos % page;
+        v = reinterpret_cast<const uint4*>(cache + slot * 576)[c];
+    }
+    reinterpret_cast<uint4*>(out + (long long)(k0 + j) * 576)[c] = v;
 }
 
 

@@ -2,7 +2,8 @@
 //! computes with, uploaded once. On the bf16 path (the flash path's configurations) the
 //! projections are uploaded as bf16 in nn.Linear's layout for the cuBLASLt GEMMs
 //! instead of as f32, and the per-head up-projections get bf16 copies beside their f32
-//! originals (the prefill path still expands keys and values from those).
+//! originals, and one bf16 key-and-value up-projection (DeepSeek's `kv_b_proj`) that the
+//! tensor-core prefill path expands cached latents with.
 
 use specmla_core::config::ModelDims;
 use specmla_model::{q_in_dim, DrafterModel, MlaLayer, TargetModel};
@@ -75,6 +76,10 @@ pub struct LayerWeights {
     pub w_uv: Buf<f32>,
     /// bf16 copies of `w_uk` and `w_uv` (same layouts), on the bf16 path.
     pub w_uk_uv_bf16: Option<(Buf<u16>, Buf<u16>)>,
+    /// On the bf16 path, `[H * (nope + v), kv_lora]` bf16: head h's key rows, then its
+    /// value rows (DeepSeek's `kv_b_proj` in nn.Linear's layout). One GEMM of a latent
+    /// row by it gives every head's `[k_nope | v]`, the prefill kernel's key layout.
+    pub w_kv_b: Option<Buf<u16>>,
     pub w_o: Linear,
     pub mlp_norm: Buf<f32>,
     pub w_gate: Linear,
@@ -113,6 +118,10 @@ impl LayerWeights {
                 WeightForm::Bf16 => Some((bf16(&l.w_uk, "w_uk")?, bf16(&l.w_uv, "w_uv")?)),
                 WeightForm::F32 => None,
             },
+            w_kv_b: match form {
+                WeightForm::Bf16 => Some(bf16(&kv_b(l, d), "kv_b")?),
+                WeightForm::F32 => None,
+            },
             w_o: lin(&l.w_o, (heads * d.v_head_dim, hid), "w_o")?,
             mlp_norm: up(&l.mlp_norm, "mlp_norm")?,
             w_gate: lin(&l.w_gate, (hid, inter), "w_gate")?,
@@ -120,6 +129,25 @@ impl LayerWeights {
             w_down: lin(&l.w_down, (inter, hid), "w_down")?,
         })
     }
+}
+
+/// `[H * (nope + v), kv_lora]`: row `h * (nope + v) + j` is column j of head h's
+/// `w_uk` (`[kv_lora][nope]`) for j below nope, else column `j - nope` of its `w_uv`.
+fn kv_b(l: &MlaLayer, d: &ModelDims) -> Vec<f32> {
+    let (heads, lora) = (d.num_heads, d.kv_lora_rank);
+    let (nope, v) = (d.qk_nope_head_dim, d.v_head_dim);
+    let mut out = Vec::with_capacity(heads * (nope + v) * lora);
+    for h in 0..heads {
+        let uk = &l.w_uk[h * lora * nope..(h + 1) * lora * nope];
+        let uv = &l.w_uv[h * lora * v..(h + 1) * lora * v];
+        for j in 0..nope {
+            out.extend((0..lora).map(|c| uk[c * nope + j]));
+        }
+        for j in 0..v {
+            out.extend((0..lora).map(|c| uv[c * v + j]));
+        }
+    }
+    out
 }
 
 /// The target model on the device.

@@ -238,7 +238,9 @@ fn gemm_input_width(d: &ModelDims) -> usize {
 }
 
 /// Grow-only scratch of the prefill path: K/V expansions, gathered context chunks and
-/// partial attention states.
+/// partial attention states. On the tensor-core prefill (`flash`) the keys and values
+/// are bf16 up-projections and the f32 expansions are not allocated; the f32 context
+/// rows stay, for DFlash's block attention.
 pub struct PrefillScratch {
     pub cap: usize,
     pub k_nope: Buf<f32>,
@@ -249,15 +251,28 @@ pub struct PrefillScratch {
     pub new_out: Buf<f32>,
     pub new_lse: Buf<f32>,
     pub ctx_lse: Buf<f32>,
+    pub flash: Option<FlashPrefillScratch>,
+}
+
+/// The tensor-core prefill's bf16 operands, for up to `cap` queries or keys at once.
+pub struct FlashPrefillScratch {
+    /// `[cap, heads, nope + rope]`: the prefill tokens' queries.
+    pub q: Buf<u16>,
+    /// `[cap, latent]`: the keys' latent rows (new tokens, or a gathered context chunk);
+    /// their rope part is the kernel's k_rope.
+    pub latent: Buf<u16>,
+    /// `[cap, heads, nope + v]`: the latent rows up-projected, k_nope then v per head.
+    pub kv: Buf<u16>,
 }
 
 impl PrefillScratch {
-    /// The bytes [`Self::new`] allocates.
-    pub fn bytes(d: &ModelDims, cap: usize) -> u64 {
+    /// The elements of each f32 buffer, in [`Self::new`]'s order, and of each bf16 one.
+    fn sizes(d: &ModelDims, cap: usize, flash: bool) -> ([usize; 8], [usize; 3]) {
         let heads = d.num_heads;
+        let expand = if flash { 0 } else { cap };
         let f32s = [
-            cap * heads * d.qk_nope_head_dim,
-            cap * heads * d.v_head_dim,
+            expand * heads * d.qk_nope_head_dim,
+            expand * heads * d.v_head_dim,
             cap * d.latent_dim(),
             cap * heads * d.v_head_dim,
             cap * heads,
@@ -265,25 +280,56 @@ impl PrefillScratch {
             cap * heads,
             cap * heads,
         ];
-        f32s.iter().map(|&n| n.max(1) as u64 * 4).sum()
+        let bf16s = match flash {
+            true => [
+                cap * heads * d.qk_head_dim(),
+                cap * d.latent_dim(),
+                cap * heads * (d.qk_nope_head_dim + d.v_head_dim),
+            ],
+            false => [0; 3],
+        };
+        (f32s, bf16s)
     }
 
-    /// Scratch for up to `cap` keys or queries at once.
-    pub fn new(dev: &GpuDevice, d: &ModelDims, cap: usize) -> Result<Self, GpuError> {
-        let heads = d.num_heads;
+    /// The bytes [`Self::new`] allocates.
+    pub fn bytes(d: &ModelDims, cap: usize, flash: bool) -> u64 {
+        let (f32s, bf16s) = Self::sizes(d, cap, flash);
+        let f: u64 = f32s.iter().map(|&n| n.max(1) as u64 * 4).sum();
+        let b: u64 = match flash {
+            true => bf16s.iter().map(|&n| n.max(1) as u64 * 2).sum(),
+            false => 0,
+        };
+        f + b
+    }
+
+    /// Scratch for up to `cap` keys or queries at once, with the tensor-core prefill's
+    /// operands when `flash`.
+    pub fn new(dev: &GpuDevice, d: &ModelDims, cap: usize, flash: bool) -> Result<Self, GpuError> {
+        let ([kn, v, keys, po, pl, no, nl, cl], [q, lat, kv]) = Self::sizes(d, cap, flash);
         let f = |len: usize, what: &str| {
-            Buf::<f32>::uninit(dev, len, &format!("prefill scratch {what}"))
+            Buf::<f32>::uninit(dev, len.max(1), &format!("prefill scratch {what}"))
+        };
+        let b = |len: usize, what: &str| {
+            Buf::<u16>::uninit(dev, len.max(1), &format!("prefill scratch {what} (bf16)"))
         };
         Ok(Self {
             cap,
-            k_nope: f(cap * heads * d.qk_nope_head_dim, "k_nope")?,
-            v: f(cap * heads * d.v_head_dim, "v")?,
-            keys: f(cap * d.latent_dim(), "context keys")?,
-            part_out: f(cap * heads * d.v_head_dim, "chunk output")?,
-            part_lse: f(cap * heads, "chunk lse")?,
-            new_out: f(cap * heads * d.v_head_dim, "new-token output")?,
-            new_lse: f(cap * heads, "new-token lse")?,
-            ctx_lse: f(cap * heads, "context lse")?,
+            k_nope: f(kn, "k_nope")?,
+            v: f(v, "v")?,
+            keys: f(keys, "context keys")?,
+            part_out: f(po, "chunk output")?,
+            part_lse: f(pl, "chunk lse")?,
+            new_out: f(no, "new-token output")?,
+            new_lse: f(nl, "new-token lse")?,
+            ctx_lse: f(cl, "context lse")?,
+            flash: match flash {
+                true => Some(FlashPrefillScratch {
+                    q: b(q, "queries")?,
+                    latent: b(lat, "latent rows")?,
+                    kv: b(kv, "up-projected keys and values")?,
+                }),
+                false => None,
+            },
         })
     }
 }

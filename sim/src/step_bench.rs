@@ -5,6 +5,11 @@
 //! There is no oracle (the drafts are the drafter's own), but the engine's plan
 //! invariants run on every step and a violation fails the bench: a time from a wrong
 //! step is worthless.
+//!
+//! By default the prompts arrive in the configuration's small chunks (48 tokens), which
+//! FlashMLA's profile (threshold 128) sends down the decode kernel; `prefill_chunk_tokens`
+//! above the threshold sends them down the prefill path instead, each chunk after the
+//! first with its cached context in chunks: the prefill step.
 
 use std::sync::Arc;
 
@@ -28,6 +33,8 @@ pub struct VerifyBench {
     pub decode_steps: usize,
     pub num_spec_tokens: usize,
     pub cuda_graphs: bool,
+    /// Prompt tokens a request runs per step (`None`: the configuration's 48).
+    pub prefill_chunk_tokens: Option<usize>,
 }
 
 impl VerifyBench {
@@ -44,6 +51,9 @@ impl VerifyBench {
         let s = &mut cfg.scheduler;
         s.page_size = 64;
         s.max_num_seqs = self.rows;
+        if let Some(c) = self.prefill_chunk_tokens {
+            s.prefill_chunk_tokens = c;
+        }
         // Room for the drafts past the last token, in whole pages.
         let len = self.context_tokens + self.decode_steps * (k + 1) + 2 * (k + 1);
         s.max_model_len = len.next_multiple_of(s.page_size);
@@ -121,6 +131,7 @@ mod tests {
             decode_steps: 20,
             num_spec_tokens: 3,
             cuda_graphs: true,
+            prefill_chunk_tokens: None,
         };
         let cfg = b.config(ModelDims::deepseek_v3_attn());
         cfg.validate().expect("a valid configuration");
@@ -141,6 +152,7 @@ mod tests {
             decode_steps: 4,
             num_spec_tokens: 2,
             cuda_graphs: true,
+            prefill_chunk_tokens: Some(16),
         };
         let cfg = b.config(ModelDims::tiny());
         let make = |cfg: &EngineConfig, t, d| specmla_cpu::cpu_backend(cfg, t, d);

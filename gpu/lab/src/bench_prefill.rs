@@ -255,7 +255,7 @@ pub fn bench_prefill_spec_step(
                 dev,
                 inp.cache.ptr(),
                 inp.block_table.ptr(),
-                kl.ptr(),
+                (kl.ptr(), None, None),
                 (s.batch, inp.width, s.page, s.context),
                 lat,
             )

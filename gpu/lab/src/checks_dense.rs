@@ -358,6 +358,7 @@ pub fn check_workspace_bytes(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuErro
         ("DeepSeek-V3 widths, 8 heads", wide),
     ] {
         for splits in [None, Some(3)] {
+            let flash = splits.is_some();
             let dims = (37, 5, 11);
             let before = dev.allocated_bytes.load(Relaxed);
             let ws = Workspace::new(dev, &d, d.num_layers, dims, splits)?;
@@ -365,16 +366,16 @@ pub fn check_workspace_bytes(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuErro
             drop(ws);
             let want = Workspace::bytes(&d, d.num_layers, dims, splits);
             let before = dev.allocated_bytes.load(Relaxed);
-            let sc = PrefillScratch::new(dev, &d, 29)?;
+            let sc = PrefillScratch::new(dev, &d, 29, flash)?;
             let took_sc = dev.allocated_bytes.load(Relaxed) - before;
             drop(sc);
-            let ok = took == want && took_sc == PrefillScratch::bytes(&d, 29);
+            let ok = took == want && took_sc == PrefillScratch::bytes(&d, 29, flash);
             out.push(CaseResult {
                 kernel: "workspace bytes",
                 case: format!(
                     "{name}, flash splits {splits:?}: computed {want} B, allocated {took} B; \
                      prefill scratch {} B, allocated {took_sc} B",
-                    PrefillScratch::bytes(&d, 29)
+                    PrefillScratch::bytes(&d, 29, flash)
                 ),
                 max_rel_err: if ok { 0.0 } else { 1.0 },
                 passed: ok,

@@ -465,45 +465,83 @@ pub fn check_prefill_merge(
 }
 
 /// `gather_latent_bf16` against a host gather through the same shuffled block table:
-/// bit for bit, rows of 0, 1, 63, 64, 65 and 200 positions, pages of 16.
+/// bit for bit, rows of 0, 1, 63, 64, 65 and 200 positions from position 0 and from
+/// chunk starts (0, 5, 0, 17, 64, 17), and from 0 for half their length (the rest left
+/// as it was), pages of 16; one table entry -1 and one row read past the table's width,
+/// both of which must gather NaN.
 pub fn check_gather_latent(dev: &GpuDevice, fk: &FlashKernels) -> Result<CaseResult, GpuError> {
     let (page, lens) = (16usize, [0usize, 1, 63, 64, 65, 200]);
-    let width = 200usize.div_ceil(page);
+    let width = 208usize.div_ceil(page);
     let mut rng = ChaCha8Rng::seed_from_u64(980);
     let blocks = lens.len() * width;
-    let table: Vec<i32> = crate::checks::shuffled_ids(&mut rng, blocks);
+    let mut table: Vec<i32> = crate::checks::shuffled_ids(&mut rng, blocks);
+    // Row 3 (from 17, 64 positions) meets a missing block at positions 32..48.
+    table[3 * width + 2] = -1;
     let (cache, _) = bf16_vec(&mut rng, blocks * page * 576, 1.0);
     let k_loc = start_locs(lens.iter().copied());
     let total = *k_loc.last().unwrap() as usize;
-    let out = upload(dev, &vec![0xffffu16; total * 576])?;
     let (cd, td, kd) = (
         upload(dev, &cache)?,
         upload(dev, &table)?,
         upload(dev, &k_loc)?,
     );
-    // SAFETY: the table names blocks inside the cache for every position of every row.
-    unsafe {
-        fk.gather_latent_bf16(
-            dev,
-            cd.ptr(),
-            td.ptr(),
-            kd.ptr(),
-            (lens.len(), width, page, 200),
-            out.ptr(),
-        )
-    }?;
-    let got = download(dev, &out)?;
-    let mut want = Vec::with_capacity(total * 576);
-    for (b, &len) in lens.iter().enumerate() {
-        for j in 0..len {
-            let slot = table[b * width + j / page] as usize * page + j % page;
-            want.extend_from_slice(&cache[slot * 576..(slot + 1) * 576]);
+    let mut passed = true;
+    // From chunk starts, row 5 (from 17, 200 positions) reaches 216, past the 208
+    // positions the width holds.
+    // The third pass gathers the first half of each row only (a DFlash row's context):
+    // the rest of its rows must stay as they were.
+    let halves: Vec<i32> = lens.iter().map(|&l| (l / 2) as i32).collect();
+    for (starts, short) in [
+        ([0i32; 6], false),
+        ([0, 5, 0, 17, 64, 17], false),
+        ([0; 6], true),
+    ] {
+        let out = upload(dev, &vec![0xffffu16; total * 576])?;
+        let sd = upload(dev, &starts)?;
+        let hd = upload(dev, &halves)?;
+        let from = starts.iter().any(|&s| s != 0).then(|| sd.ptr());
+        // SAFETY: every table entry is -1 or a block inside the cache; positions past the
+        // width are the kernel's own missing-block case.
+        unsafe {
+            fk.gather_latent_bf16(
+                dev,
+                cd.ptr(),
+                td.ptr(),
+                (kd.ptr(), from, short.then(|| hd.ptr())),
+                (lens.len(), width, page, 200),
+                out.ptr(),
+            )
+        }?;
+        let got = download(dev, &out)?;
+        let mut want = Vec::with_capacity(total * 576);
+        for (b, &len) in lens.iter().enumerate() {
+            for j in 0..len {
+                if short && j >= len / 2 {
+                    want.extend(std::iter::repeat_n(0xffffu16, 576));
+                    continue;
+                }
+                let pos = starts[b] as usize + j;
+                let blk = match pos / page < width {
+                    true => table[b * width + pos / page],
+                    false => -1,
+                };
+                match blk {
+                    -1 => want.extend(std::iter::repeat_n(0x7fc0u16, 576)),
+                    blk => {
+                        let slot = blk as usize * page + pos % page;
+                        want.extend_from_slice(&cache[slot * 576..(slot + 1) * 576]);
+                    }
+                }
+            }
         }
+        passed &= got == want;
     }
-    let passed = got == want;
     Ok(CaseResult {
         kernel: "gather_latent_bf16",
-        case: format!("page {page}, rows of {lens:?} positions, bit for bit"),
+        case: format!(
+            "page {page}, rows of {lens:?} positions from 0, from chunk starts and their first \
+             halves only, a missing block and a row past the width gathering NaN, bit for bit"
+        ),
         max_rel_err: if passed { 0.0 } else { 1.0 },
         passed,
     })

@@ -188,7 +188,10 @@ impl GpuBackend {
         let hv = self.attn_width();
         let attn = ws.attn.ptr().range(0, nb * hv);
         k.fill(&dev, attn, 0.0, nb * hv)?;
-        self.timed(Region::Attention, || self.dflash_attention(ws, pass, attn))?;
+        match self.prefill_on_flash() {
+            true => self.dflash_flash(ws, pass, attn)?,
+            false => self.timed(Region::Attention, || self.dflash_attention(ws, pass, attn))?,
+        }
         // Finish every block position, then keep offsets 1..=K of each row.
         self.finish(w, ws, ws.x.ptr(), attn, nb)?;
         let keep = as_i32(&pass.sample_indices);
@@ -205,7 +208,8 @@ impl GpuBackend {
         self.drafter_result(ws, keep.len())
     }
 
-    /// Non-causal block attention: positions 1..=K of each row see the row's context
+    /// Non-causal block attention on the portable kernels (the tensor-core one is
+    /// `prefill.rs`): positions 1..=K of each row see the row's context
     /// (from the drafter cache) and the whole block (this pass's latents).
     pub(super) fn dflash_attention(
         &self,

@@ -2,11 +2,13 @@
 //! cache on Hopper, every decode-kernel row (the target's decode rows and each drafter
 //! pass's sampled rows) runs the flash decode over bf16 copies of the latent caches,
 //! reading the plan's split schedule as given, and every projection (the dense ones, the
-//! query absorption and the value up-projection) runs in bf16 on cuBLASLt with the
-//! batch-invariant algorithms of [`crate::ops::gemm`]. The prefill path and DFlash's
-//! block attention run the portable f32 kernels, which read the f32 caches; both caches
-//! hold the same values, since latents are rounded to bf16 where produced. Any other configuration runs the portable kernels alone, and the device line
-//! of a report says why.
+//! query absorption, the value up-projection and the prefill's `kv_b` up-projection)
+//! runs in bf16 on cuBLASLt with the batch-invariant algorithms of [`crate::ops::gemm`].
+//! Where the heads are DeepSeek-V3's too (qk 128 + 64, v 128), prefill rows and DFlash's
+//! block attention run the TMA prefill (`prefill.rs`); otherwise they run the portable
+//! f32 kernels over the f32 caches, which hold the same values (latents are rounded to
+//! bf16 where produced). Any other configuration runs the portable kernels alone, and
+//! the device line of a report says why.
 
 use specmla_core::config::{EngineConfig, KvCacheDtype};
 use specmla_core::memory::Allocation;

@@ -34,6 +34,8 @@ pub use flash_path::portable_because;
 use flash_path::FlashPath;
 mod layers;
 pub mod memory;
+mod prefill;
+pub use prefill::prefill_widths_fit;
 mod target;
 mod timing;
 use carry::DeviceCarry;
@@ -116,6 +118,11 @@ pub struct GpuBackend {
     num_slots: usize,
     eager: Option<Workspace>,
     scratch: Option<PrefillScratch>,
+    /// The current step's prefill index arrays, on the tensor-core prefill path.
+    prefill_index: Option<prefill::PrefillIndex>,
+    /// Prefill rows and DFlash blocks on the portable f32 kernels although the flash
+    /// path could take them (`set_portable_prefill`: the reference it is timed against).
+    portable_prefill: bool,
     graphs: Vec<CapturedGraph>,
     /// The persistent buffers every captured graph reads and writes in place, sized for
     /// the largest capture: graphs replay one at a time, so one set serves them all.
@@ -193,6 +200,8 @@ impl GpuBackend {
             num_slots,
             eager: None,
             scratch: None,
+            prefill_index: None,
+            portable_prefill: false,
             graphs: Vec::new(),
             graph_ws: None,
             draft_graphs: Vec::new(),
@@ -214,6 +223,13 @@ impl GpuBackend {
             fp.gemm = Gemm::new(&self.dev, algo)?;
         }
         Ok(())
+    }
+
+    /// Runs prefill rows and DFlash blocks on the portable f32 kernels even on the flash
+    /// path, to time the tensor-core prefill against them; call before the first step.
+    /// The memory check counted the tensor-core prefill's scratch, which is smaller.
+    pub fn set_portable_prefill(&mut self, portable: bool) {
+        self.portable_prefill = portable;
     }
 
     /// How the bf16 path's GEMMs pick their algorithm (`None` on the portable path).
@@ -566,12 +582,12 @@ impl GpuBackend {
         let (e, b) = (pass.context_token_indices.len(), pass.block_len);
         let nb = pass.block_tokens.len();
         let rows = pass.req_ids.len();
-        let max_keys = pass
-            .context_lens
-            .iter()
-            .map(|&c| c as usize + b)
-            .max()
-            .unwrap_or(0);
+        let keys = pass.context_lens.iter().map(|&c| c as usize + b);
+        // The tensor-core path attends every row at once, the portable one a row at a time.
+        let max_keys = match self.prefill_on_flash() {
+            true => keys.sum::<usize>().max(nb),
+            false => keys.max().unwrap_or(0),
+        };
         self.ensure_eager(
             e.max(nb).max(1),
             rows.max(b).max(1),

@@ -152,6 +152,7 @@ impl GpuBackend {
                 &self.dev,
                 &self.dims,
                 cap.max(old).max(64),
+                self.prefill_on_flash(),
             )?);
         }
         Ok(())
@@ -172,8 +173,14 @@ impl GpuBackend {
                 None => 0,
             });
         self.ensure_eager(n.max(decode_end).max(1), kernel_table_rows(plan), width)?;
-        let scratch_need = prefill_scratch_tokens(plan);
+        let scratch_need = match self.prefill_on_flash() {
+            true => Self::flash_prefill_tokens(plan),
+            false => prefill_scratch_tokens(plan),
+        };
         self.ensure_scratch(scratch_need)?;
+        if self.prefill_on_flash() {
+            self.write_prefill_index(plan)?;
+        }
         let mut ws = self.eager.take().expect("ensured above");
         let res = self.eager_body(&mut ws, plan);
         self.eager = Some(ws);
@@ -204,9 +211,12 @@ impl GpuBackend {
         let ws_ref: &Workspace = ws;
         self.target_layers(ws_ref, n, &|me, l, w, attn| {
             me.eager_decode(ws_ref, plan, l, w, attn)?;
-            me.timed(Region::Attention, || {
-                me.prefill_rows(ws_ref, plan, l, w, attn)
-            })
+            match me.prefill_on_flash() {
+                true => me.prefill_flash(ws_ref, plan, (l, w), attn),
+                false => me.timed(Region::Attention, || {
+                    me.prefill_rows(ws_ref, plan, l, w, attn)
+                }),
+            }
         })?;
         let hid = self.dims.hidden_size;
         self.gather(ws, ws.x.ptr(), ws.xs.ptr(), idx.len(), hid)?;
@@ -271,7 +281,8 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// The prefill path of layer `l`: per row, causal attention over its new tokens,
+    /// The portable prefill path of layer `l` (the tensor-core one is `prefill.rs`): per
+    /// row, causal attention over its new tokens,
     /// then each context chunk gathered from the cache and merged by LSE into the
     /// row's slice of `attn`, and finally the new tokens merged in.
     pub(super) fn prefill_rows(

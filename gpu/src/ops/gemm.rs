@@ -1,5 +1,6 @@
 //! The real-width engine's projections: bf16 GEMMs on cuBLASLt with f32 accumulation
-//! and f32 output (optionally added to an f32 residual in place).
+//! and f32 output (optionally added to an f32 residual in place), or bf16 output where
+//! the product feeds a bf16 kernel (the prefill's key and value up-projection).
 //!
 //! cuBLAS picks its kernel and split-K by the row count M, so by default a row's bits
 //! change with the size of its batch (measured through torch on an H100: at o_proj from
@@ -116,6 +117,26 @@ impl GemmShape {
     }
 }
 
+/// The element type a product writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum GemmOut {
+    F32,
+    /// Rounded to nearest even from the f32 accumulator by cuBLASLt's epilogue.
+    Bf16,
+}
+
+impl GemmOut {
+    fn data_type(self) -> lt::cudaDataType {
+        match self {
+            GemmOut::F32 => F32,
+            GemmOut::Bf16 => BF16,
+        }
+    }
+}
+
+/// A plan's key: the shape and the output type.
+type PlanKey = (GemmShape, GemmOut);
+
 /// The descriptors of one shape at one M, and the algorithm it runs.
 struct Plan {
     desc: lt::cublasLtMatmulDesc_t,
@@ -142,8 +163,8 @@ impl Drop for Plan {
 /// The plans made so far: per (shape, M), and the pinned algorithm per shape without M.
 #[derive(Default)]
 struct Plans {
-    by_shape: BTreeMap<GemmShape, Plan>,
-    pinned: BTreeMap<GemmShape, lt::cublasLtMatmulAlgo_t>,
+    by_shape: BTreeMap<PlanKey, Plan>,
+    pinned: BTreeMap<PlanKey, lt::cublasLtMatmulAlgo_t>,
 }
 
 /// A cuBLASLt handle, its workspace and the plans made on it.
@@ -211,8 +232,8 @@ fn layout(
 }
 
 impl Plan {
-    /// The descriptors of `s` (algorithm still to be chosen).
-    fn new(s: &GemmShape) -> Result<Self, GpuError> {
+    /// The descriptors of `s` writing `out` (algorithm still to be chosen).
+    fn new(s: &GemmShape, out: GemmOut) -> Result<Self, GpuError> {
         let mut desc = std::ptr::null_mut();
         // SAFETY: creates a descriptor into desc.
         let st = unsafe {
@@ -254,7 +275,7 @@ impl Plan {
         };
         plan.a = layout(BF16, a_dims, batch(s.stride_a))?;
         plan.b = layout(BF16, (s.k, s.m, s.ldb), batch(s.stride_b))?;
-        plan.d = layout(F32, (s.n, s.m, s.ldd), batch(s.stride_d))?;
+        plan.d = layout(out.data_type(), (s.n, s.m, s.ldd), batch(s.stride_d))?;
         Ok(plan)
     }
 
@@ -397,16 +418,17 @@ impl Gemm {
 
     /// The plan of `s`, made on first use. Invariant: the algorithm pinned for the shape
     /// without M (chosen at [`REFERENCE_ROWS`], split-K off); heuristic: chosen at `s.m`.
-    fn plan<'p>(&self, plans: &'p mut Plans, s: &GemmShape) -> Result<&'p Plan, GpuError> {
-        if !plans.by_shape.contains_key(s) {
+    fn plan<'p>(&self, plans: &'p mut Plans, (s, out): PlanKey) -> Result<&'p Plan, GpuError> {
+        let s = &s;
+        if !plans.by_shape.contains_key(&(*s, out)) {
             let algo = match self.algo {
-                GemmAlgo::Heuristic => Plan::new(s)?.heuristic(self.handle)?,
+                GemmAlgo::Heuristic => Plan::new(s, out)?.heuristic(self.handle)?,
                 GemmAlgo::Invariant => {
-                    let key = s.with_rows(0);
+                    let key = (s.with_rows(0), out);
                     match plans.pinned.get(&key) {
                         Some(a) => *a,
                         None => {
-                            let reference = Plan::new(&s.with_rows(REFERENCE_ROWS))?;
+                            let reference = Plan::new(&s.with_rows(REFERENCE_ROWS), out)?;
                             let a = without_split_k(reference.heuristic(self.handle)?)?;
                             plans.pinned.insert(key, a);
                             a
@@ -414,11 +436,11 @@ impl Gemm {
                     }
                 }
             };
-            let mut plan = Plan::new(s)?;
+            let mut plan = Plan::new(s, out)?;
             plan.adopt(self.handle, algo, s)?;
-            plans.by_shape.insert(*s, plan);
+            plans.by_shape.insert((*s, out), plan);
         }
-        Ok(&plans.by_shape[s])
+        Ok(&plans.by_shape[&(*s, out)])
     }
 
     /// `d = op(a) b (+ c)` on `dev`'s stream; `c`, where given, must be `d` itself (the
@@ -435,19 +457,50 @@ impl Gemm {
         if s.m == 0 {
             return Ok(());
         }
-        let (na, nb, nd) = s.extents();
+        d.need(s.extents().2);
+        let beta = if accumulate { 1.0f32 } else { 0.0 };
+        self.launch(dev, (s, GemmOut::F32), a, b, d.addr(), beta)
+    }
+
+    /// `d = op(a) b` rounded to bf16 on `dev`'s stream.
+    pub fn run_bf16_out(
+        &self,
+        dev: &GpuDevice,
+        s: GemmShape,
+        a: DPtr<u16>,
+        b: DPtr<u16>,
+        d: DPtr<u16>,
+    ) -> Result<(), GpuError> {
+        if s.m == 0 {
+            return Ok(());
+        }
+        d.need(s.extents().2);
+        self.launch(dev, (s, GemmOut::Bf16), a, b, d.addr(), 0.0)
+    }
+
+    /// One cuBLASLt call of `key` into `d` (whose extent the caller checked), with C = D.
+    fn launch(
+        &self,
+        dev: &GpuDevice,
+        key: PlanKey,
+        a: DPtr<u16>,
+        b: DPtr<u16>,
+        d: u64,
+        beta: f32,
+    ) -> Result<(), GpuError> {
+        let s = key.0;
+        let (na, nb, _) = s.extents();
         a.need(na);
         b.need(nb);
-        d.need(nd);
         let mut plans = self
             .plans
             .lock()
             .expect("no GEMM panics while holding the plans");
-        let p = self.plan(&mut plans, &s)?;
-        let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
+        let p = self.plan(&mut plans, key)?;
+        let alpha = 1.0f32;
         let stream = dev.stream.cu_stream() as lt::cudaStream_t;
-        let dp = d.addr() as *mut c_void;
-        // SAFETY: the descriptors describe the extents checked above on a, b and d; C is
+        let dp = d as *mut c_void;
+        // SAFETY: the descriptors describe the extents checked on a, b and d; C is
         // D (same layout), read before written by the same element's epilogue; alpha and
         // beta are host f32 (the default pointer mode); the workspace holds at least what
         // the algorithm needs (checked by adopt).

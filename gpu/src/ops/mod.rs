@@ -25,7 +25,7 @@ pub mod prefill_flash;
 
 pub use attention::*;
 pub use flash::*;
-pub use gemm::{Gemm, GemmAlgo, GemmShape};
+pub use gemm::{Gemm, GemmAlgo, GemmOut, GemmShape};
 pub use prefill_flash::*;
 
 /// The kernels' CUDA C sources, compiled as one module after `common.cuh`.

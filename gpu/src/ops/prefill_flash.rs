@@ -341,21 +341,25 @@ impl FlashKernels {
         ])
     }
 
-    /// `out[k_start_loc[b] + j]` = the latent row `[576]` of position j of row b, for
-    /// every j below the row's key count, gathered from the paged bf16 `cache` through
-    /// `block_table` `[batch, width]`.
+    /// `out[k_start_loc[b] + j]` = the latent row `[576]` of position `start + j` of row
+    /// b, for every j below the row's length, gathered from the paged bf16 `cache`
+    /// through `block_table` `[batch, width]`. `start` is `ctx_start[b]` (device,
+    /// `[batch]`), or 0 without it; the length is `ctx_len[b]`, or without it the row's
+    /// key count. A position past the table's width or on a -1 entry gathers NaN (the
+    /// missing-block rule of the f32 `gather_context`).
     ///
     /// # Safety
     /// `k_start_loc` (device, `[batch + 1]`) is non-decreasing from 0 to `out`'s row
-    /// count, no row has more than `max_len` keys, and every table entry a row's keys
-    /// reach names a block inside `cache`: the kernel reads and writes where they say.
+    /// count, no row's length exceeds `max_len` or its key count, and every table entry
+    /// a row's positions reach is -1 or names a block inside `cache`: the kernel reads
+    /// and writes where they say.
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn gather_latent_bf16(
         &self,
         dev: &GpuDevice,
         cache: DPtr<u16>,
         block_table: DPtr<i32>,
-        k_start_loc: DPtr<i32>,
+        (k_start_loc, ctx_start, ctx_len): (DPtr<i32>, Option<DPtr<i32>>, Option<DPtr<i32>>),
         (batch, width, page, max_len): (usize, usize, usize, usize),
         out: DPtr<u16>,
     ) -> Result<(), GpuError> {
@@ -364,10 +368,16 @@ impl FlashKernels {
         if batch == 0 || max_len == 0 {
             return Ok(());
         }
-        let args: [Arg; 6] = [
+        let per_row = |p: Option<DPtr<i32>>| match p {
+            Some(p) => p.need(batch).into(),
+            None => Arg::Ptr(0),
+        };
+        let args: [Arg; 8] = [
             cache.into(),
             block_table.into(),
             k_start_loc.into(),
+            per_row(ctx_start),
+            per_row(ctx_len),
             width.into(),
             page.into(),
             out.into(),

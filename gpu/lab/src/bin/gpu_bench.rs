@@ -15,7 +15,7 @@ use specmla_gpu_lab::bench::{
     DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
 };
 use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, bench_prefill_spec_step, PrefillCase};
-use specmla_gpu_lab::bench_step::bench_verify_step;
+use specmla_gpu_lab::bench_step::{bench_prefill_step, bench_verify_step};
 use specmla_sim::step_bench::VerifyBench;
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
@@ -66,6 +66,13 @@ struct Cli {
     /// them), GEMMs pinned vs heuristic, graphs on vs off (with `--quick`, graphs on only).
     #[arg(long)]
     verify_step: bool,
+    /// Instead of the kernels, time whole real-width prefill steps: the verify-step
+    /// workload with its prompts in chunks of this many tokens (above FlashMLA's
+    /// threshold of 128, so they take the prefill path, each after the first with its
+    /// context in chunks), on the TMA prefill and on the portable f32 prefill, graphs on,
+    /// GEMMs pinned.
+    #[arg(long, value_parser = positive)]
+    prefill_step: Option<usize>,
     /// Write the CSV here.
     #[arg(long, default_value = "gpu-bench.csv")]
     csv: std::path::PathBuf,
@@ -91,7 +98,7 @@ fn positive(s: &str) -> Result<usize, String> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    if cli.verify_step {
+    if cli.verify_step || cli.prefill_step.is_some() {
         return verify_step(&cli);
     }
     match run(&cli) {
@@ -103,7 +110,7 @@ fn main() -> ExitCode {
     }
 }
 
-/// `--verify-step`: exit 2 without a usable GPU, 1 when a step fails (a CUDA call
+/// `--verify-step` / `--prefill-step`: exit 2 without a usable GPU, 1 when a step fails (a CUDA call
 /// mid-run, a violated invariant), 0 with the times printed.
 fn verify_step(cli: &Cli) -> ExitCode {
     let dev = match GpuDevice::open(0) {
@@ -120,9 +127,14 @@ fn verify_step(cli: &Cli) -> ExitCode {
         // The verify rows' q_len is 1 + K (`--q-len`, default 4: MTP K = 3).
         num_spec_tokens: cli.q_len.first().copied().unwrap_or(4) - 1,
         cuda_graphs: true,
+        prefill_chunk_tokens: None,
     };
     println!("device: {} ({})", dev.name, dev.arch);
-    match bench_verify_step(&dev, bench, cli.quick) {
+    let res = match cli.prefill_step {
+        Some(chunk) => bench_prefill_step(&dev, bench, chunk),
+        None => bench_verify_step(&dev, bench, cli.quick),
+    };
+    match res {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: verify-step bench: {e}");
