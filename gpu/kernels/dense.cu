@@ -173,18 +173,19 @@ extern "C" __global__ void round_bf16(float* __restrict__ x, int n) {
     x[i] = __uint_as_float(u & 0xffff0000u);
 }
 
-// out[i] = x[i] as bf16 bits, rounded to nearest even (round_bf16's rounding; a NaN stays a
-// NaN). What the flash kernels read: absorbed queries, and latents already rounded.
+// x as bf16 bits, rounded to nearest even (round_bf16's rounding; a NaN stays a NaN).
+__device__ __forceinline__ unsigned short bf16_bits(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// out[i] = x[i] as bf16 bits (bf16_bits). What the flash kernels read: queries, and
+// latents already rounded.
 extern "C" __global__ void to_bf16(const float* __restrict__ x, unsigned short* __restrict__ out, int n) {
     int i = blockIdx.x * THREADS + threadIdx.x;
-    if (i >= n) return;
-    unsigned u = __float_as_uint(x[i]);
-    if ((u & 0x7fffffffu) > 0x7f800000u) {
-        out[i] = (unsigned short)((u >> 16) | 0x40u);
-        return;
-    }
-    u += 0x7fffu + ((u >> 16) & 1u);
-    out[i] = (unsigned short)(u >> 16);
+    if (i < n) out[i] = bf16_bits(x[i]);
 }
 
 // x[i] = v for n values (zeros, -inf LSEs, NaN poison).
@@ -227,4 +228,15 @@ extern "C" __global__ void copy_cols(const float* __restrict__ src, int ss, floa
     int r = blockIdx.x;
     if (r >= n) return;
     for (int c = threadIdx.x; c < width; c += THREADS) dst[(long long)r * sd + c] = src[(long long)r * ss + c];
+}
+
+// copy_cols into bf16 (bf16_bits): the absorbed query's rope part beside the latent part
+// the GEMM wrote in bf16, where the flash decode reads them.
+extern "C" __global__ void copy_cols_bf16(const float* __restrict__ src, int ss,
+                                          unsigned short* __restrict__ dst, int sd, int n,
+                                          int width) {
+    int r = blockIdx.x;
+    if (r >= n) return;
+    for (int c = threadIdx.x; c < width; c += THREADS)
+        dst[(long long)r * sd + c] = bf16_bits(src[(long long)r * ss + c]);
 }

@@ -37,7 +37,8 @@ pub struct Workspace {
     pub q: Buf<f32>,
     /// Latent rows `[cap, kv_lora + rope]`.
     pub latent: Buf<f32>,
-    /// Absorbed queries `[cap, heads, kv_lora + rope]`.
+    /// Absorbed queries `[cap, heads, kv_lora + rope]` in f32 (none on the flash path, see
+    /// `q_lat_len`).
     pub q_lat: Buf<f32>,
     /// Decode output in the latent space `[cap, heads, kv_lora]`.
     pub o_lat: Buf<f32>,
@@ -57,6 +58,16 @@ pub struct Workspace {
     /// Row digests of the hidden states and of each layer's attention outputs, `[1 +
     /// layers, cap]`: what the host reads each step instead of the tensors.
     pub digests: Buf<u64>,
+}
+
+/// f32 absorbed queries a workspace holds: none on the flash path where its prefill
+/// takes DFlash's blocks too (the flash decode's queries are bf16, in its scratch); one
+/// row per token where the portable decode or DFlash's portable blocks read them.
+fn q_lat_len(d: &ModelDims, cap: usize, flash_splits: Option<usize>) -> usize {
+    match flash_splits.is_some() && crate::ops::prefill_widths_fit(d) {
+        true => 0,
+        false => cap * d.num_heads * d.latent_dim(),
+    }
 }
 
 impl Workspace {
@@ -94,7 +105,7 @@ impl Workspace {
             q_a: f(cap * d.q_lora_rank.max(1), "compressed queries")?,
             q: f(cap * heads * d.qk_head_dim(), "queries")?,
             latent: f(cap * d.latent_dim(), "latent rows")?,
-            q_lat: f(cap * heads * d.latent_dim(), "absorbed queries")?,
+            q_lat: f(q_lat_len(d, cap, flash_splits), "absorbed queries")?,
             o_lat: f(cap * heads * d.kv_lora_rank, "latent attention output")?,
             lse: f(cap * heads, "decode lse")?,
             attn: f(layers * cap * heads * d.v_head_dim, "attention outputs")?,
@@ -135,7 +146,7 @@ impl Workspace {
             cap * d.q_lora_rank.max(1),
             cap * heads * d.qk_head_dim(),
             cap * d.latent_dim(),
-            cap * heads * d.latent_dim(),
+            q_lat_len(d, cap, flash_splits),
             cap * heads * d.kv_lora_rank,
             cap * heads,
             layers * cap * heads * d.v_head_dim,

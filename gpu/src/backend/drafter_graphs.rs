@@ -7,13 +7,12 @@
 //! single-token passes after it), at most `MAX_DRAFT_GRAPHS` of them; a pass larger than
 //! the workspace, or past that many shapes, runs eager.
 
-use cudarc::driver::CudaGraph;
 use specmla_core::backend::DrafterOutput;
 use specmla_core::drafter::DrafterPass;
 
 use super::drafter::DraftShape;
-use super::{GpuBackend, Region, Result};
-use crate::device::GpuError;
+use super::timing::TimedGraph;
+use super::{GpuBackend, Result};
 use crate::workspace::Workspace;
 
 /// The most drafter shapes captured.
@@ -89,17 +88,12 @@ impl GpuBackend {
             .iter()
             .find(|(s, _)| *s == shape)
             .expect("captured above");
-        self.timed(Region::Graph, || {
-            graph
-                .launch()
-                .map_err(GpuError::driver("launching a drafter graph"))?;
-            Ok(())
-        })?;
+        self.launch_graph(graph, "launching a drafter graph")?;
         self.drafter_result(ws, shape.rows)
     }
 
     /// Captures the kernels of a pass of `shape` over `ws` (nothing runs).
-    fn capture_drafter(&self, ws: &Workspace, shape: DraftShape) -> Result<CudaGraph> {
+    fn capture_drafter(&self, ws: &Workspace, shape: DraftShape) -> Result<TimedGraph> {
         let what = format!("the drafter pass {shape:?}");
         self.capture_graph(&what, || self.drafter_kernels(ws, shape))
     }

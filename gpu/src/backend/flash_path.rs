@@ -110,14 +110,15 @@ impl FlashPath {
 }
 
 impl GpuBackend {
-    /// One decode launch on the flash kernels: the bf16 queries from `q_lat`, the split
-    /// schedule and mapped keys the launch's rows were given, the output into `o_lat`.
+    /// One decode launch on the flash kernels: the bf16 absorbed queries `q` (the
+    /// launch's tokens), the split schedule and mapped keys the launch's rows were given,
+    /// the output into `o_lat`.
     pub(super) fn flash_decode(
         &self,
         ws: &Workspace,
         cache: DPtr<u16>,
         dl: DecodeLaunch,
-        (q_lat, o_lat): (DPtr<f32>, DPtr<f32>),
+        (q, o_lat): (DPtr<u16>, DPtr<f32>),
     ) -> Result<()> {
         let fp = self
             .flash
@@ -128,10 +129,7 @@ impl GpuBackend {
             .as_ref()
             .expect("a flash backend's workspaces have flash scratch");
         let (dev, md) = (self.dev(), self.md);
-        let tokens = dl.rows * dl.q_len;
-        let q = fs.q.ptr().range(0, tokens * md.heads * FLASH_DIM);
-        self.k
-            .to_bf16(dev, q_lat, q, tokens * md.heads * FLASH_DIM)?;
+        let q = q.need(dl.rows * dl.q_len * md.heads * FLASH_DIM);
         let shape = FlashShape {
             batch: dl.rows,
             q_len: dl.q_len,

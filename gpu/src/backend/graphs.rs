@@ -4,12 +4,12 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::CudaGraph;
 use specmla_core::backend::TargetOutput;
 use specmla_core::cudagraph::GraphShape;
 use specmla_core::plan::StepPlan;
 
-use super::{CacheOf, CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Region, Result};
+use super::timing::TimedGraph;
+use super::{CacheOf, CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Result};
 use crate::device::GpuError;
 use crate::launch::copy;
 use crate::workspace::Workspace;
@@ -58,7 +58,7 @@ impl GpuBackend {
         &self,
         what: &str,
         body: impl FnOnce() -> Result<()>,
-    ) -> Result<CudaGraph> {
+    ) -> Result<TimedGraph> {
         let stream = &self.dev.stream;
         stream
             .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -68,9 +68,12 @@ impl GpuBackend {
         self.set_capturing(false);
         let graph = stream.end_capture(CUgraphInstantiate_flags(0));
         body?;
-        graph
+        let graph = graph
             .map_err(GpuError::driver("instantiating a captured graph"))?
-            .ok_or_else(|| GpuBackendError::BadPlan(format!("capture of {what} recorded nothing")))
+            .ok_or_else(|| {
+                GpuBackendError::BadPlan(format!("capture of {what} recorded nothing"))
+            })?;
+        Ok(self.timed_graph(graph))
     }
 
     pub(super) fn replay(&mut self, plan: &StepPlan, idx: usize) -> Result<TargetOutput> {
@@ -119,12 +122,7 @@ impl GpuBackend {
         ws.split_lens.write(&dev, &sched[0])?;
         ws.num_splits.write(&dev, &sched[1])?;
         ws.mapped_kv.write(&dev, &sched[2])?;
-        self.timed(Region::Graph, || {
-            g.graph
-                .launch()
-                .map_err(GpuError::driver("launching a captured graph"))?;
-            Ok(())
-        })?;
+        self.launch_graph(&g.graph, "launching a captured graph")?;
         let rows: Vec<usize> = plan.logits_indices.iter().map(|&i| i as usize).collect();
         self.read_target(ws, plan.num_tokens(), &rows)
     }

@@ -153,20 +153,23 @@ impl GpuBackend {
         let tokens = dl.rows * dl.q_len;
         let s = dl.token_start;
         let q = ws.q.ptr().offset(s * md.heads * md.qk());
-        let q_lat = ws.q_lat.ptr().offset(s * md.heads * md.latent());
         let o_lat = ws.o_lat.ptr().offset(s * md.heads * md.kv_lora);
         let keep = tokens.min(n_real.saturating_sub(s));
         let out = attn.offset(s * md.heads * md.v);
         match (&self.flash, &w.w_uk_uv_bf16) {
             (Some(fp), Some((uk, uv))) => {
                 let gemm = Region::Gemm;
-                self.timed(gemm, || self.absorb_q_bf16(ws, q, uk.ptr(), q_lat, tokens))?;
+                let fs = ws.flash.as_ref().expect("a flash backend's workspaces");
+                let qb = fs.q.ptr().range(0, tokens * md.heads * md.latent());
+                self.timed(gemm, || self.absorb_q_bf16(ws, q, uk.ptr(), qb, tokens))?;
                 self.timed(Region::Attention, || {
-                    self.flash_decode(ws, fp.cache(c), dl, (q_lat, o_lat))
+                    self.flash_decode(ws, fp.cache(c), dl, (qb, o_lat))
                 })?;
                 self.timed(gemm, || self.apply_uv_bf16(ws, o_lat, uv.ptr(), out, keep))?;
             }
             _ => {
+                // f32 absorbed queries exist only off the flash path (`q_lat_len`).
+                let q_lat = ws.q_lat.ptr().offset(s * md.heads * md.latent());
                 self.timed(Region::Gemm, || {
                     Ok(k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?)
                 })?;
@@ -233,14 +236,15 @@ impl GpuBackend {
             .gemm
     }
 
-    /// `q_lat[t, h] = [q_nope[t, h] W_UK_h^T | q_rope[t, h]]` for `n` tokens: one GEMM per
-    /// head (batched) over bf16 inputs, and the rope part copied beside it.
+    /// `q_lat[t, h] = [q_nope[t, h] W_UK_h^T | q_rope[t, h]]` for `n` tokens, in bf16
+    /// where the flash decode reads it: one GEMM per head (batched) over bf16 inputs,
+    /// rounded to bf16 by its epilogue, and the rope part rounded beside it.
     fn absorb_q_bf16(
         &self,
         ws: &Workspace,
         q: DPtr<f32>,
         w_uk: DPtr<u16>,
-        q_lat: DPtr<f32>,
+        q_lat: DPtr<u16>,
         n: usize,
     ) -> Result<()> {
         let (dev, md) = (self.dev(), self.md);
@@ -262,11 +266,11 @@ impl GpuBackend {
             stride_b: qk,
             stride_d: lat,
         };
-        self.gemm().run(dev, shape, w_uk, qb, q_lat, false)?;
+        self.gemm().run_bf16_out(dev, shape, w_uk, qb, q_lat)?;
         let rows = n * md.heads;
         let src = (q.offset(md.nope), qk);
         let dst = (q_lat.offset(md.kv_lora), lat);
-        self.k.copy_cols(dev, src, dst, rows, md.rope)?;
+        self.k.copy_cols_bf16(dev, src, dst, rows, md.rope)?;
         Ok(())
     }
 

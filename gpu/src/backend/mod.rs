@@ -8,7 +8,6 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::CudaGraph;
 use specmla_core::backend::{Backend, DrafterOutput, TargetOutput};
 use specmla_core::block_pool::{NO_BLOCK, PAD_SLOT};
 use specmla_core::config::{EngineConfig, ModelDims};
@@ -35,7 +34,6 @@ use flash_path::FlashPath;
 mod layers;
 pub mod memory;
 mod prefill;
-pub use prefill::prefill_widths_fit;
 mod target;
 mod timing;
 use carry::DeviceCarry;
@@ -74,7 +72,7 @@ type AttendFn<'a> = dyn Fn(&GpuBackend, usize, &LayerWeights, DPtr<f32>) -> Resu
 /// workspace (`GpuBackend::graph_ws`).
 struct CapturedGraph {
     shape: GraphShape,
-    graph: CudaGraph,
+    graph: timing::TimedGraph,
 }
 
 /// How the decode rows of one launch are laid out.
@@ -129,7 +127,7 @@ pub struct GpuBackend {
     graph_ws: Option<Workspace>,
     /// The multi-step drafter's graphs, one per pass shape met (`drafter_graphs.rs`),
     /// and the one workspace they share.
-    draft_graphs: Vec<(DraftShape, CudaGraph)>,
+    draft_graphs: Vec<(DraftShape, timing::TimedGraph)>,
     draft_ws: Option<Workspace>,
     /// The tensor-core decode path, where the configuration and device take it.
     flash: Option<FlashPath>,
@@ -225,8 +223,9 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// Runs prefill rows and DFlash blocks on the portable f32 kernels even on the flash
-    /// path, to time the tensor-core prefill against them; call before the first step.
+    /// Runs prefill rows on the portable f32 kernels even on the flash path, to time the
+    /// tensor-core prefill against them; call before the first step. Multi-step drafters
+    /// only: a flash workspace has no f32 absorbed queries for DFlash's portable blocks.
     /// The memory check counted the tensor-core prefill's scratch, which is smaller.
     pub fn set_portable_prefill(&mut self, portable: bool) {
         self.portable_prefill = portable;
@@ -579,6 +578,12 @@ impl GpuBackend {
     }
 
     fn forward_dflash_body(&mut self, pass: &DFlashPass) -> Result<DrafterOutput> {
+        if self.portable_prefill && self.flash.is_some() {
+            return Err(GpuBackendError::BadPlan(
+                "DFlash blocks run on the TMA prefill on the flash path (portable prefill set)"
+                    .into(),
+            ));
+        }
         let (e, b) = (pass.context_token_indices.len(), pass.block_len);
         let nb = pass.block_tokens.len();
         let rows = pass.req_ids.len();

@@ -23,18 +23,11 @@ use specmla_core::plan::StepPlan;
 use super::{CacheOf, GpuBackend, GpuBackendError, Region, Result};
 use crate::launch::{Buf, DPtr};
 use crate::ops::{
-    prefill_rows_valid, GemmShape, PrefillBufs, PrefillKeyLayout, PrefillShape, State, PREFILL_DQK,
-    PREFILL_DV,
+    prefill_rows_valid, prefill_widths_fit, GemmShape, PrefillBufs, PrefillKeyLayout, PrefillShape,
+    State, PREFILL_DQK,
 };
 use crate::weights::LayerWeights;
 use crate::workspace::{FlashPrefillScratch, Workspace};
-
-/// Whether a model's heads fit the tensor-core prefill (qk 128 + 64, v 128).
-pub fn prefill_widths_fit(d: &specmla_core::config::ModelDims) -> bool {
-    d.qk_nope_head_dim + d.qk_rope_head_dim == PREFILL_DQK
-        && d.qk_rope_head_dim == 64
-        && d.v_head_dim == PREFILL_DV
-}
 
 /// One context chunk's launch: where its index arrays sit in the step's index buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,14 +1,17 @@
 //! Where a step's time goes on the device: CUDA events around each attention launch,
 //! each GEMM and each graph replay, and around every forward as a whole, read once the
-//! forward's outputs are on the host. Graphs are captured outside any forward, so no
-//! event lands inside one (a captured graph's time is its replay's); the engine's
-//! check-only forwards are not timed. The cost: two event records per timed region, a few
-//! microseconds of host time each, on eager forwards only (a graph replay takes two).
+//! forward's outputs are on the host. Inside a graph, each attention launch is bracketed
+//! by two event-record nodes captured with it (`CU_EVENT_RECORD_EXTERNAL`), so a replay
+//! reports its attention too: that time moves from the graph's share to attention's.
+//! The engine's check-only forwards are not timed. The cost: two event records per timed
+//! region, a few microseconds of host time each, on eager forwards; two per graph replay
+//! and two event nodes per attention launch inside a graph.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use cudarc::driver::CudaEvent;
+use cudarc::driver::sys::{CUevent_flags, CUevent_record_flags};
+use cudarc::driver::{CudaEvent, CudaGraph};
 use specmla_core::backend::StepTime;
 
 use super::{GpuBackend, Result};
@@ -34,9 +37,22 @@ pub(super) struct Timeline {
     host_start: Option<Instant>,
     /// Set during the engine's check-only forwards, which are not timed.
     checks: bool,
-    /// Set while a graph is being captured: no event may be recorded into it.
+    /// Set while a graph is being captured: only attention's event nodes go into it.
     capturing: bool,
+    /// The attention event nodes of the graph being captured.
+    capture_marks: Vec<(CudaEvent, CudaEvent)>,
+    /// The event nodes of the graphs replayed in the current forward.
+    replayed: Vec<GraphMarks>,
     step: StepTime,
+}
+
+/// The event-record nodes around a graph's attention launches, start and end.
+type GraphMarks = Arc<Vec<(CudaEvent, CudaEvent)>>;
+
+/// A captured graph and the event nodes around its attention launches.
+pub(super) struct TimedGraph {
+    graph: CudaGraph,
+    marks: GraphMarks,
 }
 
 fn elapsed_us(a: &CudaEvent, b: &CudaEvent) -> Result<f64> {
@@ -69,8 +85,42 @@ impl GpuBackend {
         Ok(t.used - 1)
     }
 
-    /// Runs `f` as a timed region of kind `r` (untimed outside a timed forward).
+    /// A new event with timing on (cudarc's default event disables it).
+    fn timing_event(&self) -> Result<CudaEvent> {
+        let ev = self
+            .dev
+            .ctx
+            .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+        Ok(ev.map_err(GpuError::driver("creating a step-timing event"))?)
+    }
+
+    /// Records `ev` into the graph being captured as an event-record node.
+    fn record_node(&self, ev: &CudaEvent) -> Result<()> {
+        let flags = CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+        // SAFETY: a live event of this context, recorded on the backend's own stream,
+        // which is capturing: the call adds a node to the capture and runs nothing.
+        let r = unsafe {
+            cudarc::driver::sys::cuEventRecordWithFlags(
+                ev.cu_event(),
+                self.dev.stream.cu_stream(),
+                flags,
+            )
+        };
+        Ok(r.result()
+            .map_err(GpuError::driver("capturing an attention event node"))?)
+    }
+
+    /// Runs `f` as a timed region of kind `r` (untimed outside a timed forward); while a
+    /// graph is captured, an attention region gets event nodes in the graph instead.
     pub(super) fn timed<T>(&self, r: Region, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if r == Region::Attention && self.timeline().capturing {
+            let (a, b) = (self.timing_event()?, self.timing_event()?);
+            self.record_node(&a)?;
+            let out = f()?;
+            self.record_node(&b)?;
+            self.timeline().capture_marks.push((a, b));
+            return Ok(out);
+        }
         let start = {
             let mut t = self.timeline();
             match t.host_start.is_some() && !t.capturing {
@@ -96,6 +146,7 @@ impl GpuBackend {
         t.host_start = Some(Instant::now());
         t.used = 0;
         t.regions.clear();
+        t.replayed.clear();
         self.mark(&mut t)?;
         Ok(())
     }
@@ -124,13 +175,48 @@ impl GpuBackend {
                 Region::Graph => f.graph_us += us,
             }
         }
+        for (a, b) in t.replayed.iter().flat_map(|m| m.iter()) {
+            let us = elapsed_us(a, b)?;
+            f.attention_us += us;
+            f.graph_us -= us;
+        }
+        f.graph_us = f.graph_us.max(0.0);
+        t.replayed.clear();
         t.step.add(&f);
         Ok(())
     }
 
-    /// Pauses the timed regions while a graph is captured mid-forward.
+    /// Pauses the timed regions while a graph is captured mid-forward (attention's
+    /// event nodes are gathered instead: [`Self::take_capture_marks`]).
     pub(super) fn set_capturing(&self, on: bool) {
-        self.timeline().capturing = on;
+        let mut t = self.timeline();
+        t.capturing = on;
+        if on {
+            t.capture_marks.clear();
+        }
+    }
+
+    /// `graph` with the attention event nodes captured into it.
+    pub(super) fn timed_graph(&self, graph: CudaGraph) -> TimedGraph {
+        let marks = std::mem::take(&mut self.timeline().capture_marks);
+        TimedGraph {
+            graph,
+            marks: Arc::new(marks),
+        }
+    }
+
+    /// Replays `g` as a timed graph region; its attention nodes are read with the
+    /// forward's other events.
+    pub(super) fn launch_graph(&self, g: &TimedGraph, what: &'static str) -> Result<()> {
+        self.timed(Region::Graph, || {
+            g.graph.launch().map_err(GpuError::driver(what))?;
+            Ok(())
+        })?;
+        let mut t = self.timeline();
+        if t.host_start.is_some() {
+            t.replayed.push(Arc::clone(&g.marks));
+        }
+        Ok(())
     }
 
     pub(super) fn set_check_forwards_timing(&self, on: bool) {

@@ -355,6 +355,32 @@ impl Kernels {
         unsafe { self.go(dev, "copy_cols", (n, 1), &args) }
     }
 
+    /// [`Self::copy_cols`] into bf16, rounded to nearest even as [`Self::to_bf16`].
+    pub fn copy_cols_bf16(
+        &self,
+        dev: &GpuDevice,
+        (src, ss): (DPtr<f32>, usize),
+        (dst, sd): (DPtr<u16>, usize),
+        n: usize,
+        width: usize,
+    ) -> Result<(), GpuError> {
+        if n == 0 {
+            return Ok(());
+        }
+        src.need((n - 1) * ss + width);
+        dst.need((n - 1) * sd + width);
+        let args = [
+            src.into(),
+            ss.into(),
+            dst.into(),
+            sd.into(),
+            n.into(),
+            width.into(),
+        ];
+        // SAFETY: argument list matches copy_cols_bf16; sizes checked above.
+        unsafe { self.go(dev, "copy_cols_bf16", (n, 1), &args) }
+    }
+
     /// Fills `n` bf16 values with a deterministic hash of `(seed, index)` in [-1, 1).
     pub fn fill_bf16_hash(
         &self,

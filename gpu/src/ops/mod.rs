@@ -35,7 +35,7 @@ pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../../kernels/dense.cu"),
 ];
 
-const NAMES: [&str; 24] = [
+const NAMES: [&str; 25] = [
     "fill_bf16_hash",
     "scrub_l2",
     "kv_write",
@@ -57,6 +57,7 @@ const NAMES: [&str; 24] = [
     "gather_rows",
     "concat_rows",
     "copy_cols",
+    "copy_cols_bf16",
     "fill",
     "gather_rows2",
     "row_digest",

@@ -16,6 +16,14 @@ pub const FLASH_PREFILL_SRC: &str = include_str!("../../kernels/flash_prefill.cu
 /// Query/key width (128 nope + 64 rope) and value width the prefill kernel is built for.
 pub const PREFILL_DQK: usize = 192;
 pub const PREFILL_DV: usize = 128;
+/// Whether a model's heads fit the prefill kernel (qk 128 + 64, v 128): where the flash
+/// path takes prefill rows and DFlash blocks.
+pub fn prefill_widths_fit(d: &specmla_core::config::ModelDims) -> bool {
+    d.qk_nope_head_dim + d.qk_rope_head_dim == PREFILL_DQK
+        && d.qk_rope_head_dim == 64
+        && d.v_head_dim == PREFILL_DV
+}
+
 /// The prefill kernel variant: queries per CTA (16 per warp) and the tensor-core
 /// instruction (mma.sync anywhere, wgmma on sm_90a).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
