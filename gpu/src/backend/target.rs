@@ -104,10 +104,18 @@ impl GpuBackend {
         let all_logits = ws
             .logits
             .read(dev, rows.iter().map(|r| r + 1).max().unwrap_or(0) * vocab)?;
-        let logits = rows
-            .iter()
-            .flat_map(|&r| all_logits[r * vocab..(r + 1) * vocab].iter().copied())
-            .collect();
+        // A graph step samples every token's row in order (a uniform verify batch), so
+        // the rows read are the answer; otherwise pick them, in one allocation.
+        let logits = match rows.iter().enumerate().all(|(i, &r)| i == r) {
+            true => all_logits,
+            false => {
+                let mut picked = Vec::with_capacity(rows.len() * vocab);
+                for &r in rows {
+                    picked.extend_from_slice(&all_logits[r * vocab..(r + 1) * vocab]);
+                }
+                picked
+            }
+        };
         let tensors = match self.full_outputs {
             true => Some(TargetTensors {
                 hidden: ws.x.read(dev, n * hid)?,
