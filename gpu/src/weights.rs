@@ -211,3 +211,35 @@ impl DrafterWeights {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rand::SeedableRng;
+    use rand_chacha::ChaCha8Rng;
+
+    /// `kv_b`'s row for head h and output j holds, along the latent, column j of head h's
+    /// `w_uk` (j below nope) or column j - nope of its `w_uv`: one GEMM by it gives the
+    /// prefill kernel's `[k_nope | v]` per head.
+    #[test]
+    fn kv_b_holds_each_heads_key_then_value_columns() {
+        let d = ModelDims::tiny();
+        let l = MlaLayer::random(&d, &mut ChaCha8Rng::seed_from_u64(3));
+        let w = kv_b(&l, &d);
+        let (heads, lora) = (d.num_heads, d.kv_lora_rank);
+        let (nope, v) = (d.qk_nope_head_dim, d.v_head_dim);
+        assert_eq!(w.len(), heads * (nope + v) * lora);
+        for h in 0..heads {
+            for c in 0..lora {
+                for j in 0..nope + v {
+                    let got = w[(h * (nope + v) + j) * lora + c];
+                    let want = match j < nope {
+                        true => l.w_uk[(h * lora + c) * nope + j],
+                        false => l.w_uv[(h * lora + c) * v + j - nope],
+                    };
+                    assert_eq!(got.to_bits(), want.to_bits(), "head {h} latent {c} out {j}");
+                }
+            }
+        }
+    }
+}

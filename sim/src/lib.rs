@@ -1,7 +1,7 @@
 //! specmla-sim: the harness. It runs a scenario on any backend (`runner`), checks every
 //! step against an f64 oracle and the planning invariants (`checks`, `oracle`), builds
 //! workloads and run configurations (`scenarios`, `config_file`), records traces
-//! (`record`), and shares the command-line conventions of `sim` and `replay` (`cli`,
+//! (`record`), lays out throughput sweeps (`sweep`), and shares the command-line conventions of `sim` and `replay` (`cli`,
 //! `progress`). It names no backend: callers pass a factory of one.
 #![forbid(unsafe_code)]
 
@@ -20,3 +20,4 @@ pub mod scenarios;
 pub mod step_bench;
 pub mod step_log;
 pub mod step_time;
+pub mod sweep;

@@ -45,6 +45,8 @@ pub struct StepKindTime {
     pub kind: &'static str,
     pub steps: usize,
     pub median_wall_us: f64,
+    /// The kind's steps' wall time, summed.
+    pub total_wall_us: f64,
     /// Means per step of the timed regions.
     pub mean_attention_us: f64,
     pub mean_gemm_us: f64,
@@ -93,6 +95,7 @@ impl StepTimes {
             kind,
             steps: ts.len(),
             median_wall_us: walls[walls.len() / 2],
+            total_wall_us: total.wall_us,
             mean_attention_us: mean(total.attention_us),
             mean_gemm_us: mean(total.gemm_us),
             mean_graph_us: mean(total.graph_us),

@@ -329,40 +329,38 @@ impl Kernels {
     }
 
     /// `dst[r * sd + c] = src[r * ss + c]` for `c < width`, `r < n`.
-    #[allow(clippy::too_many_arguments)]
     pub fn copy_cols(
         &self,
         dev: &GpuDevice,
-        (src, ss): (DPtr<f32>, usize),
-        (dst, sd): (DPtr<f32>, usize),
+        src: (DPtr<f32>, usize),
+        dst: (DPtr<f32>, usize),
         n: usize,
         width: usize,
     ) -> Result<(), GpuError> {
-        if n == 0 {
-            return Ok(());
-        }
-        src.need((n - 1) * ss + width);
-        dst.need((n - 1) * sd + width);
-        let args = [
-            src.into(),
-            ss.into(),
-            dst.into(),
-            sd.into(),
-            n.into(),
-            width.into(),
-        ];
-        // SAFETY: argument list matches copy_cols; sizes checked above.
-        unsafe { self.go(dev, "copy_cols", (n, 1), &args) }
+        self.col_band("copy_cols", dev, src, dst, (n, width))
     }
 
     /// [`Self::copy_cols`] into bf16, rounded to nearest even as [`Self::to_bf16`].
     pub fn copy_cols_bf16(
         &self,
         dev: &GpuDevice,
-        (src, ss): (DPtr<f32>, usize),
-        (dst, sd): (DPtr<u16>, usize),
+        src: (DPtr<f32>, usize),
+        dst: (DPtr<u16>, usize),
         n: usize,
         width: usize,
+    ) -> Result<(), GpuError> {
+        self.col_band("copy_cols_bf16", dev, src, dst, (n, width))
+    }
+
+    /// One launch of the column-band copy `name` (`copy_cols` or `copy_cols_bf16`,
+    /// whose destination element is `U`).
+    fn col_band<U>(
+        &self,
+        name: &'static str,
+        dev: &GpuDevice,
+        (src, ss): (DPtr<f32>, usize),
+        (dst, sd): (DPtr<U>, usize),
+        (n, width): (usize, usize),
     ) -> Result<(), GpuError> {
         if n == 0 {
             return Ok(());
@@ -377,8 +375,9 @@ impl Kernels {
             n.into(),
             width.into(),
         ];
-        // SAFETY: argument list matches copy_cols_bf16; sizes checked above.
-        unsafe { self.go(dev, "copy_cols_bf16", (n, 1), &args) }
+        // SAFETY: argument list matches both kernels (they differ in the destination's
+        // element type only, which `U` carries); sizes checked above.
+        unsafe { self.go(dev, name, (n, 1), &args) }
     }
 
     /// Fills `n` bf16 values with a deterministic hash of `(seed, index)` in [-1, 1).

@@ -56,7 +56,7 @@ pub enum GemmArg {
 
 /// A backend factory, as [`run_with`] takes it (a plain `fn`, so a determinism check
 /// can build the backend twice).
-type Factory<B> = fn(
+pub(crate) type Factory<B> = fn(
     &EngineConfig,
     Arc<TargetModel>,
     Arc<DrafterModel>,

@@ -21,9 +21,11 @@ use clap::{Args, Parser, Subcommand};
 use specmla_core::config::BackendProfile;
 mod cli_plan;
 mod cli_run;
+mod cli_sweep;
 
 use cli_plan::{run_plan, PlanArgs};
 use cli_run::{run_scenario, RunArgs};
+use cli_sweep::{run_sweep, SweepArgs};
 use specmla_sim::scenarios;
 
 /// Deterministic simulator for speculative decoding on MLA models.
@@ -60,13 +62,17 @@ enum Command {
     /// Print the full configuration of a run as TOML (every field, its unit, and the
     /// scenario's default where a flag changed it); `sim --config FILE` runs it.
     Config(RunArgs),
+    /// Run a grid of spec-decoding configurations (batch, speculation, profile, drafter
+    /// batch, graphs, acceptance rate), one checked run per point, one CSV row each;
+    /// resumable, shardable, mergeable.
+    Sweep(Box<SweepArgs>),
 }
 
 #[derive(Args)]
 struct ListArgs {}
 
 fn main() -> ExitCode {
-    let subcommands = ["run", "list", "plan", "config"];
+    let subcommands = ["run", "list", "plan", "config", "sweep"];
     let cli = Cli::parse_from(specmla_sim::cli::args_with_json_last(&subcommands));
     let json = cli.json;
     let with_json = |mut a: RunArgs| {
@@ -80,6 +86,7 @@ fn main() -> ExitCode {
         // `sim plan` prints JSON either way.
         Some(Command::Plan(args)) => run_plan(&args),
         Some(Command::Config(args)) => cli_run::print_config(&with_json(args)),
+        Some(Command::Sweep(args)) => run_sweep(&args),
     };
     match result {
         Ok(code) => code,

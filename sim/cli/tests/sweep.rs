@@ -1,0 +1,174 @@
+//! `sim sweep` end to end on the CPU backend: a small grid written as CSV, a resumed
+//! sweep that runs nothing twice, shards that merge into the whole, and bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn sim(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sim"))
+        .args(args)
+        .output()
+        .expect("sim runs")
+}
+
+fn dir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("specmla-sweep-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A grid of 2 batches x (off + mtp1 + mtp2 at two rates) on a short workload: 10 points.
+const GRID: [&str; 10] = [
+    "--batch",
+    "1,3",
+    "--spec",
+    "off,mtp1,mtp2",
+    "--acceptance",
+    "0.5,0.9",
+    "--prompt-len",
+    "8..16",
+    "--max-new-tokens",
+    "6..8",
+];
+
+fn sweep(out: &Path, extra: &[&str]) -> Output {
+    let mut args = vec!["sweep", "--out", out.to_str().unwrap()];
+    args.extend(GRID);
+    args.extend(extra);
+    sim(&args)
+}
+
+/// Data rows without their timing columns (empty on the CPU backend anyway) and the
+/// device: what two runs of one point share.
+fn rows(csv: &str) -> Vec<String> {
+    csv.lines().skip(1).map(str::to_string).collect()
+}
+
+#[test]
+fn a_grid_runs_every_point_once_and_a_resumed_sweep_runs_nothing_again() {
+    let d = dir("resume");
+    let out = d.join("sweep.csv");
+    let o = sweep(&out, &[]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(
+        stdout.contains("sweep: 10 points (10 run now, 0 already in"),
+        "{stdout}"
+    );
+    let csv = std::fs::read_to_string(&out).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    assert_eq!(
+        header[..6],
+        [
+            "batch",
+            "spec",
+            "profile",
+            "drafter_batch",
+            "graphs",
+            "acceptance_rate"
+        ]
+    );
+    let rows = rows(&csv);
+    assert_eq!(rows.len(), 10);
+    assert!(rows[0].starts_with("1,off,flashmla,-,on,-,"), "{}", rows[0]);
+    // Every run passed its checks; a speculating point measured an acceptance length at
+    // least the controller's analytic one, to within the drafter's own lucky matches.
+    let col = |name: &str| header.iter().position(|h| *h == name).unwrap();
+    for r in &rows {
+        let f: Vec<&str> = r.split(',').collect();
+        assert_eq!(f[col("checks_passed")], "true", "{r}");
+        if f[1] != "off" {
+            let measured: f64 = f[col("mean_acceptance_length")].parse().unwrap();
+            let analytic: f64 = f[col("analytic_acceptance_length")].parse().unwrap();
+            assert!(measured > 1.0 && measured + 0.35 >= analytic, "{r}");
+        }
+    }
+    let again = sweep(&out, &[]);
+    let stdout = String::from_utf8_lossy(&again.stdout);
+    assert!(stdout.contains("(0 run now, 10 already in"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), csv);
+}
+
+#[test]
+fn shards_merge_into_the_whole_grid() {
+    let d = dir("shards");
+    let whole = d.join("whole.csv");
+    assert_eq!(sweep(&whole, &[]).status.code(), Some(0));
+    let mut parts = Vec::new();
+    for i in 0..3 {
+        let p = d.join(format!("part{i}.csv"));
+        let shard = format!("{i}/3");
+        let o = sweep(&p, &["--shard", &shard]);
+        assert_eq!(
+            o.status.code(),
+            Some(0),
+            "{}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        parts.push(p);
+    }
+    let merged = d.join("merged.csv");
+    let mut args = vec!["sweep", "--out", merged.to_str().unwrap(), "--merge"];
+    args.extend(parts.iter().map(|p| p.to_str().unwrap()));
+    let o = sim(&args);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut want = rows(&std::fs::read_to_string(&whole).unwrap());
+    want.sort();
+    assert_eq!(rows(&std::fs::read_to_string(&merged).unwrap()), want);
+}
+
+#[test]
+fn bad_grids_are_one_line_and_exit_2() {
+    let d = dir("bad");
+    let out = d.join("x.csv");
+    let out = out.to_str().unwrap();
+    for (args, needle) in [
+        (
+            vec!["--spec", "mtp0"],
+            "K must be a whole number from 1 to 16",
+        ),
+        (vec!["--spec", "eagle"], "unknown spec setting"),
+        (
+            vec!["--acceptance", "1.5"],
+            "--acceptance: a rate must be within [0, 1]",
+        ),
+        (vec!["--graphs", "maybe"], "--graphs: expected on or off"),
+        (vec!["--profiles", "nope"], "--profiles: unknown profile"),
+        (vec!["--shard", "3/3"], "--shard"),
+        (
+            vec!["--requests", "4"],
+            "--requests (the grid's --batch) cannot be given",
+        ),
+        (
+            vec!["--fault", "F1"],
+            "--fault (a sweep measures clean runs)",
+        ),
+        // FlashMLA has no non-causal attention for DFlash: refused before anything runs.
+        (vec!["--spec", "dflash2"], "point 1,dflash2,flashmla"),
+    ] {
+        let mut all = vec!["sweep", "--out", out, "--batch", "1"];
+        all.extend(args.iter().copied());
+        let o = sim(&all);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: {needle:?} not in {err:?}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    assert!(!Path::new(out).exists(), "a refused sweep wrote no CSV");
+    std::fs::write(out, "batch,spec\n1,off\n").unwrap();
+    let o = sim(&["sweep", "--out", out, "--batch", "1", "--spec", "off"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("its header is not this sweep's"), "{err}");
+}

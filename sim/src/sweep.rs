@@ -1,0 +1,428 @@
+//! `sim sweep`: a grid of spec-decoding configurations, each run as a steady workload of
+//! `batch` requests arriving together, every check on; one CSV row per point. This module
+//! owns the grid (its axes, the fixed order of its points, each point's key and its
+//! scenario), the shard a machine takes, and the CSV: its rows, the keys a resumed sweep
+//! skips, and the merge of shards. Running a point is `runner::run_with`'s.
+//!
+//! A point's key names its grid coordinates and nothing else, so a sweep killed and
+//! restarted with the same grid skips exactly the points it finished, and shards of one
+//! grid merge without overlap.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use specmla_core::config::{BackendProfile, DrafterBatch, SpecConfig};
+
+use crate::runner::RunSummary;
+use crate::scenarios::Scenario;
+
+/// One speculation setting of the grid.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpecChoice {
+    Off,
+    /// MTP / EAGLE multi-step drafting with K tokens.
+    MultiStep(usize),
+    /// DFlash block drafting with K tokens.
+    DFlash(usize),
+}
+
+impl SpecChoice {
+    /// `off`, `mtpK` or `dflashK` (K from 1 to 16).
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let k = |rest: &str| match rest.parse::<usize>() {
+            Ok(k) if (1..=16).contains(&k) => Ok(k),
+            _ => Err(format!(
+                "spec setting {s:?}: K must be a whole number from 1 to 16 (e.g. mtp3)"
+            )),
+        };
+        match s {
+            "off" => Ok(SpecChoice::Off),
+            _ if s.starts_with("mtp") => Ok(SpecChoice::MultiStep(k(&s[3..])?)),
+            _ if s.starts_with("dflash") => Ok(SpecChoice::DFlash(k(&s[6..])?)),
+            _ => Err(format!(
+                "unknown spec setting {s:?} (off, mtpK or dflashK, e.g. mtp3)"
+            )),
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            SpecChoice::Off => "off".into(),
+            SpecChoice::MultiStep(k) => format!("mtp{k}"),
+            SpecChoice::DFlash(k) => format!("dflash{k}"),
+        }
+    }
+
+    fn k(self) -> usize {
+        match self {
+            SpecChoice::Off => 0,
+            SpecChoice::MultiStep(k) | SpecChoice::DFlash(k) => k,
+        }
+    }
+}
+
+/// The axes of a sweep; the grid is their product, minus the coordinates a setting
+/// does not have (a drafter batch mode only under multi-step drafting).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SweepAxes {
+    pub batches: Vec<usize>,
+    pub specs: Vec<SpecChoice>,
+    pub profiles: Vec<BackendProfile>,
+    pub drafter_batches: Vec<DrafterBatch>,
+    pub graphs: Vec<bool>,
+    pub acceptance_rates: Vec<f64>,
+}
+
+/// One point of the grid.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SweepPoint {
+    pub batch: usize,
+    pub spec: SpecChoice,
+    pub profile: BackendProfile,
+    /// `None` where the setting drafts no multi-step batch.
+    pub drafter_batch: Option<DrafterBatch>,
+    pub graphs: bool,
+    /// `None` without speculation (nothing is accepted or rejected).
+    pub acceptance_rate: Option<f64>,
+}
+
+fn batch_name(b: DrafterBatch) -> &'static str {
+    match b {
+        DrafterBatch::Padded => "padded",
+        DrafterBatch::Compacted => "compacted",
+    }
+}
+
+impl SweepAxes {
+    /// Every point, in the grid's fixed order (batch outermost, then spec, profile,
+    /// drafter batch, graphs, acceptance rate), each once.
+    pub fn points(&self) -> Vec<SweepPoint> {
+        let mut out = Vec::new();
+        for &batch in &self.batches {
+            for &spec in &self.specs {
+                let modes: Vec<Option<DrafterBatch>> = match spec {
+                    SpecChoice::MultiStep(_) => {
+                        self.drafter_batches.iter().map(|&b| Some(b)).collect()
+                    }
+                    _ => vec![None],
+                };
+                let rates: Vec<Option<f64>> = match spec {
+                    SpecChoice::Off => vec![None],
+                    _ => self.acceptance_rates.iter().map(|&r| Some(r)).collect(),
+                };
+                for &profile in &self.profiles {
+                    for &drafter_batch in &modes {
+                        for &graphs in &self.graphs {
+                            for &acceptance_rate in &rates {
+                                out.push(SweepPoint {
+                                    batch,
+                                    spec,
+                                    profile,
+                                    drafter_batch,
+                                    graphs,
+                                    acceptance_rate,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Which of `n` shards takes point `index`: shard `i` takes every n-th point from i.
+pub fn in_shard(index: usize, (i, n): (usize, usize)) -> bool {
+    index % n == i
+}
+
+/// `i/n` with `i < n`, as `--shard` takes it.
+pub fn parse_shard(s: &str) -> Result<(usize, usize), String> {
+    let bad = || format!("--shard {s:?}: expected i/n with 0 <= i < n, e.g. 0/4");
+    let (i, n) = s.split_once('/').ok_or_else(bad)?;
+    let (i, n) = (i.parse::<usize>(), n.parse::<usize>());
+    match (i, n) {
+        (Ok(i), Ok(n)) if i < n => Ok((i, n)),
+        _ => Err(bad()),
+    }
+}
+
+/// The CSV's key columns, then the measured ones.
+pub const KEY_COLUMNS: [&str; 6] = [
+    "batch",
+    "spec",
+    "profile",
+    "drafter_batch",
+    "graphs",
+    "acceptance_rate",
+];
+pub const VALUE_COLUMNS: [&str; 11] = [
+    "steps",
+    "generated_tokens",
+    "drafts",
+    "mean_acceptance_length",
+    "analytic_acceptance_length",
+    "checks_passed",
+    "timed_step_wall_ms",
+    "tokens_per_s",
+    "decode_step_median_ms",
+    "decode_step_kernel_share",
+    "device",
+];
+
+/// The CSV header line.
+pub fn csv_header() -> String {
+    KEY_COLUMNS
+        .iter()
+        .chain(VALUE_COLUMNS.iter())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+impl SweepPoint {
+    /// The key columns, comma-joined: what identifies the point in a CSV.
+    pub fn key(&self) -> String {
+        format!(
+            "{},{},{},{},{},{}",
+            self.batch,
+            self.spec.name(),
+            self.profile.name(),
+            self.drafter_batch.map_or("-", batch_name),
+            if self.graphs { "on" } else { "off" },
+            self.acceptance_rate
+                .map_or("-".to_string(), |r| format!("{r}")),
+        )
+    }
+
+    /// `base` with this point's coordinates: `batch` requests arriving together, the
+    /// speculation setting, the profile, the drafter batch, graphs and the acceptance
+    /// rate. The rest (model, prompt and output lengths, cache) stays `base`'s.
+    pub fn scenario(&self, base: &Scenario) -> Scenario {
+        let mut s = base.clone();
+        s.name = format!("sweep {}", self.key());
+        s.workload.num_requests = self.batch;
+        s.workload.arrival_steps = 1;
+        s.workload.grammar_fraction = 0.0;
+        s.cfg.scheduler.max_num_seqs = s.cfg.scheduler.max_num_seqs.max(self.batch);
+        let temperature = s.cfg.spec.temperature;
+        s.cfg.spec = match self.spec {
+            SpecChoice::Off => SpecConfig::off(),
+            SpecChoice::MultiStep(k) => {
+                SpecConfig::multi_step(k, self.drafter_batch.unwrap_or(DrafterBatch::Padded))
+            }
+            SpecChoice::DFlash(k) => SpecConfig::dflash(k),
+        };
+        s.cfg.spec.temperature = temperature;
+        s.cfg.backends = vec![self.profile];
+        s.cfg.cuda_graphs = self.graphs;
+        s.acceptance_rate = self.acceptance_rate.unwrap_or(0.0);
+        // Padded vs compacted is a sweep axis here, not a second run to compare.
+        s.check_drafter_batches = false;
+        s
+    }
+
+    /// 1 + r + r^2 + ... + r^K: the mean acceptance length if each of the K positions
+    /// is accepted with the controller's rate r, in order (a drafter's own proposal can
+    /// also match where the controller does not force one, so a measured length sits at
+    /// or a little above this).
+    pub fn analytic_acceptance_length(&self) -> Option<f64> {
+        let r = self.acceptance_rate?;
+        Some((0..=self.spec.k()).map(|i| r.powi(i as i32)).sum())
+    }
+
+    /// The CSV row of this point's run.
+    pub fn csv_row(&self, s: &RunSummary) -> String {
+        let sd = &s.spec_decoding;
+        let times = &s.step_times;
+        let wall_us: f64 = times.iter().map(|k| k.total_wall_us).sum();
+        let decode = times.iter().find(|k| k.kind.starts_with("decode-only"));
+        let opt =
+            |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
+        let mut row = self.key();
+        let _ = write!(
+            row,
+            ",{},{},{},{},{},{},{},{},{},{},{}",
+            s.stats.steps,
+            s.stats.generated_tokens,
+            sd.num_drafts,
+            opt((sd.num_drafts > 0).then_some(sd.mean_acceptance_length), 4),
+            opt(self.analytic_acceptance_length(), 4),
+            s.passed() && !s.hit_step_limit && !s.interrupted,
+            opt((wall_us > 0.0).then_some(wall_us / 1e3), 3),
+            opt(
+                (wall_us > 0.0).then(|| s.stats.generated_tokens as f64 / (wall_us / 1e6)),
+                1
+            ),
+            opt(decode.map(|k| k.median_wall_us / 1e3), 3),
+            opt(
+                decode.map(|k| k.attention_share + k.gemm_share + k.graph_share),
+                3
+            ),
+            csv_field(&s.device),
+        );
+        row
+    }
+}
+
+/// `v` as one CSV field: quoted when it holds a comma or a quote.
+fn csv_field(v: &str) -> String {
+    match v.contains([',', '"', '\n']) {
+        true => format!("\"{}\"", v.replace('"', "\"\"").replace('\n', " ")),
+        false => v.to_string(),
+    }
+}
+
+/// The key of each data row of a sweep CSV (its first six fields), checking the header:
+/// what a resumed sweep skips.
+pub fn done_keys(csv: &str) -> Result<Vec<String>, String> {
+    let mut lines = csv.lines();
+    match lines.next() {
+        None => return Ok(Vec::new()),
+        Some(h) if h == csv_header() => {}
+        Some(h) => {
+            return Err(format!(
+                "its header is not this sweep's: {h:?} (expected {:?})",
+                csv_header()
+            ))
+        }
+    }
+    lines
+        .filter(|l| !l.is_empty())
+        .enumerate()
+        .map(|(i, l)| {
+            let fields: Vec<&str> = l.splitn(KEY_COLUMNS.len() + 1, ',').collect();
+            match fields.len() > KEY_COLUMNS.len() {
+                true => Ok(fields[..KEY_COLUMNS.len()].join(",")),
+                false => Err(format!("row {} has fewer fields than the key", i + 2)),
+            }
+        })
+        .collect()
+}
+
+/// Merges sweep CSVs (shards of one grid, or a sweep and its resumption) into one, rows
+/// ordered by key. A point in two inputs must have the same row in both (a resumed
+/// sweep never runs a point twice, so two rows for one point come from two runs and
+/// their timings would differ): otherwise an error naming the point.
+pub fn merge(inputs: &[(String, String)]) -> Result<String, String> {
+    let mut rows: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for (name, text) in inputs {
+        let keys = done_keys(text).map_err(|e| format!("{name}: {e}"))?;
+        for (key, line) in keys
+            .into_iter()
+            .zip(text.lines().skip(1).filter(|l| !l.is_empty()))
+        {
+            match rows.get(&key) {
+                Some((other, row)) if row != line => {
+                    return Err(format!(
+                        "point {key} has different rows in {other} and {name}"
+                    ))
+                }
+                Some(_) => {}
+                None => {
+                    rows.insert(key, (name.clone(), line.to_string()));
+                }
+            }
+        }
+    }
+    let mut out = csv_header();
+    out.push('\n');
+    for (_, (_, row)) in rows {
+        out.push_str(&row);
+        out.push('\n');
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn axes() -> SweepAxes {
+        SweepAxes {
+            batches: vec![1, 8],
+            specs: vec![
+                SpecChoice::Off,
+                SpecChoice::MultiStep(2),
+                SpecChoice::DFlash(4),
+            ],
+            profiles: vec![BackendProfile::FlashMla, BackendProfile::CutlassMla],
+            drafter_batches: vec![DrafterBatch::Padded, DrafterBatch::Compacted],
+            graphs: vec![true, false],
+            acceptance_rates: vec![0.5, 0.9],
+        }
+    }
+
+    #[test]
+    fn the_grid_has_each_coordinate_a_setting_has_once() {
+        let points = axes().points();
+        // Per batch and profile and graphs: off 1, mtp2 2 modes x 2 rates, dflash4 2 rates.
+        assert_eq!(points.len(), 2 * 2 * 2 * (1 + 4 + 2));
+        let keys: std::collections::BTreeSet<String> = points.iter().map(|p| p.key()).collect();
+        assert_eq!(keys.len(), points.len());
+        assert_eq!(points[0].key(), "1,off,flashmla,-,on,-");
+        assert!(keys.contains("8,mtp2,cutlass-mla,compacted,off,0.9"));
+        assert!(keys.contains("1,dflash4,flashmla,-,on,0.5"));
+    }
+
+    #[test]
+    fn shards_partition_the_grid() {
+        let n = axes().points().len();
+        for shards in 1..5 {
+            for p in 0..n {
+                let takers = (0..shards).filter(|&i| in_shard(p, (i, shards))).count();
+                assert_eq!(takers, 1);
+            }
+        }
+        assert_eq!(parse_shard("1/4"), Ok((1, 4)));
+        for bad in ["4/4", "1", "a/2", "1/0", "-1/2"] {
+            assert!(parse_shard(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn spec_settings_parse_and_name_each_other() {
+        for s in ["off", "mtp1", "mtp4", "dflash8"] {
+            assert_eq!(SpecChoice::parse(s).unwrap().name(), s);
+        }
+        for bad in ["mtp0", "mtp", "dflash17", "eagle3", ""] {
+            assert!(SpecChoice::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_analytic_length_sums_the_powers_of_the_rate() {
+        let p = SweepPoint {
+            batch: 1,
+            spec: SpecChoice::MultiStep(3),
+            profile: BackendProfile::FlashMla,
+            drafter_batch: Some(DrafterBatch::Padded),
+            graphs: true,
+            acceptance_rate: Some(0.5),
+        };
+        assert_eq!(p.analytic_acceptance_length(), Some(1.875));
+        let off = SweepPoint {
+            spec: SpecChoice::Off,
+            acceptance_rate: None,
+            ..p
+        };
+        assert_eq!(off.analytic_acceptance_length(), None);
+    }
+
+    #[test]
+    fn resumed_and_merged_csvs_are_read_by_key() {
+        let h = csv_header();
+        let values = ",1,2,3,,,true,,,,,cpu";
+        let a = format!("{h}\n1,off,flashmla,-,on,-{values}\n");
+        let b = format!("{h}\n8,off,flashmla,-,on,-{values}\n1,off,flashmla,-,on,-{values}\n");
+        assert_eq!(done_keys(&a).unwrap(), vec!["1,off,flashmla,-,on,-"]);
+        let merged = merge(&[("a".into(), a.clone()), ("b".into(), b)]).unwrap();
+        assert_eq!(merged.lines().count(), 3);
+        assert!(merged.lines().nth(1).unwrap().starts_with("1,off"));
+        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,true,,,,,cpu\n");
+        let err = merge(&[("a".into(), a), ("c".into(), conflict)]).unwrap_err();
+        assert!(err.contains("point 1,off,flashmla,-,on,- has different rows in a and c"));
+        assert!(done_keys("batch,spec\n").is_err());
+    }
+}
