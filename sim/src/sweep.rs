@@ -335,6 +335,143 @@ pub fn merge(inputs: &[(String, String)]) -> Result<String, String> {
     Ok(out)
 }
 
+/// One group's tuning: per measured batch, the best K by tokens/s (0: no speculation)
+/// and its speedup over no speculation at that batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tuned {
+    /// The coordinates the group shares: spec family (`mtp` or `dflash`), profile,
+    /// drafter batch, graphs, acceptance rate.
+    pub group: String,
+    /// `(batch, best K, its tokens/s, speedup over K = 0)`, by batch.
+    pub best: Vec<(usize, usize, f64, f64)>,
+}
+
+/// A timed row of a sweep CSV, as the tuner reads it.
+struct TimedRow<'a> {
+    batch: usize,
+    spec: SpecChoice,
+    rest: [&'a str; 4],
+    tokens_per_s: f64,
+}
+
+fn timed_rows(csv: &str) -> Result<Vec<TimedRow<'_>>, String> {
+    done_keys(csv)?;
+    let tps = KEY_COLUMNS.len()
+        + VALUE_COLUMNS
+            .iter()
+            .position(|c| *c == "tokens_per_s")
+            .expect("a column");
+    let mut out = Vec::new();
+    for (i, line) in csv.lines().skip(1).filter(|l| !l.is_empty()).enumerate() {
+        let f: Vec<&str> = line.split(',').collect();
+        let bad = |what: &str| format!("row {}: {what}", i + 2);
+        let Some(t) = f.get(tps).filter(|t| !t.is_empty()) else {
+            continue;
+        };
+        out.push(TimedRow {
+            batch: f[0].parse().map_err(|_| bad("batch is not a number"))?,
+            spec: SpecChoice::parse(f[1]).map_err(|e| bad(&e))?,
+            rest: [f[2], f[3], f[4], f[5]],
+            tokens_per_s: t.parse().map_err(|_| bad("tokens_per_s is not a number"))?,
+        });
+    }
+    Ok(out)
+}
+
+/// The best K per batch size from a sweep CSV's timed rows (`--backend gpu` fills them):
+/// for each speculating group (family, profile, drafter batch, graphs, acceptance rate),
+/// at each batch it measured, the K with the most tokens/s, the profile's and graphs'
+/// no-speculation row competing as K = 0.
+pub fn tune(csv: &str) -> Result<Vec<Tuned>, String> {
+    let rows = timed_rows(csv)?;
+    if rows.is_empty() {
+        return Err(
+            "no row has tokens_per_s: only a backend that times itself (--backend gpu) \
+                    measures throughput"
+                .into(),
+        );
+    }
+    let mut groups: BTreeMap<String, BTreeMap<usize, (usize, f64)>> = BTreeMap::new();
+    for r in rows.iter().filter(|r| r.spec != SpecChoice::Off) {
+        let family = match r.spec {
+            SpecChoice::DFlash(_) => "dflash",
+            _ => "mtp",
+        };
+        let group = format!(
+            "{family},{},{},{},{}",
+            r.rest[0], r.rest[1], r.rest[2], r.rest[3]
+        );
+        let best = groups
+            .entry(group)
+            .or_default()
+            .entry(r.batch)
+            .or_insert((0, f64::MIN));
+        if r.tokens_per_s > best.1 {
+            *best = (r.spec.k(), r.tokens_per_s);
+        }
+    }
+    let off = |profile: &str, graphs: &str, batch: usize| {
+        rows.iter()
+            .find(|r| {
+                r.spec == SpecChoice::Off
+                    && r.batch == batch
+                    && r.rest[0] == profile
+                    && r.rest[2] == graphs
+            })
+            .map(|r| r.tokens_per_s)
+    };
+    let mut out = Vec::new();
+    for (group, by_batch) in groups {
+        let g: Vec<&str> = group.split(',').collect();
+        let mut best = Vec::new();
+        for (batch, (k, tps)) in by_batch {
+            let base = off(g[1], g[3], batch).ok_or_else(|| {
+                format!("group {group} at batch {batch}: no timed `off` row to compare with")
+            })?;
+            let (k, tps) = if base >= tps { (0, base) } else { (k, tps) };
+            best.push((batch, k, tps, tps / base));
+        }
+        out.push(Tuned { group, best });
+    }
+    Ok(out)
+}
+
+/// vLLM's `num_speculative_tokens_per_batch_size` for one group's best K per batch: 3-item
+/// `[bs_lo, bs_hi, K]` ranges, sorted, not overlapping, the first from 1, as
+/// `validate_and_normalize_dynamic_sd_schedule` (`vllm/v1/spec_decode/dynamic/utils.py`,
+/// `14b450ca`) requires. Each measured batch's K holds from it up to the next measured
+/// batch (the first from 1); past the last, vLLM's lookup keeps the last range's K.
+/// Neighbouring ranges with one K are one range.
+pub fn schedule(best: &[(usize, usize, f64, f64)]) -> Vec<[usize; 3]> {
+    let mut out: Vec<[usize; 3]> = Vec::new();
+    for (i, &(batch, k, _, _)) in best.iter().enumerate() {
+        let lo = if i == 0 { 1 } else { batch };
+        let hi = best.get(i + 1).map_or(batch, |n| n.0 - 1);
+        match out.last_mut() {
+            Some(last) if last[2] == k => last[1] = hi,
+            _ => out.push([lo, hi, k]),
+        }
+    }
+    out
+}
+
+/// The K vLLM's dense lookup (`build_dynamic_sd_schedule_lookup`, same file) gives batch
+/// `bs` under a 3-item schedule: the range holding it; in a gap, the previous range's
+/// K; past the last, the last's.
+pub fn lookup(schedule: &[[usize; 3]], bs: usize) -> Option<usize> {
+    let mut k = None;
+    for &[lo, hi, kk] in schedule {
+        if bs < lo {
+            break;
+        }
+        k = Some(kk);
+        if bs <= hi {
+            break;
+        }
+    }
+    k
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -408,6 +545,70 @@ mod tests {
             ..p
         };
         assert_eq!(off.analytic_acceptance_length(), None);
+    }
+
+    fn timed(rows: &[(&str, f64)]) -> String {
+        let mut csv = csv_header();
+        for (key, tps) in rows {
+            csv.push_str(&format!(
+                "\n{key},10,20,5,2.0,2.0,true,1.0,{tps},1.0,0.8,gpu"
+            ));
+        }
+        csv
+    }
+
+    #[test]
+    fn the_tuner_picks_the_fastest_k_per_batch_and_no_speculation_where_it_wins() {
+        let csv = timed(&[
+            ("1,off,flashmla,-,on,-", 100.0),
+            ("1,mtp1,flashmla,padded,on,0.7", 150.0),
+            ("1,mtp3,flashmla,padded,on,0.7", 180.0),
+            ("8,off,flashmla,-,on,-", 700.0),
+            ("8,mtp1,flashmla,padded,on,0.7", 800.0),
+            ("8,mtp3,flashmla,padded,on,0.7", 760.0),
+            ("64,off,flashmla,-,on,-", 4000.0),
+            ("64,mtp1,flashmla,padded,on,0.7", 3900.0),
+            ("64,mtp3,flashmla,padded,on,0.7", 3000.0),
+        ]);
+        let t = tune(&csv).unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].group, "mtp,flashmla,padded,on,0.7");
+        let ks: Vec<(usize, usize)> = t[0].best.iter().map(|b| (b.0, b.1)).collect();
+        assert_eq!(ks, [(1, 3), (8, 1), (64, 0)]);
+        assert!((t[0].best[0].3 - 1.8).abs() < 1e-12);
+        assert_eq!(t[0].best[2].3, 1.0);
+        let sched = schedule(&t[0].best);
+        assert_eq!(sched, [[1, 7, 3], [8, 63, 1], [64, 64, 0]]);
+        // vLLM's lookup of the schedule gives each measured batch its best K, and
+        // batches past the last measured one the last K.
+        for (bs, k) in [(1, 3), (7, 3), (8, 1), (63, 1), (64, 0), (500, 0)] {
+            assert_eq!(lookup(&sched, bs), Some(k), "batch {bs}");
+        }
+        // One K over neighbouring batches is one range.
+        assert_eq!(
+            schedule(&[(1, 2, 0.0, 0.0), (4, 2, 0.0, 0.0), (16, 0, 0.0, 0.0)]),
+            [[1, 15, 2], [16, 16, 0]]
+        );
+    }
+
+    #[test]
+    fn the_tuner_needs_timed_rows_and_a_baseline() {
+        let cpu = format!(
+            "{}\n1,off,flashmla,-,on,-,6,6,0,,,true,,,,,cpu\n",
+            csv_header()
+        );
+        assert!(tune(&cpu).unwrap_err().contains("no row has tokens_per_s"));
+        let no_off = timed(&[("4,mtp2,flashmla,padded,on,0.7", 10.0)]);
+        assert!(tune(&no_off).unwrap_err().contains("no timed `off` row"));
+    }
+
+    #[test]
+    fn vllm_lookup_semantics_fill_gaps_with_the_previous_k() {
+        // `build_dynamic_sd_schedule_lookup`: a gap takes the previous range's K.
+        let s = [[1, 4, 3], [9, 16, 1]];
+        assert_eq!(lookup(&s, 6), Some(3));
+        assert_eq!(lookup(&s, 12), Some(1));
+        assert_eq!(lookup(&s, 100), Some(1));
     }
 
     #[test]

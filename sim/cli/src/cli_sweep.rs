@@ -16,7 +16,8 @@ use specmla_sim::progress::{install_interrupt_handler, interrupted, progress_sec
 use specmla_sim::runner::run_with;
 use specmla_sim::scenarios::Scenario;
 use specmla_sim::sweep::{
-    csv_header, done_keys, in_shard, merge, parse_shard, SpecChoice, SweepAxes, SweepPoint,
+    csv_header, done_keys, in_shard, merge, parse_shard, schedule, tune, SpecChoice, SweepAxes,
+    SweepPoint,
 };
 
 use crate::cli_run::{read_input, resolve_scenario, DeviceArg, Factory, RunArgs};
@@ -53,6 +54,10 @@ pub struct SweepArgs {
     /// Instead of running, merge these sweep CSVs into `--out`.
     #[arg(long, num_args = 1.., value_name = "CSV")]
     pub merge: Vec<PathBuf>,
+    /// Instead of running, print the best K per batch size of a timed sweep CSV, as a
+    /// table and as vLLM's `num_speculative_tokens_per_batch_size`.
+    #[arg(long, value_name = "CSV", conflicts_with = "merge")]
+    pub tune: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -162,6 +167,9 @@ fn axes(a: &SweepArgs, base: &Scenario) -> Result<SweepAxes> {
 pub fn run_sweep(a: &SweepArgs) -> Result<ExitCode> {
     if !a.merge.is_empty() {
         return merge_files(a);
+    }
+    if let Some(path) = &a.tune {
+        return tune_file(path);
     }
     refuse_grid_flags(&a.run)?;
     let (base, seed) = resolve_scenario(&a.run)?;
@@ -290,5 +298,35 @@ fn merge_files(a: &SweepArgs) -> Result<ExitCode> {
         merged.lines().count() - 1,
         a.out.display()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `sim sweep --tune CSV`: per speculating group, the best K at each measured batch.
+fn tune_file(path: &std::path::Path) -> Result<ExitCode> {
+    let text = read_input(path).with_context(|| format!("--tune {}", path.display()))?;
+    let tuned = tune(&text).map_err(|e| anyhow::anyhow!("--tune {}: {e}", path.display()))?;
+    for t in &tuned {
+        say!(
+            "{} (family, profile, drafter batch, graphs, acceptance rate)",
+            t.group
+        );
+        say!(
+            "  {:>6}  {:>6}  {:>10}  speedup over no speculation",
+            "batch",
+            "best K",
+            "tokens/s"
+        );
+        for &(batch, k, tps, speedup) in &t.best {
+            say!("  {batch:>6}  {k:>6}  {tps:>10.1}  {speedup:.2}x");
+        }
+        let ranges: Vec<String> = schedule(&t.best)
+            .iter()
+            .map(|[lo, hi, k]| format!("[{lo}, {hi}, {k}]"))
+            .collect();
+        say!(
+            "  num_speculative_tokens_per_batch_size: [{}]",
+            ranges.join(", ")
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }

@@ -172,3 +172,50 @@ fn bad_grids_are_one_line_and_exit_2() {
     assert_eq!(o.status.code(), Some(2), "{err}");
     assert!(err.contains("its header is not this sweep's"), "{err}");
 }
+
+/// `--tune` on a timed CSV (as `--backend gpu` writes them; these rows are made up) gives
+/// the best K per batch and vLLM's schedule; on a CPU sweep it says why it cannot.
+#[test]
+fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
+    let d = dir("tune");
+    let cpu = d.join("cpu.csv");
+    let o = sim(&[
+        "sweep",
+        "--out",
+        cpu.to_str().unwrap(),
+        "--batch",
+        "1",
+        "--spec",
+        "off,mtp1",
+    ]);
+    assert_eq!(o.status.code(), Some(0));
+    let header = std::fs::read_to_string(&cpu)
+        .unwrap()
+        .lines()
+        .next()
+        .unwrap()
+        .to_string();
+    let o = sim(&["sweep", "--tune", cpu.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no row has tokens_per_s"));
+    let timed = d.join("timed.csv");
+    let row = |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,true,1.0,{tps},1.0,0.8,gpu\n");
+    let text = format!(
+        "{header}\n{}{}{}{}{}{}",
+        row("1,off,flashmla,-,on,-", 100.0),
+        row("1,mtp1,flashmla,padded,on,0.7", 150.0),
+        row("1,mtp2,flashmla,padded,on,0.7", 170.0),
+        row("16,off,flashmla,-,on,-", 1000.0),
+        row("16,mtp1,flashmla,padded,on,0.7", 1100.0),
+        row("16,mtp2,flashmla,padded,on,0.7", 900.0),
+    );
+    std::fs::write(&timed, text).unwrap();
+    let o = sim(&["sweep", "--tune", timed.to_str().unwrap()]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.contains("num_speculative_tokens_per_batch_size: [[1, 15, 2], [16, 16, 1]]"),
+        "{out}"
+    );
+    assert!(out.contains("1.70x"), "{out}");
+}
