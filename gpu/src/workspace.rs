@@ -250,8 +250,8 @@ fn gemm_input_width(d: &ModelDims) -> usize {
 
 /// Grow-only scratch of the prefill path: K/V expansions, gathered context chunks and
 /// partial attention states. On the tensor-core prefill (`flash`) the keys and values
-/// are bf16 up-projections and the f32 expansions are not allocated; the f32 context
-/// rows stay, for DFlash's block attention.
+/// are bf16 up-projections, and neither the f32 expansions nor the f32 context rows
+/// (the portable path's, DFlash's included) are allocated.
 pub struct PrefillScratch {
     pub cap: usize,
     pub k_nope: Buf<f32>,
@@ -284,7 +284,7 @@ impl PrefillScratch {
         let f32s = [
             expand * heads * d.qk_nope_head_dim,
             expand * heads * d.v_head_dim,
-            cap * d.latent_dim(),
+            expand * d.latent_dim(),
             cap * heads * d.v_head_dim,
             cap * heads,
             cap * heads * d.v_head_dim,

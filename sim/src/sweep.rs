@@ -95,9 +95,11 @@ fn batch_name(b: DrafterBatch) -> &'static str {
 
 impl SweepAxes {
     /// Every point, in the grid's fixed order (batch outermost, then spec, profile,
-    /// drafter batch, graphs, acceptance rate), each once.
+    /// drafter batch, graphs, acceptance rate), each once (a value given twice on an
+    /// axis is one coordinate).
     pub fn points(&self) -> Vec<SweepPoint> {
         let mut out = Vec::new();
+        let mut seen = std::collections::BTreeSet::new();
         for &batch in &self.batches {
             for &spec in &self.specs {
                 let modes: Vec<Option<DrafterBatch>> = match spec {
@@ -114,14 +116,17 @@ impl SweepAxes {
                     for &drafter_batch in &modes {
                         for &graphs in &self.graphs {
                             for &acceptance_rate in &rates {
-                                out.push(SweepPoint {
+                                let p = SweepPoint {
                                     batch,
                                     spec,
                                     profile,
                                     drafter_batch,
                                     graphs,
                                     acceptance_rate,
-                                });
+                                };
+                                if seen.insert(p.key()) {
+                                    out.push(p);
+                                }
                             }
                         }
                     }
@@ -232,6 +237,19 @@ impl SweepPoint {
         Some((0..=self.spec.k()).map(|i| r.powi(i as i32)).sum())
     }
 
+    /// The CSV row of a point whose run failed before it finished (an engine failure):
+    /// its checks did not pass, and it measured nothing.
+    pub fn failed_row(&self, device: &str) -> String {
+        let empty = ",".repeat(VALUE_COLUMNS.len() - 2);
+        let at = VALUE_COLUMNS
+            .iter()
+            .position(|c| *c == "checks_passed")
+            .expect("a column");
+        let mut fields: Vec<&str> = empty.split(',').collect();
+        fields.insert(at, "false");
+        format!("{},{},{}", self.key(), fields.join(","), csv_field(device))
+    }
+
     /// The CSV row of this point's run.
     pub fn csv_row(&self, s: &RunSummary) -> String {
         let sd = &s.spec_decoding;
@@ -288,14 +306,20 @@ pub fn done_keys(csv: &str) -> Result<Vec<String>, String> {
             ))
         }
     }
+    // The device, last, may hold commas (quoted): a whole row has at least every column.
+    let columns = KEY_COLUMNS.len() + VALUE_COLUMNS.len();
     lines
         .filter(|l| !l.is_empty())
         .enumerate()
         .map(|(i, l)| {
-            let fields: Vec<&str> = l.splitn(KEY_COLUMNS.len() + 1, ',').collect();
-            match fields.len() > KEY_COLUMNS.len() {
+            let fields: Vec<&str> = l.split(',').collect();
+            match fields.len() >= columns {
                 true => Ok(fields[..KEY_COLUMNS.len()].join(",")),
-                false => Err(format!("row {} has fewer fields than the key", i + 2)),
+                false => Err(format!(
+                    "row {} has {} of the {columns} columns (a row cut short?)",
+                    i + 2,
+                    fields.len()
+                )),
             }
         })
         .collect()
@@ -356,16 +380,20 @@ struct TimedRow<'a> {
 
 fn timed_rows(csv: &str) -> Result<Vec<TimedRow<'_>>, String> {
     done_keys(csv)?;
-    let tps = KEY_COLUMNS.len()
-        + VALUE_COLUMNS
-            .iter()
-            .position(|c| *c == "tokens_per_s")
-            .expect("a column");
+    let col = |name: &str| {
+        KEY_COLUMNS.len()
+            + VALUE_COLUMNS
+                .iter()
+                .position(|c| *c == name)
+                .expect("a column")
+    };
+    let (tps, passed) = (col("tokens_per_s"), col("checks_passed"));
     let mut out = Vec::new();
     for (i, line) in csv.lines().skip(1).filter(|l| !l.is_empty()).enumerate() {
         let f: Vec<&str> = line.split(',').collect();
         let bad = |what: &str| format!("row {}: {what}", i + 2);
-        let Some(t) = f.get(tps).filter(|t| !t.is_empty()) else {
+        // A run that failed its checks measured nothing worth comparing.
+        let Some(t) = f.get(tps).filter(|t| !t.is_empty() && f[passed] == "true") else {
             continue;
         };
         out.push(TimedRow {
@@ -592,6 +620,25 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_point_has_a_whole_row_that_says_so() {
+        let p = axes().points()[3];
+        let row = p.failed_row("cpu, f32");
+        let csv = format!("{}\n{row}\n", csv_header());
+        assert_eq!(done_keys(&csv).unwrap(), vec![p.key()]);
+        let f: Vec<&str> = row.split(',').collect();
+        assert_eq!(f[KEY_COLUMNS.len() + 5], "false");
+        assert!(row.ends_with(",\"cpu, f32\""), "{row}");
+    }
+
+    #[test]
+    fn repeated_axis_values_are_one_coordinate() {
+        let mut a = axes();
+        a.batches = vec![8, 8];
+        a.acceptance_rates = vec![0.5, 0.5];
+        assert_eq!(a.points().len(), 2 * 2 * (1 + 2 + 1));
+    }
+
+    #[test]
     fn the_tuner_needs_timed_rows_and_a_baseline() {
         let cpu = format!(
             "{}\n1,off,flashmla,-,on,-,6,6,0,,,true,,,,,cpu\n",
@@ -600,6 +647,11 @@ mod tests {
         assert!(tune(&cpu).unwrap_err().contains("no row has tokens_per_s"));
         let no_off = timed(&[("4,mtp2,flashmla,padded,on,0.7", 10.0)]);
         assert!(tune(&no_off).unwrap_err().contains("no timed `off` row"));
+        // A row that failed its checks does not compete, its baseline neither.
+        let failed = timed(&[("1,mtp1,flashmla,padded,on,0.7", 99.0)]).replace(",true,", ",false,");
+        assert!(tune(&failed)
+            .unwrap_err()
+            .contains("no row has tokens_per_s"));
     }
 
     #[test]
@@ -622,6 +674,10 @@ mod tests {
         assert_eq!(merged.lines().count(), 3);
         assert!(merged.lines().nth(1).unwrap().starts_with("1,off"));
         let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,true,,,,,cpu\n");
+        let torn = format!("{h}\n1,off,flashmla,-,on,-,9,2\n");
+        assert!(done_keys(&torn)
+            .unwrap_err()
+            .contains("row 2 has 8 of the 17 columns"));
         let err = merge(&[("a".into(), a), ("c".into(), conflict)]).unwrap_err();
         assert!(err.contains("point 1,off,flashmla,-,on,- has different rows in a and c"));
         assert!(done_keys("batch,spec\n").is_err());

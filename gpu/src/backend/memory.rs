@@ -48,14 +48,10 @@ pub fn workspace_allocations(cfg: &EngineConfig, flash_splits: Option<usize>) ->
             ),
         });
     }
-    let scratch = s.max_num_batched_tokens.max(s.workspace_tokens);
+    let flash_prefill = flash_splits.is_some() && crate::ops::prefill_widths_fit(d);
     out.push(Allocation {
         what: "prefill scratch",
-        bytes: PrefillScratch::bytes(
-            d,
-            scratch,
-            flash_splits.is_some() && crate::ops::prefill_widths_fit(d),
-        ),
+        bytes: PrefillScratch::bytes(d, prefill_scratch_tokens(cfg, flash_prefill), flash_prefill),
     });
     let hid = d.hidden_size as u64 * 4;
     out.push(Allocation {
@@ -63,6 +59,23 @@ pub fn workspace_allocations(cfg: &EngineConfig, flash_splits: Option<usize>) ->
         bytes: (s.max_num_batched_tokens as u64 + (s.max_num_seqs * k) as u64) * hid,
     });
     out
+}
+
+/// The most queries or keys the prefill scratch holds at once: a step's tokens or a
+/// context chunk's; under DFlash also a pass's keys, each row's context and block (every
+/// row at once on the tensor-core path, one row at a time on the portable one).
+fn prefill_scratch_tokens(cfg: &EngineConfig, flash_prefill: bool) -> usize {
+    let s = &cfg.scheduler;
+    let steps = s.max_num_batched_tokens.max(s.workspace_tokens);
+    if cfg.spec.method != specmla_core::config::SpecMethod::DFlash {
+        return steps;
+    }
+    let row = s.max_model_len + cfg.spec.k() + 1;
+    steps.max(if flash_prefill {
+        s.max_num_seqs * row
+    } else {
+        row
+    })
 }
 
 #[cfg(test)]
@@ -96,9 +109,24 @@ mod tests {
             .collect();
         assert_eq!(
             describe(&a),
-            "eager workspace 15.68 GiB, prefill scratch 1.91 GiB, drafter graph workspace \
+            "eager workspace 15.68 GiB, prefill scratch 1.90 GiB, drafter graph workspace \
              0.49 GiB, graph workspace 0.49 GiB, carried hidden states 0.22 GiB"
         );
-        assert_eq!(gib(total_bytes(&all)), "27.49 GiB");
+        assert_eq!(gib(total_bytes(&all)), "27.47 GiB");
+    }
+
+    /// A DFlash pass attends every row's context and block at once on the tensor-core
+    /// path: the memory check counts that many keys, not a step's tokens.
+    #[test]
+    fn a_dflash_pass_counts_every_rows_keys() {
+        let mut cfg = EngineConfig::tiny(BackendProfile::FlashAttnMla, SpecConfig::dflash(4));
+        cfg.model = ModelDims::deepseek_v3_attn();
+        let s = &mut cfg.scheduler;
+        (s.max_num_seqs, s.max_model_len) = (8, 4096);
+        (s.max_num_batched_tokens, s.workspace_tokens) = (2048, 2048);
+        assert_eq!(prefill_scratch_tokens(&cfg, true), 8 * (4096 + 5));
+        assert_eq!(prefill_scratch_tokens(&cfg, false), 4096 + 5);
+        cfg.spec = SpecConfig::multi_step(4, DrafterBatch::Padded);
+        assert_eq!(prefill_scratch_tokens(&cfg, true), 2048);
     }
 }

@@ -11,9 +11,10 @@
 //! DFlash's block attention takes the same kernels, non-causal: each row's block over its
 //! context (gathered from the drafter's bf16 cache) and the block itself.
 //!
-//! Every index array comes from the core's plan (`MlaPrefillMetadata::query_start_loc`,
-//! `ChunkedContext`, `DFlashPass::context_lens` / `kv_lens`), uploaded once per step
-//! in one array; nothing is re-derived here.
+//! The target's index arrays are the core's plan as given (`MlaPrefillMetadata::
+//! query_start_loc`, `ChunkedContext`), uploaded once per step in one array. DFlash's
+//! start locations are prefix sums of the pass's `block_len` and `kv_lens`, checked
+//! against its `context_lens`; no scheduling decision is taken here.
 
 use specmla_core::drafter::DFlashPass;
 use specmla_core::fault::Fault;
@@ -378,6 +379,13 @@ fn dflash_index(pass: &DFlashPass, heads: usize) -> Result<(Vec<i32>, PrefillSha
             "DFlash pass of {rows} rows with other-sized lengths"
         ));
     }
+    if pass.block_table.len() != rows * pass.block_table_width {
+        return bad(format!(
+            "DFlash pass of {rows} rows with a block table of {} entries at width {}",
+            pass.block_table.len(),
+            pass.block_table_width
+        ));
+    }
     if pass.block_tokens.len() != rows * b {
         return bad(format!(
             "DFlash pass of {rows} blocks of {b} with {} block tokens",
@@ -473,7 +481,7 @@ mod tests {
             block_positions: vec![],
             block_slots: vec![],
             block_indices: vec![],
-            block_table: vec![],
+            block_table: vec![0; rows],
             block_table_width: 1,
             sample_indices: vec![],
             kv_lens,
@@ -487,8 +495,11 @@ mod tests {
         assert_eq!(host, [0, 4, 8, 12, 0, 9, 13, 29, 5, 0, 12]);
         assert_eq!((shape.total_q, shape.total_k, shape.max_q_len), (12, 29, 4));
         assert!(!shape.causal);
-        // kv_len must be the context plus the block.
+        // kv_len must be the context plus the block; the table must be rows x width.
         assert!(dflash_index(&dflash(vec![5], vec![8], 4), 8).is_err());
+        let mut short = dflash(vec![5, 2], vec![9, 6], 4);
+        short.block_table.pop();
+        assert!(dflash_index(&short, 8).is_err());
     }
 
     #[test]

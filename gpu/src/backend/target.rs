@@ -153,7 +153,9 @@ impl GpuBackend {
     }
 
     pub(super) fn ensure_scratch(&mut self, cap: usize) -> Result<()> {
-        let fits = matches!(&self.scratch, Some(s) if s.cap >= cap);
+        // Of this size and of this path's kind (the portable prefill can be set later).
+        let flash = self.prefill_on_flash();
+        let fits = matches!(&self.scratch, Some(s) if s.cap >= cap && s.flash.is_some() == flash);
         if !fits {
             let old = self.scratch.take().map_or(0, |s| s.cap);
             self.scratch = Some(PrefillScratch::new(

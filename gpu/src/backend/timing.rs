@@ -187,7 +187,7 @@ impl GpuBackend {
     }
 
     /// Pauses the timed regions while a graph is captured mid-forward (attention's
-    /// event nodes are gathered instead: [`Self::take_capture_marks`]).
+    /// event nodes are gathered instead, for [`Self::timed_graph`]).
     pub(super) fn set_capturing(&self, on: bool) {
         let mut t = self.timeline();
         t.capturing = on;

@@ -202,11 +202,29 @@ pub fn run_sweep(a: &SweepArgs) -> Result<ExitCode> {
     }
 }
 
-/// The CSV's finished keys, creating it with its header if it does not exist.
+/// The CSV's finished keys, creating it with its header if it does not exist or is
+/// empty. A last line without its newline is a row cut short by a killed sweep: it is
+/// dropped (and said so), and its point runs again.
 fn open_csv(path: &std::path::Path) -> Result<(std::fs::File, Vec<String>)> {
     let what = || format!("--out {}", path.display());
     let done = match std::fs::read_to_string(path) {
-        Ok(text) => done_keys(&text).map_err(|e| anyhow::anyhow!("{}: {e}", what()))?,
+        Ok(text) if text.is_empty() => {
+            std::fs::write(path, format!("{}\n", csv_header())).with_context(what)?;
+            Vec::new()
+        }
+        Ok(mut text) => {
+            if !text.ends_with('\n') {
+                let keep = text.rfind('\n').map_or(0, |i| i + 1);
+                eprintln!(
+                    "sweep: dropping a row cut short at the end of {}: {:?}",
+                    path.display(),
+                    &text[keep..]
+                );
+                text.truncate(keep);
+                std::fs::write(path, &text).with_context(what)?;
+            }
+            done_keys(&text).map_err(|e| anyhow::anyhow!("{}: {e}", what()))?
+        }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             std::fs::write(path, format!("{}\n", csv_header())).with_context(what)?;
             Vec::new()
@@ -227,7 +245,7 @@ fn sweep_on<B: Backend>(
     points: &[SweepPoint],
     make: Factory<B>,
 ) -> Result<ExitCode> {
-    let (mut csv, done) = open_csv(&a.out)?;
+    let (csv, done) = open_csv(&a.out)?;
     let todo: Vec<&SweepPoint> = points.iter().filter(|p| !done.contains(&p.key())).collect();
     let every = progress_secs().map_err(anyhow::Error::msg)?;
     let mut bar = Progress::new("sweep", points.len() as u64, "points", every);
@@ -237,12 +255,19 @@ fn sweep_on<B: Backend>(
     for (i, p) in todo.iter().enumerate() {
         bar.update((skipped + i) as u64, |_| format!("running {}", p.key()));
         let s = p.scenario(base);
+        let out = |row: String| -> Result<()> {
+            let path = || format!("--out {}", a.out.display());
+            writeln!(&csv, "{row}").with_context(path)?;
+            (&csv).flush().with_context(path)
+        };
         let summary = match run_with(&s, seed, make, None, |_| {}) {
             Ok(summary) => summary,
+            // The engine failed mid-run: the point failed, and the sweep goes on.
             Err(e) if e.is_engine_failure() => {
-                bar.finish();
                 eprintln!("FAIL: point {}: {e}", p.key());
-                return Ok(ExitCode::from(1));
+                failed.push(p.key());
+                out(p.failed_row(B::KIND))?;
+                continue;
             }
             Err(e) => return Err(anyhow::anyhow!("point {}: {e}", p.key())),
         };
@@ -257,10 +282,7 @@ fn sweep_on<B: Backend>(
         if !summary.passed() || summary.hit_step_limit {
             failed.push(p.key());
         }
-        writeln!(csv, "{}", p.csv_row(&summary))
-            .with_context(|| format!("--out {}", a.out.display()))?;
-        csv.flush()
-            .with_context(|| format!("--out {}", a.out.display()))?;
+        out(p.csv_row(&summary))?;
     }
     bar.finish();
     say!(

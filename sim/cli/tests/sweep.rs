@@ -219,3 +219,43 @@ fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
     );
     assert!(out.contains("1.70x"), "{out}");
 }
+
+/// A sweep killed while writing leaves a row cut short: the next run drops it (and says
+/// so) and runs that point again; an empty CSV gets its header.
+#[test]
+fn a_row_cut_short_is_dropped_and_its_point_runs_again() {
+    let d = dir("torn");
+    let out = d.join("s.csv");
+    let grid = [
+        "--batch",
+        "1",
+        "--spec",
+        "off,mtp1",
+        "--prompt-len",
+        "8..12",
+        "--max-new-tokens",
+        "4..6",
+    ];
+    let run = |out: &Path| {
+        let mut args = vec!["sweep", "--out", out.to_str().unwrap()];
+        args.extend(grid);
+        sim(&args)
+    };
+    assert_eq!(run(&out).status.code(), Some(0));
+    let whole = std::fs::read_to_string(&out).unwrap();
+    let cut = &whole[..whole.len() - 20];
+    std::fs::write(&out, cut).unwrap();
+    let o = run(&out);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert_eq!(o.status.code(), Some(0), "{stderr}");
+    assert!(stderr.contains("dropping a row cut short"), "{stderr}");
+    assert!(stdout.contains("(1 run now, 1 already in"), "{stdout}");
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), whole);
+    let empty = d.join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    assert_eq!(run(&empty).status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(&empty).unwrap(), whole);
+}
