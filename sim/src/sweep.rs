@@ -162,12 +162,13 @@ pub const KEY_COLUMNS: [&str; 6] = [
     "graphs",
     "acceptance_rate",
 ];
-pub const VALUE_COLUMNS: [&str; 11] = [
+pub const VALUE_COLUMNS: [&str; 12] = [
     "steps",
     "generated_tokens",
     "drafts",
     "mean_acceptance_length",
     "analytic_acceptance_length",
+    "acceptance_per_pos",
     "checks_passed",
     "timed_step_wall_ms",
     "tokens_per_s",
@@ -261,12 +262,13 @@ impl SweepPoint {
         let mut row = self.key();
         let _ = write!(
             row,
-            ",{},{},{},{},{},{},{},{},{},{},{}",
+            ",{},{},{},{},{},{},{},{},{},{},{},{}",
             s.stats.steps,
             s.stats.generated_tokens,
             sd.num_drafts,
             opt((sd.num_drafts > 0).then_some(sd.mean_acceptance_length), 4),
             opt(self.analytic_acceptance_length(), 4),
+            per_pos(&sd.per_position_acceptance_rate),
             s.passed() && !s.hit_step_limit && !s.interrupted,
             opt((wall_us > 0.0).then_some(wall_us / 1e3), 3),
             opt(
@@ -282,6 +284,13 @@ impl SweepPoint {
         );
         row
     }
+}
+
+/// vLLM's per-position acceptance rates (`num_accepted_tokens_per_pos[i] / num_drafts`)
+/// as one field, `/`-separated.
+fn per_pos(rates: &[f64]) -> String {
+    let r: Vec<String> = rates.iter().map(|r| format!("{r:.3}")).collect();
+    r.join("/")
 }
 
 /// `v` as one CSV field: quoted when it holds a comma or a quote.
@@ -579,7 +588,7 @@ mod tests {
         let mut csv = csv_header();
         for (key, tps) in rows {
             csv.push_str(&format!(
-                "\n{key},10,20,5,2.0,2.0,true,1.0,{tps},1.0,0.8,gpu"
+                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu"
             ));
         }
         csv
@@ -626,7 +635,7 @@ mod tests {
         let csv = format!("{}\n{row}\n", csv_header());
         assert_eq!(done_keys(&csv).unwrap(), vec![p.key()]);
         let f: Vec<&str> = row.split(',').collect();
-        assert_eq!(f[KEY_COLUMNS.len() + 5], "false");
+        assert_eq!(f[KEY_COLUMNS.len() + 6], "false");
         assert!(row.ends_with(",\"cpu, f32\""), "{row}");
     }
 
@@ -641,7 +650,7 @@ mod tests {
     #[test]
     fn the_tuner_needs_timed_rows_and_a_baseline() {
         let cpu = format!(
-            "{}\n1,off,flashmla,-,on,-,6,6,0,,,true,,,,,cpu\n",
+            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu\n",
             csv_header()
         );
         assert!(tune(&cpu).unwrap_err().contains("no row has tokens_per_s"));
@@ -666,18 +675,18 @@ mod tests {
     #[test]
     fn resumed_and_merged_csvs_are_read_by_key() {
         let h = csv_header();
-        let values = ",1,2,3,,,true,,,,,cpu";
+        let values = ",1,2,3,,,,true,,,,,cpu";
         let a = format!("{h}\n1,off,flashmla,-,on,-{values}\n");
         let b = format!("{h}\n8,off,flashmla,-,on,-{values}\n1,off,flashmla,-,on,-{values}\n");
         assert_eq!(done_keys(&a).unwrap(), vec!["1,off,flashmla,-,on,-"]);
         let merged = merge(&[("a".into(), a.clone()), ("b".into(), b)]).unwrap();
         assert_eq!(merged.lines().count(), 3);
         assert!(merged.lines().nth(1).unwrap().starts_with("1,off"));
-        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,true,,,,,cpu\n");
+        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu\n");
         let torn = format!("{h}\n1,off,flashmla,-,on,-,9,2\n");
         assert!(done_keys(&torn)
             .unwrap_err()
-            .contains("row 2 has 8 of the 17 columns"));
+            .contains("row 2 has 8 of the 18 columns"));
         let err = merge(&[("a".into(), a), ("c".into(), conflict)]).unwrap_err();
         assert!(err.contains("point 1,off,flashmla,-,on,- has different rows in a and c"));
         assert!(done_keys("batch,spec\n").is_err());

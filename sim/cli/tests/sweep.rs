@@ -87,6 +87,12 @@ fn a_grid_runs_every_point_once_and_a_resumed_sweep_runs_nothing_again() {
             let measured: f64 = f[col("mean_acceptance_length")].parse().unwrap();
             let analytic: f64 = f[col("analytic_acceptance_length")].parse().unwrap();
             assert!(measured > 1.0 && measured + 0.35 >= analytic, "{r}");
+            // vLLM's identity: the mean acceptance length is 1 + the per-position rates.
+            let per_pos: f64 = f[col("acceptance_per_pos")]
+                .split('/')
+                .map(|x| x.parse::<f64>().unwrap())
+                .sum();
+            assert!((1.0 + per_pos - measured).abs() < 2e-3, "{r}");
         }
     }
     let again = sweep(&out, &[]);
@@ -199,7 +205,7 @@ fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no row has tokens_per_s"));
     let timed = d.join("timed.csv");
-    let row = |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,true,1.0,{tps},1.0,0.8,gpu\n");
+    let row = |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu\n");
     let text = format!(
         "{header}\n{}{}{}{}{}{}",
         row("1,off,flashmla,-,on,-", 100.0),
