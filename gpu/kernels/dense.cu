@@ -194,6 +194,60 @@ extern "C" __global__ void fill(float* __restrict__ x, float v, int n) {
     if (i < n) x[i] = v;
 }
 
+// Model weights from the seed (specmla-model's init.rs, mirrored operation for operation so
+// the host's copy is bit-identical): SplitMix64's finalizer over the tensor's key and the
+// element's index in the tensor's logical row-major layout, the top 24 bits as an exact
+// grid point in [-1, 1), then one rounded multiply (and for a norm gain one rounded add).
+// The _rn intrinsics keep NVRTC from contracting 1 + 0.1 u into an FMA.
+__device__ __forceinline__ unsigned long long init_mix64(unsigned long long z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ float init_value(unsigned long long key, unsigned long long index,
+                                            int norm_gain, float half_width) {
+    unsigned long long h = init_mix64(key + (index + 1ull) * 0x9E3779B97F4A7C15ull);
+    float u = __fmul_rn((float)((int)(h >> 40) - (1 << 23)), 1.0f / 8388608.0f);
+    return norm_gain ? __fadd_rn(1.0f, __fmul_rn(0.1f, u)) : __fmul_rn(u, half_width);
+}
+
+// out[i] = weight i of an f32 tensor of len values, rounded to bf16 (kept as f32) where
+// round_bf16 is set, as the host model's with_bf16_weights.
+extern "C" __global__ void init_f32(float* __restrict__ out, long long len, unsigned long long key,
+                                    int norm_gain, float half_width, int round_bf16) {
+    for (long long i = blockIdx.x * (long long)THREADS + threadIdx.x; i < len; i += (long long)gridDim.x * THREADS) {
+        float v = init_value(key, (unsigned long long)i, norm_gain, half_width);
+        out[i] = round_bf16 ? __uint_as_float((unsigned)bf16_bits(v) << 16) : v;
+    }
+}
+
+// A logical [k, n] tensor stored transposed as bf16, out[j * k + i] = W[i][j] (nn.Linear's
+// layout, what the cuBLASLt GEMMs read). k = 1 stores it untransposed.
+extern "C" __global__ void init_bf16_t(unsigned short* __restrict__ out, long long k, long long n,
+                                       unsigned long long key, int norm_gain, float half_width) {
+    for (long long s = blockIdx.x * (long long)THREADS + threadIdx.x; s < k * n; s += (long long)gridDim.x * THREADS) {
+        long long j = s / k, i = s - j * k;
+        out[s] = bf16_bits(init_value(key, (unsigned long long)(i * n + j), norm_gain, half_width));
+    }
+}
+
+// DeepSeek's kv_b_proj, [heads * (nope + v), lora] bf16: row h * (nope + v) + j holds column
+// j of head h's w_uk ([lora][nope]) for j below nope, else column j - nope of its w_uv.
+extern "C" __global__ void init_kv_b(unsigned short* __restrict__ out, int heads, int lora, int nope, int v,
+                                     unsigned long long key_uk, float half_width_uk,
+                                     unsigned long long key_uv, float half_width_uv) {
+    long long len = (long long)heads * (nope + v) * lora;
+    for (long long s = blockIdx.x * (long long)THREADS + threadIdx.x; s < len; s += (long long)gridDim.x * THREADS) {
+        long long row = s / lora, c = s - row * lora;
+        long long h = row / (nope + v), j = row - h * (nope + v);
+        float w = j < nope
+            ? init_value(key_uk, (unsigned long long)((h * lora + c) * nope + j), 0, half_width_uk)
+            : init_value(key_uv, (unsigned long long)((h * lora + c) * v + j - nope), 0, half_width_uv);
+        out[s] = bf16_bits(w);
+    }
+}
+
 // Deterministic pseudo-random bf16 in [-1, 1) from an integer hash of (seed, index), for
 // benchmark inputs too large to draw on the host.
 extern "C" __global__ void fill_bf16_hash(unsigned short* __restrict__ x, long long n, unsigned seed) {

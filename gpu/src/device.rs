@@ -42,6 +42,9 @@ pub enum GpuError {
     /// A cuBLASLt call that failed (mid-run: a failed run, not the machine's fault).
     #[error("cuBLASLt failed {what}: {status}")]
     Blas { what: String, status: String },
+    /// Weights generated on the device that differ from the host's copy (a failed run).
+    #[error("{0}")]
+    Mirror(String),
     #[error("CUDA call failed while {what}: {source}")]
     Driver {
         what: String,
@@ -55,7 +58,10 @@ impl GpuError {
     /// NVRTC, a kernel the device's compiler refuses, out of memory) rather than a CUDA
     /// call that failed mid-run (a launch, a copy), which is a failed run.
     pub fn is_environment(&self) -> bool {
-        !matches!(self, GpuError::Driver { .. } | GpuError::Blas { .. })
+        !matches!(
+            self,
+            GpuError::Driver { .. } | GpuError::Blas { .. } | GpuError::Mirror(_)
+        )
     }
 
     /// Wraps a driver error with what was being done.

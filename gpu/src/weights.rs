@@ -1,15 +1,19 @@
-//! The models' weights on the device: the same `specmla-model` tensors the CPU backend
-//! computes with, uploaded once. On the bf16 path (the flash path's configurations) the
-//! projections are uploaded as bf16 in nn.Linear's layout for the cuBLASLt GEMMs
-//! instead of as f32, and the per-head up-projections get bf16 copies beside their f32
-//! originals, and one bf16 key-and-value up-projection (DeepSeek's `kv_b_proj`) that the
-//! tensor-core prefill path expands cached latents with.
+//! The models' weights on the device, generated there from the seed: every weight is a
+//! hash of (seed, tensor, index) (`specmla_model::init`), so each tensor is filled in place
+//! in the layout its kernels read, and the host's `TargetModel`/`DrafterModel` (the CPU
+//! backend's and the oracle's copy) hold the same bits. Nothing is uploaded. On the bf16
+//! path (the flash path's configurations) the projections are bf16 in nn.Linear's layout
+//! for the cuBLASLt GEMMs, the per-head up-projections get bf16 copies beside their f32
+//! originals, and one bf16 key-and-value up-projection (DeepSeek's `kv_b_proj`) expands
+//! cached latents for the tensor-core prefill path.
 
-use specmla_core::config::ModelDims;
+use specmla_core::config::{MlaDims, ModelDims};
+use specmla_model::init::{DrafterInit, LayerInit, TargetInit, TensorInit};
 use specmla_model::{q_in_dim, DrafterModel, MlaLayer, TargetModel};
 
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::Buf;
+use crate::ops::Kernels;
 
 /// Which form the projections take on the device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,37 +34,48 @@ pub struct Linear {
     pub bf16_t: Option<Buf<u16>>,
 }
 
-/// `v` as bf16 bits, to nearest even (as the kernels' `to_bf16`).
-fn bf16_bits(v: &[f32]) -> Vec<u16> {
-    v.iter()
-        .map(|&x| half::bf16::from_f32(x).to_bits())
-        .collect()
+/// What generating weights on one device needs: the device, its kernels, the form and
+/// whether f32 tensors are rounded to bf16 (a bf16 checkpoint's values).
+#[derive(Clone, Copy)]
+pub struct Gen<'a> {
+    pub dev: &'a GpuDevice,
+    pub k: &'a Kernels,
+    pub form: WeightForm,
+    pub round_bf16: bool,
 }
 
-impl Linear {
-    /// Uploads `w [k, n]` in `form`.
-    pub fn upload(
-        dev: &GpuDevice,
-        w: &[f32],
+impl Gen<'_> {
+    /// An f32 tensor, as is.
+    fn f32(&self, t: &TensorInit, what: &str) -> Result<Buf<f32>, GpuError> {
+        let b = Buf::uninit(self.dev, t.len, what)?;
+        self.k.init_f32(self.dev, b.ptr(), t, self.round_bf16)?;
+        Ok(b)
+    }
+
+    /// A bf16 tensor in its logical layout.
+    fn bf16(&self, t: &TensorInit, what: &str) -> Result<Buf<u16>, GpuError> {
+        let b = Buf::uninit(self.dev, t.len, &format!("{what} (bf16)"))?;
+        self.k.init_bf16_t(self.dev, b.ptr(), t, (1, t.len))?;
+        Ok(b)
+    }
+
+    /// A projection `[k, n]` in the form.
+    fn linear(
+        &self,
+        t: &TensorInit,
         (k, n): (usize, usize),
-        form: WeightForm,
         what: &str,
-    ) -> Result<Self, GpuError> {
-        assert_eq!(w.len(), k * n, "{what} is not [{k}, {n}]");
-        let (f32, bf16_t) = match form {
-            WeightForm::F32 => (Some(Buf::from_host(dev, w, what)?), None),
+    ) -> Result<Linear, GpuError> {
+        assert_eq!(t.len, k * n, "{what} is not [{k}, {n}]");
+        let (f32, bf16_t) = match self.form {
+            WeightForm::F32 => (Some(self.f32(t, what)?), None),
             WeightForm::Bf16 => {
-                let mut t = vec![0f32; k * n];
-                for (i, row) in w.chunks_exact(n).enumerate() {
-                    for (j, &v) in row.iter().enumerate() {
-                        t[j * k + i] = v;
-                    }
-                }
-                let what = format!("{what} (bf16, transposed)");
-                (None, Some(Buf::from_host(dev, &bf16_bits(&t), &what)?))
+                let b = Buf::uninit(self.dev, t.len, &format!("{what} (bf16, transposed)"))?;
+                self.k.init_bf16_t(self.dev, b.ptr(), t, (k, n))?;
+                (None, Some(b))
             }
         };
-        Ok(Self { k, n, f32, bf16_t })
+        Ok(Linear { k, n, f32, bf16_t })
     }
 }
 
@@ -88,52 +103,53 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
-    pub fn upload(
-        dev: &GpuDevice,
-        l: &MlaLayer,
-        d: &ModelDims,
-        form: WeightForm,
-        name: &str,
-    ) -> Result<Self, GpuError> {
-        let up = |v: &[f32], w: &str| Buf::from_host(dev, v, &format!("{name}.{w}"));
-        let lin = |v: &[f32], kn, w: &str| Linear::upload(dev, v, kn, form, &format!("{name}.{w}"));
+    /// Generates the layer `i` describes.
+    pub fn generate(g: Gen, i: &LayerInit, d: &ModelDims, name: &str) -> Result<Self, GpuError> {
+        let f32 = |t: &TensorInit, w: &str| g.f32(t, &format!("{name}.{w}"));
+        let lin = |t: &TensorInit, kn, w: &str| g.linear(t, kn, &format!("{name}.{w}"));
         let (hid, inter, heads) = (d.hidden_size, d.intermediate_size, d.num_heads);
-        let bf16 =
-            |v: &[f32], w: &str| Buf::from_host(dev, &bf16_bits(v), &format!("{name}.{w} (bf16)"));
+        let bf16_path = g.form == WeightForm::Bf16;
         Ok(Self {
-            attn_norm: up(&l.attn_norm, "attn_norm")?,
-            q_lora: match &l.q_lora {
-                Some(q) => Some((
-                    lin(&q.w_q_a, (hid, d.q_lora_rank), "w_q_a")?,
-                    up(&q.q_a_norm, "q_a_norm")?,
-                )),
+            attn_norm: f32(&i.attn_norm, "attn_norm")?,
+            q_lora: match &i.q_lora {
+                Some((a, n)) => Some((lin(a, (hid, d.q_lora_rank), "w_q_a")?, f32(n, "q_a_norm")?)),
                 None => None,
             },
-            w_q: lin(&l.w_q, (q_in_dim(d), heads * d.qk_head_dim()), "w_q")?,
-            w_dkv: lin(&l.w_dkv, (hid, d.latent_dim()), "w_dkv")?,
-            kv_norm: up(&l.kv_norm, "kv_norm")?,
-            w_uk: up(&l.w_uk, "w_uk")?,
-            w_uv: up(&l.w_uv, "w_uv")?,
-            w_uk_uv_bf16: match form {
-                WeightForm::Bf16 => Some((bf16(&l.w_uk, "w_uk")?, bf16(&l.w_uv, "w_uv")?)),
-                WeightForm::F32 => None,
+            w_q: lin(&i.w_q, (q_in_dim(d), heads * d.qk_head_dim()), "w_q")?,
+            w_dkv: lin(&i.w_dkv, (hid, d.latent_dim()), "w_dkv")?,
+            kv_norm: f32(&i.kv_norm, "kv_norm")?,
+            w_uk: f32(&i.w_uk, "w_uk")?,
+            w_uv: f32(&i.w_uv, "w_uv")?,
+            w_uk_uv_bf16: match bf16_path {
+                true => Some((
+                    g.bf16(&i.w_uk, &format!("{name}.w_uk"))?,
+                    g.bf16(&i.w_uv, &format!("{name}.w_uv"))?,
+                )),
+                false => None,
             },
-            w_kv_b: match form {
-                WeightForm::Bf16 => Some(bf16(&kv_b(l, d), "kv_b")?),
-                WeightForm::F32 => None,
+            w_kv_b: match bf16_path {
+                true => {
+                    let md = MlaDims::from(d);
+                    let len = heads * (md.nope + md.v) * md.kv_lora;
+                    let b = Buf::uninit(g.dev, len, &format!("{name}.kv_b (bf16)"))?;
+                    g.k.init_kv_b(g.dev, b.ptr(), (&i.w_uk, &i.w_uv), md)?;
+                    Some(b)
+                }
+                false => None,
             },
-            w_o: lin(&l.w_o, (heads * d.v_head_dim, hid), "w_o")?,
-            mlp_norm: up(&l.mlp_norm, "mlp_norm")?,
-            w_gate: lin(&l.w_gate, (hid, inter), "w_gate")?,
-            w_up: lin(&l.w_up, (hid, inter), "w_up")?,
-            w_down: lin(&l.w_down, (inter, hid), "w_down")?,
+            w_o: lin(&i.w_o, (heads * d.v_head_dim, hid), "w_o")?,
+            mlp_norm: f32(&i.mlp_norm, "mlp_norm")?,
+            w_gate: lin(&i.w_gate, (hid, inter), "w_gate")?,
+            w_up: lin(&i.w_up, (hid, inter), "w_up")?,
+            w_down: lin(&i.w_down, (inter, hid), "w_down")?,
         })
     }
 }
 
 /// `[H * (nope + v), kv_lora]`: row `h * (nope + v) + j` is column j of head h's
 /// `w_uk` (`[kv_lora][nope]`) for j below nope, else column `j - nope` of its `w_uv`.
-fn kv_b(l: &MlaLayer, d: &ModelDims) -> Vec<f32> {
+/// The host's statement of the layout `init_kv_b` fills, for checks.
+pub fn kv_b(l: &MlaLayer, d: &ModelDims) -> Vec<f32> {
     let (heads, lora) = (d.num_heads, d.kv_lora_rank);
     let (nope, v) = (d.qk_nope_head_dim, d.v_head_dim);
     let mut out = Vec::with_capacity(heads * (nope + v) * lora);
@@ -159,29 +175,40 @@ pub struct TargetWeights {
 }
 
 impl TargetWeights {
-    pub fn upload(dev: &GpuDevice, m: &TargetModel, form: WeightForm) -> Result<Self, GpuError> {
+    /// Generates the weights of `m` from its seed (`m`'s own vectors are the host mirror
+    /// and are not read, except by [`check_mirror`]).
+    pub fn generate(
+        dev: &GpuDevice,
+        k: &Kernels,
+        m: &TargetModel,
+        form: WeightForm,
+    ) -> Result<Self, GpuError> {
         let d = &m.dims;
-        Ok(Self {
-            embed_tokens: Buf::from_host(dev, &m.embed_tokens, "target embed_tokens")?,
-            layers: m
+        let i = TargetInit::new(d, m.seed);
+        let g = Gen {
+            dev,
+            k,
+            form,
+            round_bf16: m.bf16_weights,
+        };
+        let w = Self {
+            embed_tokens: g.f32(&i.embed_tokens, "target embed_tokens")?,
+            layers: i
                 .layers
                 .iter()
                 .enumerate()
-                .map(|(i, l)| LayerWeights::upload(dev, l, d, form, &format!("target layer {i}")))
+                .map(|(l, li)| LayerWeights::generate(g, li, d, &format!("target layer {l}")))
                 .collect::<Result<_, _>>()?,
-            final_norm: Buf::from_host(dev, &m.final_norm, "target final_norm")?,
-            lm_head: Linear::upload(
-                dev,
-                &m.lm_head,
-                (d.hidden_size, d.vocab_size),
-                form,
-                "target lm_head",
-            )?,
-        })
+            final_norm: g.f32(&i.final_norm, "target final_norm")?,
+            lm_head: g.linear(&i.lm_head, (d.hidden_size, d.vocab_size), "target lm_head")?,
+        };
+        check_mirror(dev, &w.final_norm, &m.final_norm, "target final_norm")?;
+        Ok(w)
     }
 }
 
-/// The drafter on the device.
+/// The drafter on the device. Its embedding table has one row more than the vocabulary:
+/// row `vocab` is DFlash's mask embedding, so a query block's inputs are one gather.
 pub struct DrafterWeights {
     pub embed_tokens: Buf<f32>,
     pub fc: Linear,
@@ -192,31 +219,62 @@ pub struct DrafterWeights {
 }
 
 impl DrafterWeights {
-    pub fn upload(dev: &GpuDevice, m: &DrafterModel, form: WeightForm) -> Result<Self, GpuError> {
+    /// Generates the weights of `m` from its seed, as [`TargetWeights::generate`].
+    pub fn generate(
+        dev: &GpuDevice,
+        k: &Kernels,
+        m: &DrafterModel,
+        form: WeightForm,
+    ) -> Result<Self, GpuError> {
         let d = &m.dims;
-        let hid = d.hidden_size;
-        Ok(Self {
-            embed_tokens: Buf::from_host(dev, &m.embed_tokens, "drafter embed_tokens")?,
-            fc: Linear::upload(dev, &m.fc, (2 * hid, hid), form, "drafter fc")?,
-            fc_ctx: Linear::upload(dev, &m.fc_ctx, (hid, hid), form, "drafter fc_ctx")?,
-            layer: LayerWeights::upload(dev, &m.layer, d, form, "drafter layer")?,
-            final_norm: Buf::from_host(dev, &m.final_norm, "drafter final_norm")?,
-            lm_head: Linear::upload(
-                dev,
-                &m.lm_head,
-                (hid, d.vocab_size),
-                form,
-                "drafter lm_head",
-            )?,
-        })
+        let (hid, vocab) = (d.hidden_size, d.vocab_size);
+        let i = DrafterInit::new(d, m.seed);
+        let g = Gen {
+            dev,
+            k,
+            form,
+            round_bf16: m.bf16_weights,
+        };
+        let embed_tokens = Buf::uninit(dev, (vocab + 1) * hid, "drafter embed_tokens")?;
+        k.init_f32(dev, embed_tokens.ptr(), &i.embed_tokens, g.round_bf16)?;
+        let mask = embed_tokens.ptr().range(vocab * hid, hid);
+        k.init_f32(dev, mask, &i.mask_embedding, g.round_bf16)?;
+        let w = Self {
+            embed_tokens,
+            fc: g.linear(&i.fc, (2 * hid, hid), "drafter fc")?,
+            fc_ctx: g.linear(&i.fc_ctx, (hid, hid), "drafter fc_ctx")?,
+            layer: LayerWeights::generate(g, &i.layer, d, "drafter layer")?,
+            final_norm: g.f32(&i.final_norm, "drafter final_norm")?,
+            lm_head: g.linear(&i.lm_head, (hid, vocab), "drafter lm_head")?,
+        };
+        check_mirror(dev, &w.final_norm, &m.final_norm, "drafter final_norm")?;
+        Ok(w)
+    }
+}
+
+/// Compares a small generated tensor with the host's copy bit for bit: a start-up guard
+/// that the device and the host compute the same model (a host model edited after
+/// `from_seed`, or a device whose arithmetic differs, fails here rather than in a check
+/// far downstream). `gpu-test` compares every tensor.
+fn check_mirror(dev: &GpuDevice, got: &Buf<f32>, host: &[f32], what: &str) -> Result<(), GpuError> {
+    let got = got.read(dev, host.len())?;
+    match got
+        .iter()
+        .zip(host)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        None => Ok(()),
+        Some(i) => Err(GpuError::Mirror(format!(
+            "{what}[{i}] generated on the device is {:e}, the host's copy {:e}: the GPU does \
+             not run the host's model",
+            got[i], host[i]
+        ))),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::SeedableRng;
-    use rand_chacha::ChaCha8Rng;
 
     /// `kv_b`'s row for head h and output j holds, along the latent, column j of head h's
     /// `w_uk` (j below nope) or column j - nope of its `w_uv`: one GEMM by it gives the
@@ -224,7 +282,7 @@ mod tests {
     #[test]
     fn kv_b_holds_each_heads_key_then_value_columns() {
         let d = ModelDims::tiny();
-        let l = MlaLayer::random(&d, &mut ChaCha8Rng::seed_from_u64(3));
+        let l = MlaLayer::from_seed(&d, 3, 0);
         let w = kv_b(&l, &d);
         let (heads, lora) = (d.num_heads, d.kv_lora_rank);
         let (nope, v) = (d.qk_nope_head_dim, d.v_head_dim);

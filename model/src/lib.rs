@@ -1,30 +1,30 @@
 //! specmla-model: the tiny MLA transformer both backends run (RULES §10). It owns
-//! the weights, drawn deterministically from a ChaCha8 seed, and the f32 building blocks
+//! the weights, a pure function of the seed ([`init`]: a counter-based hash, so the CUDA
+//! backend generates them on the device), and the f32 building blocks
 //! the CPU backend computes with (RMSNorm, RoPE, SwiGLU, row-major mat-vec): one MLA
 //! layer's projections around attention, the target model and the one-layer drafter.
-//! The CUDA backend uploads the same weights and mirrors these blocks in its kernels.
+//! The CUDA backend fills the same weights on the device and mirrors these blocks in its
+//! kernels.
 //!
 //! Attention itself lives in the backends: a layer only produces a token's query and the
 //! latent row it caches, and consumes the attention output. All matrices are row-major
 //! `[in, out]` (`y = x @ W`).
 #![forbid(unsafe_code)]
 
-use rand::{Rng, SeedableRng};
-use rand_chacha::ChaCha8Rng;
+pub mod init;
+
+use init::{DrafterInit, LayerInit, TargetInit};
 use specmla_core::config::ModelDims;
 
-/// ChaCha8 stream of the target model's weights.
+pub use init::{EMBED_SCALE, LM_HEAD_GAIN};
+
+/// Hash stream of the target model's weights.
 pub const TARGET_STREAM: u64 = specmla_core::rng::Stream::TargetWeights as u64;
-/// ChaCha8 stream of the drafter's weights, so a drafter built from the same seed as the
-/// target shares no random draws with it.
+/// Hash stream of the drafter's weights, so a drafter built from the same seed as the
+/// target shares no weights with it.
 pub const DRAFTER_STREAM: u64 = specmla_core::rng::Stream::DrafterWeights as u64;
 /// RMSNorm epsilon.
 pub const RMS_EPS: f32 = 1e-6;
-/// Gain on the LM head's init range. Unit-variance logits leave argmax margins so thin that
-/// f32 and f64 would disagree too often; 3x gives logits with a std of about 3.
-pub const LM_HEAD_GAIN: f32 = 3.0;
-/// Half-width of the uniform init of token and mask embeddings.
-pub const EMBED_SCALE: f32 = 1.0;
 
 /// RMSNorm with a learned gain (`RMS_EPS` inside the root).
 pub fn rms_norm(x: &[f32], weight: &[f32]) -> Vec<f32> {
@@ -105,29 +105,6 @@ pub fn argmax(logits: &[f32]) -> u32 {
         }
     }
     best as u32
-}
-
-fn uniform(rng: &mut ChaCha8Rng, len: usize, half_width: f32) -> Vec<f32> {
-    (0..len)
-        .map(|_| rng.gen_range(-half_width..half_width))
-        .collect()
-}
-
-/// Fan-in scaled init: unit-variance inputs give unit-variance outputs.
-fn linear(rng: &mut ChaCha8Rng, in_dim: usize, out_dim: usize) -> Vec<f32> {
-    uniform(rng, in_dim * out_dim, (3.0 / in_dim as f32).sqrt())
-}
-
-fn norm_weight(rng: &mut ChaCha8Rng, len: usize) -> Vec<f32> {
-    (0..len)
-        .map(|_| 1.0 + rng.gen_range(-0.1f32..0.1))
-        .collect()
-}
-
-fn seeded(seed: u64, stream: u64) -> ChaCha8Rng {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    rng.set_stream(stream);
-    rng
 }
 
 /// Row `token` of a `[vocab, width]` table. Token ids come from the model's own vocabulary,
@@ -213,30 +190,30 @@ impl MlaLayer {
         }
     }
 
-    /// Draws a layer's weights from `rng`, in field order.
-    pub fn random(dims: &ModelDims, rng: &mut ChaCha8Rng) -> Self {
-        let (d, h) = (dims.hidden_size, dims.num_heads);
-        let (lora, nope, v) = (dims.kv_lora_rank, dims.qk_nope_head_dim, dims.v_head_dim);
-        let attn_norm = norm_weight(rng, d);
-        let r = dims.q_lora_rank;
-        let q_lora = (r > 0).then(|| QLora {
-            w_q_a: linear(rng, d, r),
-            q_a_norm: norm_weight(rng, r),
-        });
+    /// The layer's weights computed on the host from their recipes.
+    pub fn from_init(i: &LayerInit) -> Self {
         Self {
-            attn_norm,
-            q_lora,
-            w_q: linear(rng, q_in_dim(dims), h * dims.qk_head_dim()),
-            w_dkv: linear(rng, d, dims.latent_dim()),
-            kv_norm: norm_weight(rng, lora),
-            w_uk: uniform(rng, h * lora * nope, (3.0 / lora as f32).sqrt()),
-            w_uv: uniform(rng, h * lora * v, (3.0 / lora as f32).sqrt()),
-            w_o: linear(rng, h * v, d),
-            mlp_norm: norm_weight(rng, d),
-            w_gate: linear(rng, d, dims.intermediate_size),
-            w_up: linear(rng, d, dims.intermediate_size),
-            w_down: linear(rng, dims.intermediate_size, d),
+            attn_norm: i.attn_norm.host(),
+            q_lora: i.q_lora.map(|(a, n)| QLora {
+                w_q_a: a.host(),
+                q_a_norm: n.host(),
+            }),
+            w_q: i.w_q.host(),
+            w_dkv: i.w_dkv.host(),
+            kv_norm: i.kv_norm.host(),
+            w_uk: i.w_uk.host(),
+            w_uv: i.w_uv.host(),
+            w_o: i.w_o.host(),
+            mlp_norm: i.mlp_norm.host(),
+            w_gate: i.w_gate.host(),
+            w_up: i.w_up.host(),
+            w_down: i.w_down.host(),
         }
+    }
+
+    /// Layer `layer` of the target drawn from `seed` (for tests of one layer).
+    pub fn from_seed(dims: &ModelDims, seed: u64, layer: usize) -> Self {
+        Self::from_init(&LayerInit::new(dims, seed, TARGET_STREAM, layer))
     }
 
     /// The token's query `[H*(nope+rope)]` (RoPE applied at `pos`) and its latent row
@@ -295,6 +272,11 @@ impl MlaLayer {
 pub struct TargetModel {
     /// Shapes the weights were drawn for.
     pub dims: ModelDims,
+    /// The seed the weights are a function of ([`TargetInit`]): a device backend
+    /// regenerates them from it rather than uploading these vectors.
+    pub seed: u64,
+    /// Whether every weight was rounded to bf16 ([`Self::with_bf16_weights`]).
+    pub bf16_weights: bool,
     /// Token embedding `[vocab, hidden]`.
     pub embed_tokens: Vec<f32>,
     /// The transformer layers.
@@ -306,22 +288,17 @@ pub struct TargetModel {
 }
 
 impl TargetModel {
-    /// Draws the target's weights from `seed` on [`TARGET_STREAM`].
+    /// The target's weights for `seed` ([`TargetInit`], on [`TARGET_STREAM`]).
     pub fn from_seed(dims: &ModelDims, seed: u64) -> Self {
-        let mut rng = seeded(seed, TARGET_STREAM);
-        let (d, vocab) = (dims.hidden_size, dims.vocab_size);
-        let embed_tokens = uniform(&mut rng, vocab * d, EMBED_SCALE);
-        let layers = (0..dims.num_layers)
-            .map(|_| MlaLayer::random(dims, &mut rng))
-            .collect();
-        let final_norm = norm_weight(&mut rng, d);
-        let lm_head = uniform(&mut rng, d * vocab, LM_HEAD_GAIN * (3.0 / d as f32).sqrt());
+        let i = TargetInit::new(dims, seed);
         Self {
             dims: dims.clone(),
-            embed_tokens,
-            layers,
-            final_norm,
-            lm_head,
+            seed,
+            bf16_weights: false,
+            embed_tokens: i.embed_tokens.host(),
+            layers: i.layers.iter().map(MlaLayer::from_init).collect(),
+            final_norm: i.final_norm.host(),
+            lm_head: i.lm_head.host(),
         }
     }
 
@@ -329,6 +306,7 @@ impl TargetModel {
     /// the values a bf16 checkpoint holds, so a bf16 GPU path and the f32 CPU reference
     /// compute with the same weights.
     pub fn with_bf16_weights(mut self) -> Self {
+        self.bf16_weights = true;
         round_all(&mut self.embed_tokens);
         self.layers.iter_mut().for_each(MlaLayer::round_to_bf16);
         round_all(&mut self.final_norm);
@@ -360,6 +338,10 @@ impl TargetModel {
 pub struct DrafterModel {
     /// Shapes the weights were drawn for (`num_layers` is ignored: always one layer).
     pub dims: ModelDims,
+    /// The seed the weights are a function of ([`DrafterInit`]).
+    pub seed: u64,
+    /// Whether every weight was rounded to bf16 ([`Self::with_bf16_weights`]).
+    pub bf16_weights: bool,
     /// Token embedding `[vocab, hidden]`.
     pub embed_tokens: Vec<f32>,
     /// EAGLE/MTP input fusion `[2*hidden, hidden]` over `concat(embedding, hidden)`.
@@ -377,28 +359,30 @@ pub struct DrafterModel {
 }
 
 impl DrafterModel {
-    /// Draws the drafter's weights from `seed` on [`DRAFTER_STREAM`].
+    /// The drafter's weights for `seed` ([`DrafterInit`], on [`DRAFTER_STREAM`]).
     pub fn from_seed(dims: &ModelDims, seed: u64) -> Self {
-        let mut rng = seeded(seed, DRAFTER_STREAM);
-        let (d, vocab) = (dims.hidden_size, dims.vocab_size);
+        let i = DrafterInit::new(dims, seed);
         Self {
             dims: ModelDims {
                 num_layers: 1,
                 ..dims.clone()
             },
-            embed_tokens: uniform(&mut rng, vocab * d, EMBED_SCALE),
-            fc: linear(&mut rng, 2 * d, d),
-            fc_ctx: linear(&mut rng, d, d),
-            mask_embedding: uniform(&mut rng, d, EMBED_SCALE),
-            layer: MlaLayer::random(dims, &mut rng),
-            final_norm: norm_weight(&mut rng, d),
-            lm_head: uniform(&mut rng, d * vocab, LM_HEAD_GAIN * (3.0 / d as f32).sqrt()),
+            seed,
+            bf16_weights: false,
+            embed_tokens: i.embed_tokens.host(),
+            fc: i.fc.host(),
+            fc_ctx: i.fc_ctx.host(),
+            mask_embedding: i.mask_embedding.host(),
+            layer: MlaLayer::from_init(&i.layer),
+            final_norm: i.final_norm.host(),
+            lm_head: i.lm_head.host(),
         }
     }
 
     /// The same drafter with every weight rounded to bf16, as
     /// [`TargetModel::with_bf16_weights`].
     pub fn with_bf16_weights(mut self) -> Self {
+        self.bf16_weights = true;
         for w in [
             &mut self.embed_tokens,
             &mut self.fc,
@@ -468,8 +452,9 @@ mod tests {
 
     #[test]
     fn rope_preserves_pair_norms_and_is_relative() {
-        let mut rng = seeded(3, 9);
-        let (a, b) = (uniform(&mut rng, 8, 1.0), uniform(&mut rng, 8, 1.0));
+        let unit = init::Init::Uniform { half_width: 1.0 };
+        let a = init::TensorInit::new(3, 9, 0, unit, 8).host();
+        let b = init::TensorInit::new(3, 9, 1, unit, 8).host();
         let rotated = |v: &[f32], pos| {
             let mut v = v.to_vec();
             apply_rope(&mut v, pos, 10_000.0);

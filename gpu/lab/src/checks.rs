@@ -778,6 +778,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     let fk = FlashKernels::load(dev)?;
     let mut results = vec![check_out_of_memory(dev)];
     results.extend(crate::checks_dense::run_dense(dev, &k)?);
+    results.extend(crate::checks_weights::run_weights(dev, &k)?);
     for (i, (dim, tokens)) in [(40, 1), (40, 37), (576, 130)].into_iter().enumerate() {
         results.push(check_kv_write(dev, &k, dim, tokens, i as u64)?);
     }

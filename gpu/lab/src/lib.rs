@@ -10,5 +10,6 @@ pub mod checks;
 pub mod checks_dense;
 pub mod checks_gemm;
 pub mod checks_prefill;
+pub mod checks_weights;
 pub mod invariance;
 pub mod reference;

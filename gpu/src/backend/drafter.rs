@@ -176,12 +176,26 @@ impl GpuBackend {
         self.cache_drafter_latents(ws, &pass.context_slots, e)?;
         // The query block: token or mask embeddings, every position's latent cached.
         let nb = pass.block_tokens.len();
-        let block_x: Vec<f32> = pass
-            .block_tokens
-            .iter()
-            .flat_map(|t| self.drafter_host.block_x(*t))
-            .collect();
-        ws.x.write(&dev, &block_x)?;
+        let ids: Vec<u32> = pass.block_tokens.iter().map(|t| t.unwrap_or(0)).collect();
+        let mut ids = self.check_tokens(&ids)?;
+        for (id, t) in ids.iter_mut().zip(&pass.block_tokens) {
+            if t.is_none() {
+                *id = d.vocab_size as i32; // the mask embedding's row
+            }
+        }
+        ws.ids.write(&dev, &ids)?;
+        // SAFETY: every id is a checked token or the mask row `vocab`, and the drafter's
+        // table has vocab + 1 rows (DrafterWeights).
+        unsafe {
+            k.embed(
+                &dev,
+                self.drafter.embed_tokens.ptr(),
+                ws.ids.ptr(),
+                ws.x.ptr(),
+                nb,
+                hid,
+            )
+        }?;
         ws.positions.write(&dev, &as_i32(&pass.block_positions))?;
         self.qkv(w, ws, nb, true)?;
         self.cache_drafter_latents(ws, &pass.block_slots, nb)?;

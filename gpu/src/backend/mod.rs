@@ -108,7 +108,6 @@ pub struct GpuBackend {
     md: MlaDims,
     target: TargetWeights,
     drafter: DrafterWeights,
-    drafter_host: Arc<DrafterModel>,
     /// `[layers, slots, latent]`, NaN-poisoned.
     target_cache: Buf<f32>,
     /// `[slots, latent]`, NaN-poisoned.
@@ -187,9 +186,8 @@ impl GpuBackend {
         k.fill(&dev, target_cache.ptr(), f32::NAN, target_cache.len())?;
         k.fill(&dev, drafter_cache.ptr(), f32::NAN, drafter_cache.len())?;
         Ok(Self {
-            target: TargetWeights::upload(&dev, &target, form)?,
-            drafter: DrafterWeights::upload(&dev, &drafter, form)?,
-            drafter_host: drafter,
+            target: TargetWeights::generate(&dev, &k, &target, form)?,
+            drafter: DrafterWeights::generate(&dev, &k, &drafter, form)?,
             md: MlaDims::from(&d),
             dims: d,
             cfg: cfg.clone(),

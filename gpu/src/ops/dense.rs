@@ -5,6 +5,15 @@
 use super::{blocks, Kernels, MlaDims};
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::{Arg, DPtr};
+use specmla_model::init::{Init, TensorInit};
+
+/// `init_value`'s `(norm_gain, half_width)` arguments for `init`.
+fn init_args(init: Init) -> (Arg, Arg) {
+    match init {
+        Init::Uniform { half_width } => (Arg::I32(0), Arg::F32(half_width)),
+        Init::NormGain => (Arg::I32(1), Arg::F32(0.0)),
+    }
+}
 
 impl Kernels {
     /// `out[t] = table[ids[t]]`, rows of width `d`.
@@ -393,6 +402,88 @@ impl Kernels {
         // SAFETY: argument list matches fill_bf16_hash (the seed's bits pass as an int);
         // size checked above; the kernel strides over n.
         unsafe { self.go(dev, "fill_bf16_hash", (blocks(n).min(1 << 20), 1), &args) }
+    }
+
+    /// Fills `out` with the f32 tensor `t` (specmla-model's `init`), each weight rounded to
+    /// bf16 where `round_bf16` is set.
+    pub fn init_f32(
+        &self,
+        dev: &GpuDevice,
+        out: DPtr<f32>,
+        t: &TensorInit,
+        round_bf16: bool,
+    ) -> Result<(), GpuError> {
+        out.need(t.len);
+        let (norm_gain, half_width) = init_args(t.init);
+        let args = [
+            out.into(),
+            Arg::I64(t.len as i64),
+            Arg::I64(t.key as i64),
+            norm_gain,
+            half_width,
+            Arg::I32(round_bf16 as i32),
+        ];
+        // SAFETY: argument list matches init_f32 (the key's bits pass as a long long); size
+        // checked above; the kernel strides over len.
+        unsafe { self.go(dev, "init_f32", (blocks(t.len).min(1 << 16), 1), &args) }
+    }
+
+    /// Fills `out` with the logical `[k, n]` tensor `t` stored transposed as bf16 (`[n, k]`,
+    /// nn.Linear's layout); `k` 1 stores it as is.
+    pub fn init_bf16_t(
+        &self,
+        dev: &GpuDevice,
+        out: DPtr<u16>,
+        t: &TensorInit,
+        (k, n): (usize, usize),
+    ) -> Result<(), GpuError> {
+        assert_eq!(k * n, t.len, "tensor is not [{k}, {n}]");
+        out.need(t.len);
+        let (norm_gain, half_width) = init_args(t.init);
+        let args = [
+            out.into(),
+            Arg::I64(k as i64),
+            Arg::I64(n as i64),
+            Arg::I64(t.key as i64),
+            norm_gain,
+            half_width,
+        ];
+        // SAFETY: argument list matches init_bf16_t; size checked above; the kernel
+        // strides over k * n.
+        unsafe { self.go(dev, "init_bf16_t", (blocks(t.len).min(1 << 16), 1), &args) }
+    }
+
+    /// Fills `out` with DeepSeek's `kv_b_proj` in nn.Linear's layout, `[H * (nope + v),
+    /// kv_lora]` bf16, from the layer's `w_uk` and `w_uv` recipes.
+    pub fn init_kv_b(
+        &self,
+        dev: &GpuDevice,
+        out: DPtr<u16>,
+        (uk, uv): (&TensorInit, &TensorInit),
+        d: MlaDims,
+    ) -> Result<(), GpuError> {
+        let len = d.heads * (d.nope + d.v) * d.kv_lora;
+        assert_eq!(
+            (uk.len, uv.len),
+            (d.heads * d.kv_lora * d.nope, d.heads * d.kv_lora * d.v)
+        );
+        out.need(len);
+        let (_, hw_uk) = init_args(uk.init);
+        let (_, hw_uv) = init_args(uv.init);
+        let args = [
+            out.into(),
+            d.heads.into(),
+            d.kv_lora.into(),
+            d.nope.into(),
+            d.v.into(),
+            Arg::I64(uk.key as i64),
+            hw_uk,
+            Arg::I64(uv.key as i64),
+            hw_uv,
+        ];
+        // SAFETY: argument list matches init_kv_b; size checked above; the kernel strides
+        // over heads * (nope + v) * lora.
+        unsafe { self.go(dev, "init_kv_b", (blocks(len).min(1 << 16), 1), &args) }
     }
 
     /// Reads the `n` floats of `x` (n a multiple of 4) and writes nothing: over a buffer

@@ -244,8 +244,8 @@ mod tests {
 
     fn setup(seed: u64) -> (MlaDims, MlaLayer, ChaCha8Rng) {
         let dims = specmla_core::config::ModelDims::tiny();
-        let mut rng = ChaCha8Rng::seed_from_u64(seed);
-        let layer = MlaLayer::random(&dims, &mut rng);
+        let rng = ChaCha8Rng::seed_from_u64(seed);
+        let layer = MlaLayer::from_seed(&dims, seed, 0);
         (MlaDims::from(&dims), layer, rng)
     }
 
