@@ -65,7 +65,7 @@ __device__ __forceinline__ void fp_load(unsigned short* tile, const unsigned sho
 // The end both families share: the quad's row sums, then this thread's two rows (qi[i],
 // of the row's q_len) of output, value 8t + 2 (lane % 4) + e at o_at(t, i, e), scaled by
 // 1 / l, and their LSEs (m2: the row maxima in base-2 units); rows without keys get
-// zeros and -inf.
+// zeros and -inf, rows that read a NaN key NaN and NaN.
 template <class OAt>
 __device__ __forceinline__ void fp_store_rows(float* l, const float* m2, OAt o_at, const int* qi,
                                               int q_len, int qb, int h, int heads, int total_q,
@@ -79,7 +79,7 @@ __device__ __forceinline__ void fp_store_rows(float* l, const float* m2, OAt o_a
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         if (qi[i] >= q_len) continue;
-        const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
+        const float inv = l[i] > 0.f ? 1.f / l[i] : l[i] == 0.f ? 0.f : NAN_F;  // NaN: poisoned
         float* dst = out + ((long long)(qb + qi[i]) * heads + h) * FP_DV + (lane % 4) * 2;
 #pragma unroll
         for (int t = 0; t < FP_DV / 8; ++t)

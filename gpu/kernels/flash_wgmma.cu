@@ -113,7 +113,9 @@ __device__ __forceinline__ void fw_pv(float* d, unsigned long long a, unsigned l
 // is total; -inf for a row that saw no key. Outside the sm_90a block: the mma.sync
 // prefill kernels use it too.
 __device__ __forceinline__ float fw_lse_of(float m, float total) {
-    return total > 0.f ? (m + log2f(total)) * 0.6931471805599453f : NEG_INF;
+    // A NaN key makes the total NaN: the LSE is NaN too, so a merge cannot mistake the
+    // rows for an empty key set (-inf) and drop the poison.
+    return total > 0.f ? (m + log2f(total)) * 0.6931471805599453f : total == 0.f ? NEG_INF : NAN_F;
 }
 
 // The parameter list both Hopper decode kernels take (see flash_decode_wgmma).

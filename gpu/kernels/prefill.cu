@@ -61,14 +61,17 @@ extern "C" __global__ void mla_prefill(const float* __restrict__ q, const float*
     }
     for (int x = 0; x < MAX_V_PER_THREAD; ++x) {
         int d = threadIdx.x + x * THREADS;
-        if (d < dv) out[((long long)i * heads + h) * dv + d] = l > 0.f ? acc[x] / l : 0.f;
+        if (d < dv) out[((long long)i * heads + h) * dv + d] = l > 0.f ? acc[x] / l : (l == 0.f ? 0.f : NAN_F);
     }
-    if (threadIdx.x == 0) lse[(long long)h * m + i] = l > 0.f ? mx + logf(l) : NEG_INF;
+    // A NaN key (a stale or missing slot) makes l NaN: the row's state is NaN, LSE included,
+    // so no merge can weigh it as an empty key set.
+    if (threadIdx.x == 0) lse[(long long)h * m + i] = l > 0.f ? mx + logf(l) : (l == 0.f ? NEG_INF : NAN_F);
 }
 
 // a <- merge(a, b) for m tokens: the union of two disjoint key sets as one softmax;
-// an empty side (lse = -inf) has weight zero. b_lse_transposed != 0 is fault F1: b's
-// LSE, laid out [heads, tokens], is read as if it were [tokens, heads].
+// an empty side (lse = -inf) has weight zero, a poisoned side (lse NaN: it read a NaN key)
+// poisons the result. b_lse_transposed != 0 is fault F1: b's LSE, laid out [heads, tokens],
+// is read as if it were [tokens, heads].
 extern "C" __global__ void merge_states(float* __restrict__ a_out, float* __restrict__ a_lse,
                                         const float* __restrict__ b_out, const float* __restrict__ b_lse,
                                         int m, int heads, int dv, int b_lse_transposed) {
@@ -76,13 +79,14 @@ extern "C" __global__ void merge_states(float* __restrict__ a_out, float* __rest
     if (i >= m) return;
     float la = a_lse[(long long)h * m + i];
     float lb = b_lse[b_lse_transposed ? (long long)i * heads + h : (long long)h * m + i];
+    const bool poisoned = la != la || lb != lb;  // fmaxf would drop the NaN
     float mx = fmaxf(la, lb);
     float wa = mx == NEG_INF ? 0.f : __expf(la - mx), wb = mx == NEG_INF ? 0.f : __expf(lb - mx);
     float sum = wa + wb;
     for (int d = threadIdx.x; d < dv; d += blockDim.x) {
         long long o = ((long long)i * heads + h) * dv + d;
-        a_out[o] = sum > 0.f ? (a_out[o] * wa + b_out[o] * wb) / sum : 0.f;
+        a_out[o] = poisoned ? NAN_F : sum > 0.f ? (a_out[o] * wa + b_out[o] * wb) / sum : 0.f;
     }
     __syncthreads();
-    if (threadIdx.x == 0) a_lse[(long long)h * m + i] = sum > 0.f ? mx + logf(sum) : NEG_INF;
+    if (threadIdx.x == 0) a_lse[(long long)h * m + i] = poisoned ? NAN_F : sum > 0.f ? mx + logf(sum) : NEG_INF;
 }

@@ -231,8 +231,9 @@ pub fn run_prefill_checks(
         )?);
     }
     out.extend(check_prefill_invariance(dev, fk)?);
-    out.push(check_prefill_merge(dev, k, fk, false)?);
-    out.push(check_prefill_merge(dev, k, fk, true)?);
+    for case in [MergeCase::Clean, MergeCase::F1, MergeCase::StaleContextKey] {
+        out.push(check_prefill_merge(dev, k, fk, case)?);
+    }
     out.push(check_gather_latent(dev, fk)?);
     Ok(out)
 }
@@ -259,6 +260,14 @@ impl KeySet {
             v: k.v.clone().unwrap_or_default(),
         };
         (set, k)
+    }
+
+    /// Key `key`'s nope, rope and value parts set to NaN.
+    fn poison(&mut self, heads: usize, key: usize) {
+        let nan = 0x7fc0u16;
+        self.k_nope[key * heads * 128..(key + 1) * heads * 128].fill(nan);
+        self.k_rope[key * 64..(key + 1) * 64].fill(nan);
+        self.v[key * heads * PREFILL_DV..(key + 1) * heads * PREFILL_DV].fill(nan);
     }
 
     fn rows(&self, heads: usize, rows: &[usize]) -> KeySet {
@@ -382,10 +391,11 @@ pub fn check_prefill_merge(
     dev: &GpuDevice,
     k: &Kernels,
     fk: &FlashKernels,
-    f1: bool,
+    case: MergeCase,
 ) -> Result<CaseResult, GpuError> {
+    let f1 = case == MergeCase::F1;
     let heads = 16;
-    let rows = [(9usize, 300usize), (64, 0), (37, 129)];
+    let rows: [(usize, usize); 3] = [(9, 300), (64, 0), (37, 129)];
     let mut rng = ChaCha8Rng::seed_from_u64(970);
     let total_q: usize = rows.iter().map(|r| r.0).sum();
     let total_k: usize = rows.iter().map(|r| r.0 + r.1).sum();
@@ -409,6 +419,10 @@ pub fn check_prefill_merge(
         true,
         (&q_bits, &keys.rows(heads, &new_rows)),
     )?;
+    let mut ctx_keys = keys.rows(heads, &ctx_rows);
+    if case == MergeCase::StaleContextKey {
+        ctx_keys.poison(heads, STALE_KEY);
+    }
     let ctx = run_prefill(
         dev,
         fk,
@@ -416,7 +430,7 @@ pub fn check_prefill_merge(
         heads,
         &ctx_shape,
         false,
-        (&q_bits, &keys.rows(heads, &ctx_rows)),
+        (&q_bits, &ctx_keys),
     )?;
     let (a_out, a_lse) = (upload(dev, &ctx.0)?, upload(dev, &ctx.1)?);
     let (b_out, b_lse) = (upload(dev, &new.0)?, upload(dev, &new.1)?);
@@ -447,6 +461,14 @@ pub fn check_prefill_merge(
         true,
         1.0 / (PREFILL_DQK as f64).sqrt(),
     );
+    if case == MergeCase::StaleContextKey {
+        return Ok(stale_key_result(
+            rows,
+            heads,
+            (&got_out, &got_lse),
+            (&want_out, &want_lse),
+        ));
+    }
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     Ok(CaseResult {
         kernel: "prefill+merge bf16",
@@ -462,6 +484,65 @@ pub fn check_prefill_merge(
         // The mutant passes when it is caught.
         passed: (err <= BF16_TOL) != f1,
     })
+}
+
+/// What [`check_prefill_merge`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MergeCase {
+    Clean,
+    /// The catalog's F1: the new tokens' LSE read transposed (must be caught).
+    F1,
+    /// Context key [`STALE_KEY`] (row 0's) is NaN, as a latent read from a stale or
+    /// missing slot is.
+    StaleContextKey,
+}
+
+/// The context key poisoned by [`MergeCase::StaleContextKey`]: row 0's 151st.
+const STALE_KEY: usize = 150;
+
+/// The stale-key case: row 0's tokens come out NaN, output and LSE (the poison survives
+/// the non-causal context pass and both merges instead of reading as an empty chunk),
+/// and the other rows as the clean reference.
+/// Columns `cols` of each head's row of a `[heads, total_q]` LSE array.
+fn lse_cols<T: Copy>(v: &[T], heads: usize, cols: std::ops::Range<usize>) -> Vec<T> {
+    let total_q = v.len() / heads;
+    (0..heads)
+        .flat_map(|h| v[h * total_q..(h + 1) * total_q][cols.clone()].to_vec())
+        .collect()
+}
+
+fn stale_key_result(
+    rows: [(usize, usize); 3],
+    heads: usize,
+    (got_out, got_lse): (&[f32], &[f32]),
+    (want_out, want_lse): (&[f64], &[f64]),
+) -> CaseResult {
+    let total_q: usize = rows.iter().map(|r| r.0).sum();
+    let row0 = rows[0].0 * heads;
+    let poisoned_out = got_out[..row0 * PREFILL_DV].iter().all(|x| x.is_nan());
+    // LSE [heads, tokens]: row 0's tokens are columns 0..q of each head.
+    let poisoned_lse = lse_cols(got_lse, heads, 0..rows[0].0)
+        .iter()
+        .all(|x| x.is_nan());
+    let rest = rows[0].0..total_q;
+    let err = max_rel_err(
+        &got_out[row0 * PREFILL_DV..],
+        &want_out[row0 * PREFILL_DV..],
+    )
+    .max(max_rel_err(
+        &lse_cols(got_lse, heads, rest.clone()),
+        &lse_cols(want_lse, heads, rest),
+    ));
+    CaseResult {
+        kernel: "prefill+merge bf16",
+        case: format!(
+            "rows (q, ctx) {rows:?}, context key {STALE_KEY} of row 0 NaN (a stale slot): row \
+             0 all NaN (output {poisoned_out}, LSE {poisoned_lse}), the others as the \
+             reference"
+        ),
+        max_rel_err: err,
+        passed: poisoned_out && poisoned_lse && err <= BF16_TOL,
+    }
 }
 
 /// `gather_latent_bf16` against a host gather through the same shuffled block table:
