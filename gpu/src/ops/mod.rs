@@ -35,7 +35,10 @@ pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../../kernels/dense.cu"),
 ];
 
-const NAMES: [&str; 25] = [
+const NAMES: [&str; 28] = [
+    "init_f32",
+    "init_bf16_t",
+    "init_kv_b",
     "fill_bf16_hash",
     "scrub_l2",
     "kv_write",
@@ -104,5 +107,34 @@ impl Kernels {
     ) -> Result<(), GpuError> {
         // SAFETY: forwarded.
         unsafe { launch(dev, &self.fns[name], name, grid, args) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every kernel a wrapper launches by name is loaded: `go` looks names up in the
+    /// module's table, so a kernel missing from `NAMES` would only fail on a device.
+    #[test]
+    fn every_launched_kernel_is_loaded() {
+        let sources = [include_str!("attention.rs"), include_str!("dense.rs")];
+        let mut launched = 0;
+        for src in sources {
+            for call in src.split("self.go(dev, \"").skip(1) {
+                let name = &call[..call.find('"').expect("closing quote")];
+                assert!(
+                    super::NAMES.contains(&name),
+                    "kernel {name} is not in NAMES"
+                );
+                launched += 1;
+            }
+        }
+        assert!(launched > 20, "found {launched} launches");
+        for name in super::NAMES {
+            let defined = format!("void {name}(");
+            assert!(
+                super::KERNEL_SRC.iter().any(|s| s.contains(&defined)),
+                "{name} is not defined in the kernel sources"
+            );
+        }
     }
 }
