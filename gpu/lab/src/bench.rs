@@ -15,8 +15,9 @@ use specmla_core::split::{invariant_split_plan, SplitPolicy};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
-    DecodeBufs, DecodeShape, FlashKernels, FlashSchedule, FlashShape, FlashWorkspace, Kernels,
-    KeyBufs, MlaDims, State, WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
+    ContextChunk, DecodeBufs, DecodeShape, FlashKernels, FlashSchedule, FlashShape, FlashWorkspace,
+    Kernels, MlaDims, PagedContext, RowScratch, RowTokens, State, WideKernel, FLASH_DIM, FLASH_DV,
+    FLASH_ROWS,
 };
 
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).
@@ -428,9 +429,9 @@ pub fn bench_baseline_decode(
     })
 }
 
-/// Times our prefill path on a spec-step shape: per request, the context gathered from
-/// the cache, K/V materialized per head, full attention of the q_len queries, and the
-/// causal new-token block merged by LSE (f32, as the backend runs it).
+/// Times our portable prefill path on a spec-step shape: per request, the backend's
+/// `chunked_prefill_row` (the new tokens causal, the context gathered from the cache as
+/// one chunk, K/V materialized per head, attended, both merged by LSE; f32).
 pub fn bench_prefill_path(
     dev: &GpuDevice,
     k: &Kernels,
@@ -454,51 +455,67 @@ pub fn bench_prefill_path(
     let table: Vec<i32> = (0..(s.batch * width) as i32).collect();
     let td = Buf::from_host(dev, &table, "prefill-path table")?;
     let n = s.context;
-    let ws = Buf::<f32>::uninit(dev, n * FLASH_DIM, "prefill-path context")?;
-    let w_uk = Buf::<f32>::uninit(dev, d.heads * d.kv_lora * d.nope, "prefill-path w_uk")?;
-    let w_uv = Buf::<f32>::uninit(dev, d.heads * d.kv_lora * d.v, "prefill-path w_uv")?;
-    k.fill(dev, w_uk.ptr(), 0.01, w_uk.len())?;
-    k.fill(dev, w_uv.ptr(), 0.01, w_uv.len())?;
-    let k_nope = Buf::<f32>::uninit(dev, n * d.heads * d.nope, "prefill-path k_nope")?;
-    let v = Buf::<f32>::uninit(dev, n * d.heads * d.v, "prefill-path v")?;
-    let q = Buf::<f32>::uninit(dev, s.q_len * d.heads * d.qk(), "prefill-path q")?;
-    k.fill(dev, q.ptr(), 0.01, q.len())?;
-    let part = |what: &str| Buf::<f32>::uninit(dev, s.q_len * d.heads * d.v.max(1), what);
-    let (o1, o2) = (part("prefill-path out")?, part("prefill-path new out")?);
-    let (l1, l2) = (part("prefill-path lse")?, part("prefill-path new lse")?);
+    let buf = |len: usize, what: &str| -> Result<Buf<f32>, GpuError> {
+        let b = Buf::<f32>::uninit(dev, len, what)?;
+        k.fill(dev, b.ptr(), 0.01, len)?;
+        Ok(b)
+    };
+    let keys_len = n.max(s.q_len);
+    let keys = buf(keys_len * FLASH_DIM, "prefill-path context")?;
+    let new_lat = buf(s.q_len * FLASH_DIM, "prefill-path new latents")?;
+    let w_uk = buf(d.heads * d.kv_lora * d.nope, "prefill-path w_uk")?;
+    let w_uv = buf(d.heads * d.kv_lora * d.v, "prefill-path w_uv")?;
+    let k_nope = buf(keys_len * d.heads * d.nope, "prefill-path k_nope")?;
+    let v = buf(keys_len * d.heads * d.v, "prefill-path v")?;
+    let q = buf(s.q_len * d.heads * d.qk(), "prefill-path q")?;
+    let part = |what: &str| buf(s.q_len * d.heads * d.v.max(1), what);
+    let (o1, o2, o3) = (
+        part("prefill-path out")?,
+        part("new out")?,
+        part("part out")?,
+    );
+    let (l1, l2, l3) = (
+        part("prefill-path lse")?,
+        part("new lse")?,
+        part("part lse")?,
+    );
+    let state = |o: &Buf<f32>, l: &Buf<f32>| State {
+        out: o.ptr(),
+        lse: l.ptr(),
+    };
+    let sc = RowScratch {
+        keys: keys.ptr(),
+        k_nope: k_nope.ptr(),
+        v: v.ptr(),
+        new: state(&o2, &l2),
+        part: state(&o3, &l3),
+    };
+    let row = RowTokens {
+        q: q.ptr(),
+        latent: new_lat.ptr(),
+        m: s.q_len,
+    };
+    let chunks = [ContextChunk { start: 0, len: n }];
     let t = time_us(dev, 1, reps, || {
         for b in 0..s.batch {
-            let row = td.ptr().range(b * width, width);
-            // SAFETY: the bench's block row names blocks inside its cache.
-            unsafe { k.gather_context(dev, cache.ptr(), row, ws.ptr(), 0, n, s.page, FLASH_DIM) }?;
-            k.expand(
-                dev,
-                d,
-                ws.ptr(),
-                w_uk.ptr(),
-                w_uv.ptr(),
-                k_nope.ptr(),
-                v.ptr(),
-                n,
-            )?;
-            let keys = KeyBufs {
-                k_nope: k_nope.ptr(),
-                latent: ws.ptr(),
-                v: v.ptr(),
-                n,
+            let ctx = PagedContext {
+                cache: cache.ptr(),
+                row_table: td.ptr().range(b * width, width),
+                page: s.page,
             };
-            let acc = State {
-                out: o1.ptr(),
-                lse: l1.ptr(),
-            };
-            k.attend(dev, d, q.ptr(), s.q_len, keys, false, acc)?;
-            let new_keys = KeyBufs { n: s.q_len, ..keys };
-            let new = State {
-                out: o2.ptr(),
-                lse: l2.ptr(),
-            };
-            k.attend(dev, d, q.ptr(), s.q_len, new_keys, true, new)?;
-            k.merge(dev, d, acc, new, s.q_len, false)?;
+            // SAFETY: the bench's block rows name blocks inside its cache.
+            unsafe {
+                k.chunked_prefill_row(
+                    dev,
+                    d,
+                    (w_uk.ptr(), w_uv.ptr()),
+                    row,
+                    (ctx, &chunks),
+                    sc,
+                    state(&o1, &l1),
+                    false,
+                )
+            }?;
         }
         Ok(())
     })?;

@@ -11,7 +11,8 @@ use specmla_core::split::{SplitPolicy, SplitSchedule};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{
-    DecodeBufs, DecodeShape, FlashKernels, Kernels, KeyBufs, MlaDims, SplitMerge, State, WideKernel,
+    ContextChunk, DecodeBufs, DecodeShape, FlashKernels, Kernels, MlaDims, PagedContext,
+    RowScratch, RowTokens, SplitMerge, State, WideKernel,
 };
 
 /// The result of one checked case.
@@ -329,7 +330,8 @@ fn missing_block_checks(
 }
 
 /// The chunked-context prefill on the GPU (new tokens causal, context in chunks of
-/// `chunk` tokens, merged by LSE) against one f64 softmax over context + new tokens.
+/// `chunk` tokens gathered from a paged cache, merged by LSE; the backend's
+/// `chunked_prefill_row`) against one f64 softmax over context + new tokens.
 pub fn check_chunked_prefill(
     dev: &GpuDevice,
     k: &Kernels,
@@ -351,48 +353,83 @@ pub fn check_chunked_prefill(
     let w_uv = rand(d.heads * d.kv_lora * d.v, (3.0 / d.kv_lora as f32).sqrt());
     let q = rand(m * d.heads * (d.nope + d.rope), 1.0);
     let scale = 1.0 / ((d.nope + d.rope) as f32).sqrt();
-    let latent_d = upload(dev, &latent)?;
-    let k_nope = upload(dev, &vec![f32::NAN; n * d.heads * d.nope])?;
-    let v = upload(dev, &vec![f32::NAN; n * d.heads * d.v])?;
+    // The context is a paged cache of pages of 16 read through a shuffled block table,
+    // the new tokens' latents follow it; the sequence is the backend's own
+    // (`chunked_prefill_row`).
+    let page = 16;
+    let width = ctx.div_ceil(page).max(1);
+    let blocks = shuffled_ids(&mut rng, width);
+    let mut cache = vec![f32::NAN; width * page * d.latent()];
+    for t in 0..ctx {
+        let slot = blocks[t / page] as usize * page + t % page;
+        cache[slot * d.latent()..(slot + 1) * d.latent()]
+            .copy_from_slice(&latent[t * d.latent()..(t + 1) * d.latent()]);
+    }
+    let (cache_d, table_d) = (upload(dev, &cache)?, upload(dev, &blocks)?);
+    let new_lat = upload(dev, &latent[ctx * d.latent()..])?;
     let (w_uk_d, w_uv_d) = (upload(dev, &w_uk)?, upload(dev, &w_uv)?);
-    k.expand(
-        dev,
-        d,
-        latent_d.ptr(),
-        w_uk_d.ptr(),
-        w_uv_d.ptr(),
-        k_nope.ptr(),
-        v.ptr(),
-        n,
-    )?;
     let q_d = upload(dev, &q)?;
-    let keys = |a: usize, b: usize| KeyBufs {
-        k_nope: k_nope
-            .ptr()
-            .range(a * d.heads * d.nope, (b - a) * d.heads * d.nope),
-        latent: latent_d.ptr().range(a * d.latent(), (b - a) * d.latent()),
-        v: v.ptr().range(a * d.heads * d.v, (b - a) * d.heads * d.v),
-        n: b - a,
-    };
     let poisoned = |len| upload(dev, &vec![f32::NAN; len]);
+    let keys_len = ctx.max(m);
+    let (sk, sn, sv) = (
+        poisoned(keys_len * d.latent())?,
+        poisoned(keys_len * d.heads * d.nope)?,
+        poisoned(keys_len * d.heads * d.v)?,
+    );
+    let states = [
+        poisoned(m * d.heads * d.v)?,
+        poisoned(d.heads * m)?,
+        poisoned(m * d.heads * d.v)?,
+        poisoned(d.heads * m)?,
+    ];
+    let sc = RowScratch {
+        keys: sk.ptr(),
+        k_nope: sn.ptr(),
+        v: sv.ptr(),
+        new: State {
+            out: states[0].ptr(),
+            lse: states[1].ptr(),
+        },
+        part: State {
+            out: states[2].ptr(),
+            lse: states[3].ptr(),
+        },
+    };
     let (out, lse) = (poisoned(m * d.heads * d.v)?, poisoned(d.heads * m)?);
     let acc = State {
         out: out.ptr(),
         lse: lse.ptr(),
     };
-    k.attend(dev, d, q_d.ptr(), m, keys(ctx, n), true, acc)?;
-    let mut start = 0;
-    while start < ctx {
-        let end = (start + chunk).min(ctx);
-        let (co, cl) = (poisoned(m * d.heads * d.v)?, poisoned(d.heads * m)?);
-        let part = State {
-            out: co.ptr(),
-            lse: cl.ptr(),
-        };
-        k.attend(dev, d, q_d.ptr(), m, keys(start, end), false, part)?;
-        k.merge(dev, d, acc, part, m, false)?;
-        start = end;
-    }
+    let chunks: Vec<ContextChunk> = (0..ctx)
+        .step_by(chunk)
+        .map(|start| ContextChunk {
+            start,
+            len: chunk.min(ctx - start),
+        })
+        .collect();
+    let row = RowTokens {
+        q: q_d.ptr(),
+        latent: new_lat.ptr(),
+        m,
+    };
+    let paged = PagedContext {
+        cache: cache_d.ptr(),
+        row_table: table_d.ptr(),
+        page,
+    };
+    // SAFETY: the table names the check's own blocks, all inside its cache.
+    unsafe {
+        k.chunked_prefill_row(
+            dev,
+            d,
+            (w_uk_d.ptr(), w_uv_d.ptr()),
+            row,
+            (paged, &chunks),
+            sc,
+            acc,
+            false,
+        )
+    }?;
     let (got_out, got_lse) = (download(dev, &out)?, download(dev, &lse)?);
     let (want_out, want_lse) = prefill_f64(
         &q,

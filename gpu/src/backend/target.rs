@@ -10,7 +10,7 @@ use specmla_core::plan::StepPlan;
 
 use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
 use crate::launch::{copy, DPtr};
-use crate::ops::{KeyBufs, State};
+use crate::ops::{ContextChunk, PagedContext, RowScratch, RowTokens, State};
 use crate::weights::LayerWeights;
 use crate::workspace::{PrefillScratch, Workspace};
 
@@ -235,8 +235,9 @@ impl GpuBackend {
         self.read_target(ws, n, &rows)
     }
 
-    /// Decode rows of an eager step: one uniform launch, or one launch per row when the
-    /// plan's decode rows are not uniform (the kernel then reads query_start_loc).
+    /// Decode rows of an eager step: one uniform launch, or, when the plan's decode rows
+    /// are not uniform, one launch per run of rows with equal query lengths
+    /// ([`equal_runs`]), each at its rows' token start.
     pub(super) fn eager_decode(
         &self,
         ws: &Workspace,
@@ -272,11 +273,13 @@ impl GpuBackend {
                 attn,
             );
         }
-        for (i, r) in d.rows.clone().enumerate() {
-            let one = DecodeLaunch {
+        let q_lens: Vec<usize> = d.rows.clone().map(|r| c.query_len(r)).collect();
+        for (i, run) in equal_runs(&q_lens) {
+            let r = d.rows.start + i;
+            let launch = DecodeLaunch {
                 token_start: c.query_start_loc[r] as usize,
-                rows: 1,
-                q_len: c.query_len(r),
+                rows: run,
+                q_len: q_lens[i],
                 block_table: ws.block_table.ptr().offset(r * width),
                 seq_lens: ws.seq_lens.ptr().offset(r),
                 split_lens: ws.split_lens.ptr().offset(i),
@@ -284,8 +287,8 @@ impl GpuBackend {
                 mapped_kv: ws.mapped_kv.ptr().offset(i),
                 ..base
             };
-            if one.q_len > 0 {
-                self.decode(w, ws, CacheOf::Target(l), one, n, attn)?;
+            if launch.q_len > 0 {
+                self.decode(w, ws, CacheOf::Target(l), launch, n, attn)?;
             }
         }
         Ok(())
@@ -311,88 +314,80 @@ impl GpuBackend {
         let c = &plan.common;
         let width = c.block_table_width;
         let f1 = self.cfg.faults.has(Fault::F1);
+        let scratch = RowScratch {
+            keys: sc.keys.ptr(),
+            k_nope: sc.k_nope.ptr(),
+            v: sc.v.ptr(),
+            new: State {
+                out: sc.new_out.ptr(),
+                lse: sc.new_lse.ptr(),
+            },
+            part: State {
+                out: sc.part_out.ptr(),
+                lse: sc.part_lse.ptr(),
+            },
+        };
         for (j, r) in p.rows.clone().enumerate() {
             let toks = c.row_tokens(r);
             let m = toks.len();
             if m == 0 {
                 continue;
             }
-            let q = ws.q.ptr().offset(toks.start * md.heads * md.qk());
-            let new_lat = ws.latent.ptr().offset(toks.start * md.latent());
-            let new = State {
-                out: sc.new_out.ptr(),
-                lse: sc.new_lse.ptr(),
-            };
-            k.expand(
-                dev,
-                md,
-                new_lat,
-                w.w_uk.ptr(),
-                w.w_uv.ptr(),
-                sc.k_nope.ptr(),
-                sc.v.ptr(),
+            let row = RowTokens {
+                q: ws.q.ptr().offset(toks.start * md.heads * md.qk()),
+                latent: ws.latent.ptr().offset(toks.start * md.latent()),
                 m,
-            )?;
-            let keys = KeyBufs {
-                k_nope: sc.k_nope.ptr(),
-                latent: new_lat,
-                v: sc.v.ptr(),
-                n: m,
             };
-            k.attend(dev, md, q, m, keys, true, new)?;
+            let ctx = PagedContext {
+                cache: self.layer_cache(l),
+                row_table: ws.block_table.ptr().range(r * width, width),
+                page: self.cfg.scheduler.page_size,
+            };
+            let chunks: Vec<ContextChunk> = p
+                .chunked_context
+                .iter()
+                .flat_map(|cc| &cc.chunks)
+                .map(|ch| ContextChunk {
+                    start: ch.starts[j],
+                    len: ch.lens[j],
+                })
+                .collect();
             let acc = State {
                 out: attn.range(toks.start * md.heads * md.v, m * md.heads * md.v),
                 lse: sc.ctx_lse.ptr(),
             };
-            k.fill(dev, acc.out, 0.0, m * md.heads * md.v)?;
-            k.fill(dev, acc.lse, f32::NEG_INFINITY, m * md.heads)?;
-            let row_table = ws.block_table.ptr().range(r * width, width);
-            for chunk in p.chunked_context.iter().flat_map(|cc| &cc.chunks) {
-                let (start, len) = (chunk.starts[j], chunk.lens[j]);
-                if len == 0 {
-                    continue;
-                }
-                let page = self.cfg.scheduler.page_size;
-                // SAFETY: the block table was written through block_ids, which refuses blocks outside the pool.
-                unsafe {
-                    k.gather_context(
-                        dev,
-                        self.layer_cache(l),
-                        row_table,
-                        sc.keys.ptr(),
-                        start,
-                        len,
-                        page,
-                        md.latent(),
-                    )
-                }?;
-                k.expand(
+            // SAFETY: the block table was written through block_ids, which refuses
+            // blocks outside the pool.
+            unsafe {
+                k.chunked_prefill_row(
                     dev,
                     md,
-                    sc.keys.ptr(),
-                    w.w_uk.ptr(),
-                    w.w_uv.ptr(),
-                    sc.k_nope.ptr(),
-                    sc.v.ptr(),
-                    len,
-                )?;
-                let keys = KeyBufs {
-                    k_nope: sc.k_nope.ptr(),
-                    latent: sc.keys.ptr(),
-                    v: sc.v.ptr(),
-                    n: len,
-                };
-                let part = State {
-                    out: sc.part_out.ptr(),
-                    lse: sc.part_lse.ptr(),
-                };
-                k.attend(dev, md, q, m, keys, false, part)?;
-                k.merge(dev, md, acc, part, m, false)?;
-            }
-            k.merge(dev, md, acc, new, m, f1)?;
+                    (w.w_uk.ptr(), w.w_uv.ptr()),
+                    row,
+                    (ctx, &chunks),
+                    scratch,
+                    acc,
+                    f1,
+                )
+            }?;
         }
         Ok(())
     }
+}
+
+/// The runs of equal values in `q_lens`, as (first index, length): a non-uniform decode
+/// region launches once per run of rows with the same query length, since a decode
+/// launch takes one `q_len` (as FlashMLA's does). A row's bits do not depend on the
+/// launch it is in (the kernels are batch-invariant), so this only saves launches.
+fn equal_runs(q_lens: &[usize]) -> Vec<(usize, usize)> {
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    for (i, q) in q_lens.iter().enumerate() {
+        match runs.last_mut() {
+            Some((start, len)) if q_lens[*start] == *q => *len += 1,
+            _ => runs.push((i, 1)),
+        }
+    }
+    runs
 }
 
 /// Largest number of keys or queries one prefill attention call of `plan` handles.
@@ -420,4 +415,20 @@ fn kernel_table_rows(plan: &StepPlan) -> usize {
         .as_ref()
         .map_or(0, |d| d.rows.start + d.kernel_rows);
     c.num_rows().max(kernel).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::equal_runs;
+
+    #[test]
+    fn runs_of_equal_query_lengths() {
+        assert_eq!(equal_runs(&[]), vec![]);
+        assert_eq!(equal_runs(&[4, 4, 4]), vec![(0, 3)]);
+        assert_eq!(
+            equal_runs(&[1, 4, 4, 2, 2, 4]),
+            vec![(0, 1), (1, 2), (3, 2), (5, 1)]
+        );
+        assert_eq!(equal_runs(&[0, 3]), vec![(0, 1), (1, 1)]);
+    }
 }

@@ -18,12 +18,14 @@ use crate::device::{GpuDevice, GpuError};
 use crate::launch::{launch, Arg, THREADS};
 
 pub mod attention;
+pub mod chunked_prefill;
 pub mod dense;
 pub mod flash;
 pub mod gemm;
 pub mod prefill_flash;
 
 pub use attention::*;
+pub use chunked_prefill::*;
 pub use flash::*;
 pub use gemm::{Gemm, GemmAlgo, GemmOut, GemmShape};
 pub use prefill_flash::*;
