@@ -10,6 +10,7 @@ pub mod batch;
 pub mod block_pool;
 pub mod chunked_context;
 pub mod config;
+pub mod cost;
 pub mod cudagraph;
 pub mod drafter;
 pub mod engine;

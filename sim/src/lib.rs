@@ -8,6 +8,7 @@
 pub mod checks;
 pub mod cli;
 pub mod config_file;
+pub mod cost_sink;
 pub mod invariance;
 /// The model both backends run lives in its own crate; re-exported under its old path.
 pub use specmla_model as model;

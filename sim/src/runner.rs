@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use serde::Serialize;
-use specmla_core::backend::Backend;
+use specmla_core::backend::{Backend, StepTime};
 use specmla_core::config::{EngineConfig, KvCacheDtype};
 use specmla_core::engine::{Engine, EngineError, EngineOptions, StepOutcome};
 use specmla_core::memory::{self, Allocation};
@@ -89,6 +89,9 @@ pub trait StepSink {
     fn wants_tensors(&self) -> bool {
         false
     }
+    /// Called after [`Self::step`] with the step's measured time, on a backend that
+    /// times itself.
+    fn measured(&mut self, _o: &StepOutcome, _t: &StepTime) {}
 }
 
 /// The most host memory a run may take (the harness's models and oracle, and a
@@ -399,6 +402,9 @@ where
             sink.step(&outcome, &forced)?;
         }
         let time = engine.backend_mut().take_step_time();
+        if let (Some(t), Some(sink)) = (&time, sink.as_deref_mut()) {
+            sink.measured(&outcome, t);
+        }
         if let (Some(t), Some(kind)) = (time, step_kind(&outcome.plan)) {
             step_times.push(kind, t);
         }

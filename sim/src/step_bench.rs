@@ -13,11 +13,11 @@
 
 use std::sync::Arc;
 
-use specmla_core::backend::Backend;
+use specmla_core::backend::{Backend, StepTime};
 use specmla_core::config::{
     BackendProfile, DrafterBatch, EngineConfig, KvCacheDtype, ModelDims, SpecConfig,
 };
-use specmla_core::engine::{Engine, EngineOptions, NoOracle};
+use specmla_core::engine::{Engine, EngineOptions, NoOracle, StepOutcome};
 use specmla_core::request::RequestSpec;
 use specmla_model::{DrafterModel, TargetModel};
 
@@ -87,7 +87,19 @@ impl VerifyBench {
         &self,
         make: &Factory<'_, B>,
         cfg: &EngineConfig,
+        models: (Arc<TargetModel>, Arc<DrafterModel>),
+    ) -> Result<StepTimes, String> {
+        self.run_observed(make, cfg, models, &mut |_, _| {})
+    }
+
+    /// [`Self::run`], also handing each timed step and its time to `on_step` (the cost
+    /// model's calibration prices the same step and keeps the residual).
+    pub fn run_observed<B: Backend>(
+        &self,
+        make: &Factory<'_, B>,
+        cfg: &EngineConfig,
         (target, drafter): (Arc<TargetModel>, Arc<DrafterModel>),
+        on_step: &mut dyn FnMut(&StepOutcome, &StepTime),
     ) -> Result<StepTimes, String> {
         let backend = make(cfg, target, drafter).map_err(|e| e.to_string())?;
         let opts = EngineOptions {
@@ -110,6 +122,7 @@ impl VerifyBench {
             }
             let time = engine.backend_mut().take_step_time();
             if let (Some(t), Some(kind)) = (time, step_kind(&o.plan)) {
+                on_step(&o, &t);
                 times.push(kind, t);
             }
         }

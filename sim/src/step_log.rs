@@ -229,4 +229,7 @@ impl StepSink for Tee<'_> {
     fn wants_tensors(&self) -> bool {
         self.0.iter().any(|s| s.wants_tensors())
     }
+    fn measured(&mut self, o: &StepOutcome, t: &specmla_core::backend::StepTime) {
+        self.0.iter_mut().for_each(|s| s.measured(o, t))
+    }
 }

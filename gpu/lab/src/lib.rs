@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod bench_prefill;
 pub mod bench_step;
+pub mod calibrate;
 pub mod checks;
 pub mod checks_dense;
 pub mod checks_gemm;

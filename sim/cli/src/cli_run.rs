@@ -230,8 +230,22 @@ pub struct RunArgs {
     #[arg(long, value_name = "FILE.jsonl")]
     pub step_log: Option<std::path::PathBuf>,
     /// Run twice and name the first step whose trace record differs.
-    #[arg(long, conflicts_with_all = ["trace", "step_log"])]
+    #[arg(long, conflicts_with_all = ["trace", "step_log", "cost_model"])]
     pub check_determinism: bool,
+    /// Price every step the run plans with a calibrated cost model (a file
+    /// `gpu-bench --calibrate` wrote) and report the simulated step times and throughput.
+    #[arg(long, value_name = "FILE")]
+    pub cost_model: Option<std::path::PathBuf>,
+    /// What the cost model prices: `engine` (the run's own model on one device) or
+    /// `deepseek-v3:TP` (one rank of full-depth DeepSeek-V3, 61 layers with its MoE, at
+    /// tensor parallelism TP).
+    #[arg(
+        long,
+        value_name = "TARGET",
+        default_value = "engine",
+        requires = "cost_model"
+    )]
+    pub cost_target: String,
     /// Set from the global `--json` flag.
     #[arg(skip)]
     pub json: bool,
@@ -497,12 +511,16 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
         None => None,
     };
     let mut log = step_log_sink(a, s)?;
+    let mut cost = cost_sink(a, s)?;
     let mut sinks: Vec<&mut dyn StepSink> = Vec::new();
     if let Some(t) = sink.as_mut() {
         sinks.push(t);
     }
     if let Some(l) = log.as_mut() {
         sinks.push(l);
+    }
+    if let Some(c) = cost.as_mut() {
+        sinks.push(c);
     }
     let mut tee = Tee(sinks);
     install_interrupt_handler();
@@ -526,10 +544,20 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
             return Err(e.into());
         }
     };
+    let simulated = cost.map(|c| c.summary());
     if a.json {
-        say!("{}", serde_json::to_string_pretty(&summary)?);
+        let mut v = serde_json::to_value(&summary)?;
+        if let Some(sim) = &simulated {
+            v["simulated"] = serde_json::to_value(sim)?;
+        }
+        say!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         print_summary(&summary);
+        if let Some(sim) = &simulated {
+            for l in specmla_sim::cost_sink::lines(sim, summary.stats.generated_tokens) {
+                say!("{l}");
+            }
+        }
     }
     if summary.interrupted {
         return Ok(ExitCode::from(130));
@@ -539,6 +567,24 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
     } else {
         ExitCode::from(1)
     })
+}
+
+/// The `--cost-model` sink: the calibration file read and checked, the target parsed
+/// (bad input: exit 2).
+fn cost_sink(a: &RunArgs, s: &Scenario) -> Result<Option<specmla_sim::cost_sink::CostSink>> {
+    let Some(path) = &a.cost_model else {
+        return Ok(None);
+    };
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--cost-model {}", path.display()))?;
+    let calibration = specmla_core::cost::Calibration::from_json(&text)
+        .map_err(|e| anyhow::anyhow!("--cost-model {}: {e}", path.display()))?;
+    let target = specmla_sim::cost_sink::parse_target(&a.cost_target, &s.cfg.model)
+        .map_err(|e| anyhow::anyhow!("--cost-target {}: {e}", a.cost_target))?;
+    Ok(Some(specmla_sim::cost_sink::CostSink::new(
+        calibration,
+        target,
+    )))
 }
 
 fn print_summary(s: &RunSummary) {

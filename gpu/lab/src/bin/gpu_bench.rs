@@ -73,6 +73,14 @@ struct Cli {
     /// GEMMs pinned.
     #[arg(long, value_parser = positive)]
     prefill_step: Option<usize>,
+    /// Instead of the kernels, measure what `sim --cost-model` prices steps with (the
+    /// decode, prefill and GEMM classes over their grids, the overhead of whole engine
+    /// steps) and write the calibration file here (JSON).
+    #[arg(long, value_name = "FILE", requires = "commit")]
+    calibrate: Option<std::path::PathBuf>,
+    /// The commit this binary was built from, recorded in the calibration file.
+    #[arg(long, value_name = "SHA", requires = "calibrate")]
+    commit: Option<String>,
     /// Write the CSV here.
     #[arg(long, default_value = "gpu-bench.csv")]
     csv: std::path::PathBuf,
@@ -100,6 +108,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     if cli.verify_step || cli.prefill_step.is_some() {
         return verify_step(&cli);
+    }
+    if let Some(path) = &cli.calibrate {
+        return calibrate(&cli, path);
     }
     match run(&cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -138,6 +149,63 @@ fn verify_step(cli: &Cli) -> ExitCode {
         Ok(_) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: verify-step bench: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// `--calibrate`: exit 2 without a usable GPU or a writable file, 1 when a measurement
+/// fails, 0 with the file written and the fits printed.
+fn calibrate(cli: &Cli, path: &std::path::Path) -> ExitCode {
+    let dev = match GpuDevice::open(0) {
+        Ok(d) => Arc::new(d),
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let commit = cli.commit.as_deref().unwrap_or_default();
+    let c = match specmla_gpu_lab::calibrate::calibrate(&dev, cli.quick, commit) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: calibration: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    for l in specmla_gpu_lab::calibrate::report(&c) {
+        println!("{l}");
+    }
+    if let Err(e) = std::fs::write(path, c.to_json()) {
+        eprintln!("error: --calibrate {}: {e}", path.display());
+        return ExitCode::from(2);
+    }
+    // Held-out configurations: simulated against measured.
+    match specmla_gpu_lab::calibrate::validate(&dev, &c, cli.quick) {
+        Ok(rows) => {
+            println!("held out of the calibration, simulated against measured:");
+            let mut errs: Vec<f64> = rows.iter().map(|r| r.error().abs()).collect();
+            for r in &rows {
+                println!(
+                    "  {}: {} steps, measured {:.3} ms, simulated {:.3} ms ({:+.1}%)",
+                    r.label,
+                    r.steps,
+                    r.measured_us / 1e3,
+                    r.simulated_us / 1e3,
+                    100.0 * r.error()
+                );
+            }
+            errs.sort_by(f64::total_cmp);
+            if let (Some(worst), false) = (errs.last(), errs.is_empty()) {
+                println!(
+                    "  median |error| {:.1}%, worst {:.1}%",
+                    100.0 * errs[errs.len() / 2],
+                    100.0 * worst
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: validation: {e}");
             ExitCode::from(1)
         }
     }

@@ -1,0 +1,297 @@
+//! One step's launches on a rank of a [`CostTarget`], priced by a [`Calibration`]. The
+//! shapes come from what the core planned (the step's rows and its drafter passes), so
+//! the model prices exactly the batches the scheduler built, at any model size.
+//!
+//! Bytes and flops are counted as `gpu-bench --calibrate` counts them when it times the
+//! same launches: bf16 operands (2 bytes), weights read once per launch; the decode's
+//! flops over its query rows padded to 64 (the kernel's row group).
+
+use super::{Calibration, CostTarget};
+use crate::drafter::DrafterPass;
+use crate::engine::StepOutcome;
+use crate::plan::StepPlan;
+
+/// Rows per decode CTA: a request's `q_len * heads` query rows are padded to it.
+pub const DECODE_ROW_GROUP: usize = 64;
+/// Latent row width (`kv_lora + rope`) and value width (`kv_lora`) the decode reads.
+const LATENT: f64 = 576.0;
+const KV_LORA: f64 = 512.0;
+const BF16: f64 = 2.0;
+
+/// What one step costs, by part.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct StepCost {
+    pub attention_us: f64,
+    pub gemm_us: f64,
+    pub comm_us: f64,
+    /// What no kernel class prices: the host's share and the small kernels
+    /// ([`super::Overhead`]).
+    pub host_us: f64,
+}
+
+impl StepCost {
+    pub fn total_us(&self) -> f64 {
+        self.attention_us + self.gemm_us + self.comm_us + self.host_us
+    }
+
+    pub fn add(&mut self, o: &StepCost) {
+        self.attention_us += o.attention_us;
+        self.gemm_us += o.gemm_us;
+        self.comm_us += o.comm_us;
+        self.host_us += o.host_us;
+    }
+}
+
+/// The bytes and flops of a GEMM `[m, k] x [k, n]` in bf16.
+pub fn gemm_size(m: usize, k: usize, n: usize) -> (f64, f64) {
+    let (m, k, n) = (m as f64, k as f64, n as f64);
+    ((m * k + k * n + m * n) * BF16, 2.0 * m * k * n)
+}
+
+/// The bytes and flops of one decode launch over rows of `(q_len, seq_len)` at `heads`.
+pub fn decode_size(heads: usize, rows: &[(usize, usize)]) -> (f64, f64) {
+    rows.iter().fold((0.0, 0.0), |(b, f), &(q, l)| {
+        let padded = (q * heads).div_ceil(DECODE_ROW_GROUP) * DECODE_ROW_GROUP;
+        let l = l as f64;
+        (
+            b + l * LATENT * BF16 + (q * heads) as f64 * (LATENT + KV_LORA) * BF16,
+            f + 2.0 * padded as f64 * l * (LATENT + KV_LORA),
+        )
+    })
+}
+
+/// The bytes and flops of one prefill launch over rows of `(queries, keys)` at `heads`
+/// (query and key width 192, value width 128); `causal` counts the lower triangle.
+pub fn prefill_size(heads: usize, rows: &[(usize, usize)], causal: bool) -> (f64, f64) {
+    let h = heads as f64;
+    rows.iter().fold((0.0, 0.0), |(b, f), &(m, n)| {
+        let (mf, nf) = (m as f64, n as f64);
+        let pairs = match causal {
+            true => mf * (mf + 1.0) / 2.0 + mf * (nf - mf).max(0.0),
+            false => mf * nf,
+        };
+        (
+            b + (mf * 192.0 + nf * (192.0 + 128.0) + mf * 128.0) * h * BF16,
+            f + 2.0 * h * pairs * (192.0 + 128.0),
+        )
+    })
+}
+
+/// Prices launches on one calibration and target.
+struct Pricer<'a> {
+    c: &'a Calibration,
+    t: &'a CostTarget,
+    cost: StepCost,
+}
+
+impl Pricer<'_> {
+    fn gemm(&mut self, m: usize, k: usize, n: usize) {
+        if m > 0 && n > 0 {
+            let (b, f) = gemm_size(m, k, n);
+            self.cost.gemm_us += self.c.gemm.fit.us(b, f);
+        }
+    }
+
+    fn decode(&mut self, rows: &[(usize, usize)]) {
+        if !rows.is_empty() {
+            let (b, f) = decode_size(self.t.rank_dims.num_heads, rows);
+            self.cost.attention_us += self.c.decode.fit.us(b, f);
+        }
+    }
+
+    fn prefill(&mut self, rows: &[(usize, usize)], causal: bool) {
+        if rows.iter().any(|r| r.0 > 0 && r.1 > 0) {
+            let (b, f) = prefill_size(self.t.rank_dims.num_heads, rows, causal);
+            self.cost.attention_us += self.c.prefill.fit.us(b, f);
+        }
+    }
+
+    fn all_reduce(&mut self, tokens: usize) {
+        let tp = self.t.tp as f64;
+        if self.t.tp > 1 && tokens > 0 {
+            let a = &self.c.allreduce;
+            let bytes = (tokens * self.t.rank_dims.hidden_size) as f64 * BF16;
+            self.cost.comm_us +=
+                a.latency_us + 2.0 * (tp - 1.0) / tp * bytes / (a.bus_gb_per_s * 1e3);
+        }
+    }
+
+    /// One layer's projections around attention for `tokens` (the latent path) of which
+    /// `query_tokens` need queries and outputs, `absorbed` of them decode tokens.
+    fn attention_projections(&mut self, tokens: usize, query_tokens: usize, absorbed: usize) {
+        let d = &self.t.rank_dims;
+        let (hid, heads) = (d.hidden_size, d.num_heads);
+        if d.q_lora_rank > 0 {
+            self.gemm(query_tokens, hid, d.q_lora_rank);
+        }
+        self.gemm(tokens, hid, d.latent_dim());
+        let q_in = if d.q_lora_rank > 0 {
+            d.q_lora_rank
+        } else {
+            hid
+        };
+        self.gemm(query_tokens, q_in, heads * d.qk_head_dim());
+        // The absorbed W_UK and W_UV: one batched GEMM per head each.
+        for (k, n) in [
+            (d.qk_nope_head_dim, d.kv_lora_rank),
+            (d.kv_lora_rank, d.v_head_dim),
+        ] {
+            if absorbed > 0 {
+                let (b, f) = gemm_size(absorbed, k, n);
+                self.cost.gemm_us += self.c.gemm.fit.us(b * heads as f64, f * heads as f64);
+            }
+        }
+        self.gemm(query_tokens, heads * d.v_head_dim, hid);
+    }
+
+    /// Layer `l`'s MLP for `tokens`: dense (sharded), or the MoE's router, shared experts
+    /// (sharded) and this rank's routed experts as one grouped launch.
+    fn mlp(&mut self, l: usize, tokens: usize) {
+        let (d, tp) = (&self.t.rank_dims, self.t.tp);
+        let hid = d.hidden_size;
+        let moe = self.t.moe.clone().filter(|m| l >= m.first_dense_layers);
+        let Some(m) = moe else {
+            let inter = d.intermediate_size.div_ceil(tp);
+            self.gemm(tokens, hid, 2 * inter);
+            self.gemm(tokens, inter, hid);
+            return;
+        };
+        if tokens == 0 {
+            return;
+        }
+        self.gemm(tokens, hid, m.routed_experts);
+        let shared = (m.shared_experts * m.expert_intermediate).div_ceil(tp);
+        self.gemm(tokens, hid, 2 * shared);
+        self.gemm(tokens, shared, hid);
+        // Expected distinct experts this rank activates, uniform routing.
+        let local = (m.routed_experts / tp).max(1) as f64;
+        let p_pick = m.experts_per_token as f64 / m.routed_experts as f64;
+        let active = local * (1.0 - (1.0 - p_pick).powf(tokens as f64));
+        let pairs = tokens as f64 * m.experts_per_token as f64 / tp as f64;
+        let (h, i) = (hid as f64, m.expert_intermediate as f64);
+        let bytes = (active * 3.0 * h * i + pairs * (h + 2.0 * i + i + h)) * BF16;
+        let flops = 2.0 * pairs * 3.0 * h * i;
+        self.cost.gemm_us += self.c.gemm.fit.us(bytes, flops);
+    }
+
+    fn lm_head(&mut self, rows: usize) {
+        let d = &self.t.rank_dims;
+        self.gemm(rows, d.hidden_size, d.vocab_size.div_ceil(self.t.tp));
+    }
+}
+
+/// The target forward of `plan`.
+fn target_forward(p: &mut Pricer, plan: &StepPlan) {
+    let c = &plan.common;
+    let tokens = plan.num_tokens();
+    let decode: Vec<(usize, usize)> = plan.mla.decode.as_ref().map_or(Vec::new(), |d| {
+        d.rows
+            .clone()
+            .map(|r| (c.query_len(r), c.seq_lens[r] as usize))
+            .collect()
+    });
+    let (mut new, mut ctx) = (Vec::new(), Vec::new());
+    if let Some(pf) = &plan.mla.prefill {
+        for r in pf.rows.clone() {
+            let m = c.query_len(r);
+            new.push((m, m));
+            ctx.push((m, c.seq_lens[r] as usize - m));
+        }
+    }
+    let chunks = plan
+        .mla
+        .prefill
+        .as_ref()
+        .and_then(|pf| pf.chunked_context.as_ref())
+        .map_or(0, |cc| cc.chunks.len());
+    let decode_tokens: usize = decode.iter().map(|r| r.0).sum();
+    let expand_keys: usize = new.iter().chain(&ctx).map(|r| r.1).sum();
+    let d = p.t.rank_dims.clone();
+    for l in 0..d.num_layers {
+        p.attention_projections(tokens, tokens, decode_tokens);
+        p.gemm(
+            expand_keys,
+            d.kv_lora_rank,
+            d.num_heads * (d.qk_nope_head_dim + d.v_head_dim),
+        );
+        p.decode(&decode);
+        p.prefill(&new, true);
+        // The context goes in the core's chunks; priced as that many launches sharing it.
+        for _ in 0..chunks {
+            let share: Vec<(usize, usize)> = ctx
+                .iter()
+                .map(|&(m, n)| (m, n.div_ceil(chunks.max(1))))
+                .collect();
+            p.prefill(&share, false);
+        }
+        p.all_reduce(tokens);
+        p.mlp(l, tokens);
+        p.all_reduce(tokens);
+    }
+    p.lm_head(plan.logits_indices.len());
+}
+
+/// One multi-step drafter pass: the drafter layer over its tokens, attention and the
+/// rest of the layer for the sampled rows only, as the engine runs it.
+fn drafter_pass(p: &mut Pricer, pass: &DrafterPass) {
+    let d = p.t.rank_dims.clone();
+    let n = pass.num_padded_tokens;
+    let rows: Vec<(usize, usize)> = pass.kv_lens.iter().map(|&l| (1, l as usize)).collect();
+    let sampled = rows.len();
+    p.gemm(n, 2 * d.hidden_size, d.hidden_size);
+    p.attention_projections(n, sampled, sampled);
+    p.decode(&rows);
+    p.all_reduce(sampled);
+    // DeepSeek-V3's MTP layer is a MoE layer: index it past the dense ones.
+    p.mlp(d.num_layers, sampled);
+    p.all_reduce(sampled);
+    p.lm_head(sampled);
+}
+
+/// What `o` (one step the engine ran) costs on a rank of `t`, by `c`.
+pub fn step_cost(c: &Calibration, t: &CostTarget, o: &StepOutcome) -> StepCost {
+    let mut p = Pricer {
+        c,
+        t,
+        cost: StepCost::default(),
+    };
+    if o.plan.num_tokens() == 0 {
+        return p.cost;
+    }
+    target_forward(&mut p, &o.plan);
+    for pass in &o.drafter_passes {
+        drafter_pass(&mut p, pass);
+    }
+    if let Some(df) = &o.dflash {
+        let d = p.t.rank_dims.clone();
+        let ctx_tokens = df.context_token_indices.len();
+        let block = df.block_tokens.len();
+        p.gemm(ctx_tokens, d.hidden_size, d.hidden_size);
+        p.attention_projections(ctx_tokens + block, block, 0);
+        let rows: Vec<(usize, usize)> = df
+            .context_lens
+            .iter()
+            .map(|&l| (df.block_len, l as usize + df.block_len))
+            .collect();
+        let expand: usize = rows.iter().map(|r| r.1).sum();
+        p.gemm(
+            expand,
+            d.kv_lora_rank,
+            d.num_heads * (d.qk_nope_head_dim + d.v_head_dim),
+        );
+        p.prefill(&rows, false);
+        p.mlp(d.num_layers, block);
+        p.lm_head(block);
+    }
+    let fit = match o.plan.cudagraph.is_some() {
+        true => &c.overhead.graph,
+        false => &c.overhead.eager,
+    };
+    p.cost.host_us = fit.us(t.rank_dims.num_layers, drafter_passes(o));
+    p.cost
+}
+
+/// Drafter passes of a step: its multi-step passes, or its DFlash block.
+pub fn drafter_passes(o: &StepOutcome) -> usize {
+    o.drafter_passes.len() + o.dflash.is_some() as usize
+}

@@ -1,0 +1,130 @@
+use super::step::{decode_size, gemm_size, prefill_size};
+use super::*;
+
+/// A calibration whose fits are refits of its samples (as `gpu-bench --calibrate` writes).
+pub fn calibration() -> Calibration {
+    let class = |scale: f64| {
+        let samples = (1..6)
+            .map(|i| {
+                let (b, f) = (1e6 * 10f64.powi(i), 1e9 * 7f64.powi(i));
+                Sample {
+                    label: format!("point {i}"),
+                    bytes: b,
+                    flops: f,
+                    us: scale * (3.0 + b * 1e-9 * 300.0 + f * 1e-12 * 1500.0),
+                }
+            })
+            .collect();
+        KernelClass::fitted(samples).unwrap()
+    };
+    Calibration {
+        format: CALIBRATION_FORMAT,
+        device: "test device".into(),
+        commit: "0000000".into(),
+        decode: class(1.0),
+        prefill: class(1.2),
+        gemm: class(0.9),
+        overhead: Overhead::fitted(
+            [
+                (true, 1, 0, 40.0),
+                (true, 2, 1, 110.0),
+                (true, 2, 3, 210.0),
+                (false, 2, 1, 400.0),
+            ]
+            .iter()
+            .map(|&(graph, layers, passes, us)| OverheadSample {
+                label: format!("{layers} layers, {passes} passes"),
+                graph,
+                layers,
+                passes,
+                us,
+                steps: 10,
+            })
+            .collect(),
+        ),
+        allreduce: AllReduce {
+            latency_us: 10.0,
+            bus_gb_per_s: 300.0,
+            source: "assumed for the test".into(),
+        },
+    }
+}
+
+#[test]
+fn calibration_round_trips_and_refuses_edits() {
+    let c = calibration();
+    assert_eq!(Calibration::from_json(&c.to_json()).unwrap(), c);
+    let mut edited = c.clone();
+    edited.gemm.fit.us_per_gb *= 0.5;
+    let e = Calibration::from_json(&edited.to_json()).unwrap_err();
+    assert!(
+        e.contains("gemm: the fit does not match its samples"),
+        "{e}"
+    );
+    let mut future = c.clone();
+    future.format = 99;
+    assert!(Calibration::from_json(&future.to_json())
+        .unwrap_err()
+        .contains("format 99"));
+    let mut edited = c.clone();
+    edited.overhead.graph.step_us += 1.0;
+    assert!(Calibration::from_json(&edited.to_json())
+        .unwrap_err()
+        .contains("overhead"));
+    let mut negative = c;
+    negative.allreduce.bus_gb_per_s = 0.0;
+    assert!(Calibration::from_json(&negative.to_json()).is_err());
+    assert!(Calibration::from_json("{}")
+        .unwrap_err()
+        .starts_with("not a calibration file"));
+}
+
+#[test]
+fn fitted_classes_report_their_errors() {
+    let c = calibration();
+    let (median, max) = c.decode.fit_errors();
+    assert!(median < 1e-9 && max < 1e-9, "{median} {max}");
+}
+
+#[test]
+fn sizes_count_what_the_kernels_move_and_compute() {
+    assert_eq!(gemm_size(2, 3, 4), ((6.0 + 12.0 + 8.0) * 2.0, 48.0));
+    // 1 x 8 heads pads to one 64-row group; 4 x 16 fills it exactly.
+    let (_, f1) = decode_size(8, &[(1, 100)]);
+    let (_, f4) = decode_size(16, &[(4, 100)]);
+    assert_eq!(f1, f4);
+    assert_eq!(f1, 2.0 * 64.0 * 100.0 * 1088.0);
+    // Causal over m new tokens: the lower triangle; with context, every context key.
+    let (_, causal) = prefill_size(1, &[(4, 4)], true);
+    assert_eq!(causal, 2.0 * 10.0 * 320.0);
+    let (_, with_ctx) = prefill_size(1, &[(4, 10)], true);
+    assert_eq!(with_ctx, 2.0 * (10.0 + 24.0) * 320.0);
+    let (_, full) = prefill_size(2, &[(3, 5)], false);
+    assert_eq!(full, 2.0 * 2.0 * 15.0 * 320.0);
+}
+
+#[test]
+fn targets() {
+    let t = CostTarget::deepseek_v3(8).unwrap();
+    assert_eq!(
+        (t.rank_dims.num_heads, t.rank_dims.num_layers, t.tp),
+        (16, 61, 8)
+    );
+    assert!(CostTarget::deepseek_v3(3).is_err());
+    let e = CostTarget::engine(&crate::config::ModelDims::tiny());
+    assert_eq!((e.tp, e.moe), (1, None));
+}
+
+#[test]
+fn overhead_fits_per_kind() {
+    let c = calibration();
+    let g = c.overhead.graph;
+    // 40 = a + l, 110 = a + 2l + p, 210 = a + 2l + 3p: p = 50, l = 20, a = 20.
+    assert!(
+        (g.pass_us - 50.0).abs() < 1e-6 && (g.layer_us - 20.0).abs() < 1e-6,
+        "{g:?}"
+    );
+    assert!((g.us(2, 1) - 110.0).abs() < 1e-6);
+    // One eager sample: some non-negative fit through it.
+    assert!((c.overhead.eager.us(2, 1) - 400.0).abs() < 1e-6);
+}

@@ -1,0 +1,398 @@
+//! `gpu-bench --calibrate FILE --commit SHA`: measures what `sim --cost-model` prices
+//! steps with (`specmla_core::cost`), on this device, and writes the calibration file:
+//! - the flash decode the engine runs (its kernel family, the default split policy) over
+//!   heads x q_len x batch x context;
+//! - the TMA prefill over causal and non-causal shapes;
+//! - the cuBLASLt GEMMs (pinned algorithms) at DeepSeek-V3's shapes, the MoE experts'
+//!   and one tensor-parallel rank's included, over M;
+//! - the overhead: whole engine steps (the verify bench at DeepSeek-V3's attention widths,
+//!   one rank of 16, 1 and 2 layers, K 1 and 3, graphs on and off), each step's wall time
+//!   less the kernel classes' price of the same step, median per configuration and kind.
+//!
+//! Every kernel sample is sized by the same functions the model prices with
+//! (`cost::step::{decode_size, prefill_size, gemm_size}`), so a fit's error on its own
+//! samples is the model's error on those launches.
+
+use std::sync::Arc;
+
+use specmla_core::config::{EngineConfig, ModelDims};
+use specmla_core::cost::step::{decode_size, gemm_size, prefill_size};
+use specmla_core::cost::{
+    step_cost, AllReduce, Calibration, CostTarget, KernelClass, Overhead, OverheadSample, Sample,
+    CALIBRATION_FORMAT,
+};
+use specmla_gpu::device::GpuError;
+use specmla_gpu::launch::Buf;
+use specmla_gpu::ops::{FlashKernels, Gemm, GemmAlgo, GemmShape, Kernels};
+use specmla_gpu::{GpuBackend, GpuDevice};
+use specmla_sim::step_bench::VerifyBench;
+
+use crate::bench::{bench_flash, time_us, BenchShape, DecodeInputs, FlashVariant, L2Scrub};
+use crate::bench_prefill::{bench_flash_prefill, PrefillCase};
+
+/// The all-reduce line of every calibration: one GPU cannot measure it.
+fn allreduce_assumption() -> AllReduce {
+    AllReduce {
+        latency_us: 10.0,
+        bus_gb_per_s: 360.0,
+        source: "assumed, not measured (one GPU): NCCL ring all-reduce on 8 H100 SXM over \
+                 NVLink 4, of the order of 360 GB/s bus bandwidth for large messages and \
+                 10 us latency for small ones"
+            .into(),
+    }
+}
+
+/// The split policy `sim` runs with by default at DeepSeek-V3's widths.
+fn engine_split() -> (usize, usize) {
+    let p = EngineConfig::tiny(
+        specmla_core::config::BackendProfile::FlashMla,
+        specmla_core::config::SpecConfig::off(),
+    )
+    .split_policy();
+    (p.split_size_tokens, p.max_splits)
+}
+
+fn decode_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+    let fk = FlashKernels::for_engine(dev)?;
+    let scrub = L2Scrub::new(dev, k)?;
+    let plan = engine_split();
+    let (heads, batches, contexts): (&[usize], &[usize], &[usize]) = match quick {
+        true => (&[8, 128], &[1, 32], &[256, 2048]),
+        false => (&[8, 16, 128], &[1, 8, 32, 64], &[128, 1024, 4096]),
+    };
+    let mut out = Vec::new();
+    for &h in heads {
+        for q in [1, 2, 4] {
+            for &b in batches {
+                for &l in contexts {
+                    let s = BenchShape {
+                        heads: h,
+                        q_len: q,
+                        batch: b,
+                        context: l,
+                        page: 64,
+                    };
+                    let inp = DecodeInputs::new(dev, k, s, 13)?;
+                    let v = FlashVariant {
+                        wide: fk.wide,
+                        plan,
+                        mode: "engine",
+                    };
+                    let m = bench_flash(dev, &fk, &inp, &[v], if quick { 5 } else { 10 }, &scrub)?;
+                    let (bytes, flops) = decode_size(h, &vec![(q, l); b]);
+                    out.push(Sample {
+                        label: format!("decode H {h} q {q} B {b} L {l}"),
+                        bytes,
+                        flops,
+                        us: m[0].time_us,
+                    });
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn prefill_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+    let fk = FlashKernels::for_engine(dev)?;
+    let heads: &[usize] = if quick { &[8] } else { &[8, 16, 128] };
+    let mut cases = Vec::new();
+    for &h in heads {
+        for (batch, q) in [(1, 128), (1, 1024), (1, 4096), (8, 256)] {
+            cases.push(PrefillCase {
+                heads: h,
+                batch,
+                q_len: q,
+                k_len: q,
+                causal: true,
+            });
+        }
+        for (batch, q, kl) in [
+            (1, 16, 2048),
+            (1, 64, 256),
+            (1, 64, 8192),
+            (8, 64, 2048),
+            (1, 512, 2048),
+        ] {
+            cases.push(PrefillCase {
+                heads: h,
+                batch,
+                q_len: q,
+                k_len: kl,
+                causal: false,
+            });
+        }
+    }
+    let mut out = Vec::new();
+    for c in cases {
+        // The engine's kernel is the fastest tile at every shape measured (BENCHMARKS.md).
+        let ms = bench_flash_prefill(dev, k, &fk, c, if quick { 5 } else { 10 })?;
+        let us = ms.iter().map(|m| m.time_us).fold(f64::INFINITY, f64::min);
+        let (bytes, flops) = prefill_size(c.heads, &vec![(c.q_len, c.k_len); c.batch], c.causal);
+        out.push(Sample {
+            label: format!(
+                "prefill H {} B {} q {} k {} {}",
+                c.heads,
+                c.batch,
+                c.q_len,
+                c.k_len,
+                if c.causal { "causal" } else { "non-causal" }
+            ),
+            bytes,
+            flops,
+            us,
+        });
+    }
+    Ok(out)
+}
+
+/// DeepSeek-V3's projection shapes `(k, n)`: attention at 8 and 128 heads per rank, the
+/// dense MLP sharded 8 ways, one expert, the small model's MLP, the up-projection.
+const GEMM_SHAPES: [(usize, usize); 12] = [
+    (7168, 1536),
+    (7168, 576),
+    (1536, 1536),
+    (1536, 24576),
+    (1024, 7168),
+    (16384, 7168),
+    (7168, 4608),
+    (2304, 7168),
+    (7168, 4096),
+    (2048, 7168),
+    (512, 2048),
+    (512, 32768),
+];
+
+fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+    let gemm = Gemm::new(dev, GemmAlgo::Invariant)?;
+    let ms: &[usize] = if quick {
+        &[1, 64, 1024]
+    } else {
+        &[1, 8, 32, 128, 512, 2048]
+    };
+    let mut out = Vec::new();
+    for (kd, n) in GEMM_SHAPES {
+        let w = Buf::<u16>::uninit(dev, kd * n, "calibration weight")?;
+        k.fill_bf16_hash(dev, w.ptr(), w.len(), 5)?;
+        for &m in ms {
+            let x = Buf::<u16>::uninit(dev, m * kd, "calibration activations")?;
+            k.fill_bf16_hash(dev, x.ptr(), x.len(), 6)?;
+            let y = Buf::<f32>::uninit(dev, m * n, "calibration output")?;
+            let shape = GemmShape::linear(m, kd, n, kd);
+            let us = time_us(dev, 3, if quick { 5 } else { 20 }, || {
+                gemm.run(dev, shape, w.ptr(), x.ptr(), y.ptr(), false)
+            })?;
+            let (bytes, flops) = gemm_size(m, kd, n);
+            out.push(Sample {
+                label: format!("gemm M {m} K {kd} N {n}"),
+                bytes,
+                flops,
+                us,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The overhead samples: verify-bench runs through the engine, each step's wall time less
+/// `kernels`' price of it, median per configuration and graph/eager.
+fn overhead_samples(
+    dev: &Arc<GpuDevice>,
+    kernels: &Calibration,
+    quick: bool,
+) -> Result<Vec<OverheadSample>, String> {
+    let mut out = Vec::new();
+    let configs: &[(usize, usize, bool)] = match quick {
+        true => &[(2, 1, true), (2, 3, true), (2, 1, false)],
+        false => &[
+            (1, 1, true),
+            (1, 3, true),
+            (2, 1, true),
+            (2, 3, true),
+            (1, 1, false),
+            (2, 1, false),
+            (2, 3, false),
+        ],
+    };
+    for &(layers, k, graphs) in configs {
+        let bench = VerifyBench {
+            rows: 8,
+            context_tokens: 512,
+            decode_steps: 12,
+            num_spec_tokens: k,
+            cuda_graphs: graphs,
+            prefill_chunk_tokens: None,
+        };
+        let model = ModelDims {
+            num_layers: layers,
+            ..ModelDims::deepseek_v3_attn()
+                .tensor_parallel(16)
+                .expect("16 divides 128")
+        };
+        let cfg = bench.config(model);
+        let target = CostTarget::engine(&cfg.model);
+        let models = specmla_sim::runner::models(&cfg, 7);
+        let make = |cfg: &EngineConfig, t, d| GpuBackend::on_device(Arc::clone(dev), cfg, t, d);
+        // (graph, passes) -> residuals
+        let mut groups: Vec<((bool, usize), Vec<f64>)> = Vec::new();
+        bench.run_observed(&make, &cfg, models, &mut |o, t| {
+            let c = step_cost(kernels, &target, o);
+            let key = (
+                o.plan.cudagraph.is_some(),
+                specmla_core::cost::drafter_passes(o),
+            );
+            let r = t.wall_us - (c.attention_us + c.gemm_us + c.comm_us);
+            match groups.iter_mut().find(|g| g.0 == key) {
+                Some(g) => g.1.push(r),
+                None => groups.push((key, vec![r])),
+            }
+        })?;
+        for ((graph, passes), mut v) in groups {
+            v.sort_by(f64::total_cmp);
+            out.push(OverheadSample {
+                label: format!(
+                    "verify bench 8 x (1 + {k}) at 512 keys, 8 heads, {layers} layers, {}",
+                    if graph { "graph steps" } else { "eager steps" }
+                ),
+                graph,
+                layers,
+                passes,
+                us: v[v.len() / 2],
+                steps: v.len(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Measures and fits every class on `dev`; `commit` is the binary's commit.
+pub fn calibrate(dev: &Arc<GpuDevice>, quick: bool, commit: &str) -> Result<Calibration, String> {
+    let k = Kernels::load(dev).map_err(|e| e.to_string())?;
+    let class = |s: Result<Vec<Sample>, GpuError>, what: &str| -> Result<KernelClass, String> {
+        KernelClass::fitted(s.map_err(|e| format!("{what}: {e}"))?)
+            .map_err(|e| format!("{what}: {e}"))
+    };
+    let decode = class(decode_samples(dev, &k, quick), "decode")?;
+    let prefill = class(prefill_samples(dev, &k, quick), "prefill")?;
+    let gemm = class(gemm_samples(dev, &k, quick), "gemm")?;
+    let mut c = Calibration {
+        format: CALIBRATION_FORMAT,
+        device: dev.name.clone(),
+        commit: commit.to_string(),
+        decode,
+        prefill,
+        gemm,
+        overhead: Overhead::fitted(Vec::new()),
+        allreduce: allreduce_assumption(),
+    };
+    c.overhead = Overhead::fitted(overhead_samples(dev, &c, quick)?);
+    Ok(c)
+}
+
+/// The report lines: each class's fit and its error on its own samples.
+pub fn report(c: &Calibration) -> Vec<String> {
+    let mut out = vec![format!("calibration on {} at {}", c.device, c.commit)];
+    for (name, k) in [
+        ("decode", &c.decode),
+        ("prefill", &c.prefill),
+        ("gemm", &c.gemm),
+    ] {
+        let (median, max) = k.fit_errors();
+        let f = k.fit;
+        out.push(format!(
+            "  {name:<8} {} samples: {:.2} us + {:.0} GB/s + {:.0} TFLOP/s (as an additive roofline); \
+             fit error median {:.1}%, worst {:.1}%",
+            k.samples.len(),
+            f.overhead_us,
+            if f.us_per_gb > 0.0 { 1e6 / f.us_per_gb } else { f64::INFINITY },
+            if f.us_per_tflop > 0.0 { 1e6 / f.us_per_tflop } else { f64::INFINITY },
+            100.0 * median,
+            100.0 * max
+        ));
+    }
+    for (name, f) in [("graph", c.overhead.graph), ("eager", c.overhead.eager)] {
+        out.push(format!(
+            "  overhead {name}: {:.1} us + {:.1} us per layer + {:.1} us per drafter pass",
+            f.step_us, f.layer_us, f.pass_us
+        ));
+    }
+    for s in &c.overhead.samples {
+        out.push(format!(
+            "    {}: {} passes, median residual {:.1} us over {} steps",
+            s.label, s.passes, s.us, s.steps
+        ));
+    }
+    out
+}
+
+/// One held-out configuration: its measured and simulated totals over the same steps.
+pub struct Validation {
+    pub label: String,
+    pub steps: usize,
+    pub measured_us: f64,
+    pub simulated_us: f64,
+}
+
+impl Validation {
+    /// `simulated / measured - 1`: the error of simulated step time, and so (over the same
+    /// generated tokens) of throughput, the other way round.
+    pub fn error(&self) -> f64 {
+        self.simulated_us / self.measured_us - 1.0
+    }
+}
+
+/// Runs verify benches the calibration did not measure (other batches, contexts, K, the
+/// prefill path) through the engine, and prices each timed step with `c`.
+pub fn validate(
+    dev: &Arc<GpuDevice>,
+    c: &Calibration,
+    quick: bool,
+) -> Result<Vec<Validation>, String> {
+    // (rows, context, K, graphs, prefill chunk)
+    let configs: &[(usize, usize, usize, bool, Option<usize>)] = match quick {
+        true => &[(32, 1024, 2, true, None), (16, 1024, 2, true, Some(512))],
+        false => &[
+            (1, 1024, 2, true, None),
+            (32, 1024, 2, true, None),
+            (64, 4096, 2, true, None),
+            (16, 2048, 3, false, None),
+            (64, 1024, 1, true, None),
+            (16, 2048, 2, true, Some(512)),
+        ],
+    };
+    let mut out = Vec::new();
+    for &(rows, context, k, graphs, chunk) in configs {
+        let bench = VerifyBench {
+            rows,
+            context_tokens: context,
+            decode_steps: 12,
+            num_spec_tokens: k,
+            cuda_graphs: graphs,
+            prefill_chunk_tokens: chunk,
+        };
+        let model = ModelDims::deepseek_v3_attn()
+            .tensor_parallel(16)
+            .expect("16 divides 128");
+        let cfg = bench.config(model);
+        let target = CostTarget::engine(&cfg.model);
+        let models = specmla_sim::runner::models(&cfg, 7);
+        let make = |cfg: &EngineConfig, t, d| GpuBackend::on_device(Arc::clone(dev), cfg, t, d);
+        let (mut measured_us, mut simulated_us, mut steps) = (0.0, 0.0, 0);
+        bench.run_observed(&make, &cfg, models, &mut |o, t| {
+            measured_us += t.wall_us;
+            simulated_us += step_cost(c, &target, o).total_us();
+            steps += 1;
+        })?;
+        out.push(Validation {
+            label: format!(
+                "verify bench {rows} x (1 + {k}) at {context} keys, graphs {}{}",
+                if graphs { "on" } else { "off" },
+                chunk.map_or(String::new(), |c| format!(", prompt chunks of {c}"))
+            ),
+            steps,
+            measured_us,
+            simulated_us,
+        });
+    }
+    Ok(out)
+}
