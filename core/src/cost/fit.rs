@@ -71,9 +71,9 @@ impl Fit {
 /// The non-negative coefficients `c` minimizing `sum ((c . x - y) / y)^2` over `rows` of
 /// features `x` and positive targets `y`: every subset of the features is solved by least
 /// squares and the best whose coefficients are all non-negative wins (`None` if none is).
-pub fn nonneg_relative_lsq(rows: &[([f64; 3], f64)]) -> Option<[f64; 3]> {
-    let mut best: Option<(f64, [f64; 3])> = None;
-    for mask in 1u8..8 {
+pub fn nonneg_relative_lsq<const N: usize>(rows: &[([f64; N], f64)]) -> Option<[f64; N]> {
+    let mut best: Option<(f64, [f64; N])> = None;
+    for mask in 1u32..(1 << N) {
         let Some(c) = solve_subset(rows, mask) else {
             continue;
         };
@@ -93,8 +93,8 @@ pub fn nonneg_relative_lsq(rows: &[([f64; 3], f64)]) -> Option<[f64; 3]> {
 
 /// Weighted least squares over the features in `mask`; `None` if singular or a
 /// coefficient comes out negative.
-fn solve_subset(rows: &[([f64; 3], f64)], mask: u8) -> Option<[f64; 3]> {
-    let terms: Vec<usize> = (0..3).filter(|i| mask >> i & 1 == 1).collect();
+fn solve_subset<const N: usize>(rows: &[([f64; N], f64)], mask: u32) -> Option<[f64; N]> {
+    let terms: Vec<usize> = (0..N).filter(|i| mask >> i & 1 == 1).collect();
     let n = terms.len();
     let mut a = vec![vec![0.0; n + 1]; n];
     for (x, y) in rows {
@@ -107,7 +107,7 @@ fn solve_subset(rows: &[([f64; 3], f64)], mask: u8) -> Option<[f64; 3]> {
         }
     }
     let sol = gauss(a)?;
-    let mut c = [0.0; 3];
+    let mut c = [0.0; N];
     for (i, &t) in terms.iter().enumerate() {
         if !(sol[i] >= 0.0) {
             return None;

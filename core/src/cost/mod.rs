@@ -49,11 +49,29 @@ impl KernelClass {
     }
 }
 
+/// A kernel class measured at one head count.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct HeadsClass {
+    pub heads: usize,
+    pub class: KernelClass,
+}
+
+/// The class measured nearest `heads` (by ratio; a tie takes the larger count).
+pub fn nearest_heads(classes: &[HeadsClass], heads: usize) -> &KernelClass {
+    let dist = |h: &HeadsClass| ((h.heads as f64) / (heads.max(1) as f64)).ln().abs();
+    let best = classes
+        .iter()
+        .min_by(|a, b| dist(a).total_cmp(&dist(b)).then(b.heads.cmp(&a.heads)))
+        .expect("a calibration has a class per kernel");
+    &best.class
+}
+
 /// What a step costs beyond the launches the kernel classes price: the host's share
 /// (wall time the device idles), and the small kernels (norms, RoPE, conversions, copies,
 /// sampling) no class covers. Measured as the residual of whole engine steps, wall time
 /// less the kernel classes' price of the same step, and fitted per step kind as
-/// `step_us + layer_us * layers + pass_us * drafter passes`.
+/// `step_us + layer_us * layers + pass_us * drafter passes + token_us * tokens` (the
+/// target's scheduled tokens: the host builds, uploads and verifies per token).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Overhead {
     /// Target forwards replayed from CUDA graphs.
@@ -64,32 +82,40 @@ pub struct Overhead {
     pub samples: Vec<OverheadSample>,
 }
 
-/// `step_us + layer_us * layers + pass_us * passes`.
+/// `step_us + layer_us * layers + pass_us * passes + token_us * tokens`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct OverheadFit {
     pub step_us: f64,
     pub layer_us: f64,
     pub pass_us: f64,
+    pub token_us: f64,
 }
 
 impl OverheadFit {
-    pub fn us(&self, layers: usize, passes: usize) -> f64 {
-        self.step_us + self.layer_us * layers as f64 + self.pass_us * passes as f64
+    pub fn us(&self, layers: usize, passes: usize, tokens: usize) -> f64 {
+        self.step_us
+            + self.layer_us * layers as f64
+            + self.pass_us * passes as f64
+            + self.token_us * tokens as f64
     }
 
     /// The non-negative fit over `samples` (all of one kind); zero where there are none
     /// or no residual is positive.
     pub fn of(samples: &[&OverheadSample]) -> Self {
-        let rows: Vec<([f64; 3], f64)> = samples
+        let rows: Vec<([f64; 4], f64)> = samples
             .iter()
             .filter(|s| s.us > 0.0)
-            .map(|s| ([1.0, s.layers as f64, s.passes as f64], s.us))
+            .map(|s| {
+                let x = [1.0, s.layers as f64, s.passes as f64, s.tokens as f64];
+                (x, s.us)
+            })
             .collect();
         match fit::nonneg_relative_lsq(&rows) {
             Some(c) => Self {
                 step_us: c[0],
                 layer_us: c[1],
                 pass_us: c[2],
+                token_us: c[3],
             },
             None => Self::default(),
         }
@@ -103,6 +129,8 @@ pub struct OverheadSample {
     pub graph: bool,
     pub layers: usize,
     pub passes: usize,
+    /// The target's scheduled tokens (the median step's).
+    pub tokens: usize,
     /// Median over the configuration's steps of this kind of wall time less the kernel
     /// classes' price (may be negative where the classes over-price).
     pub us: f64,
@@ -142,10 +170,11 @@ pub struct Calibration {
     pub device: String,
     /// The commit the calibrating binary was built from.
     pub commit: String,
-    /// The flash decode (one launch per layer over the decode rows).
-    pub decode: KernelClass,
-    /// The TMA prefill (causal over new tokens, non-causal over context).
-    pub prefill: KernelClass,
+    /// The flash decode (one launch per layer over the decode rows), by head count (the
+    /// kernel family and its row padding change with it).
+    pub decode: Vec<HeadsClass>,
+    /// The TMA prefill (causal over new tokens, non-causal over context), by head count.
+    pub prefill: Vec<HeadsClass>,
     /// The cuBLASLt GEMMs (pinned algorithms), bf16.
     pub gemm: KernelClass,
     pub overhead: Overhead,
@@ -165,11 +194,18 @@ impl Calibration {
                 c.format
             ));
         }
-        for (name, k) in [
-            ("decode", &c.decode),
-            ("prefill", &c.prefill),
-            ("gemm", &c.gemm),
-        ] {
+        if c.decode.is_empty() || c.prefill.is_empty() {
+            return Err("no decode or prefill class".into());
+        }
+        let by_heads = |name: &str, v: &[HeadsClass]| {
+            v.iter()
+                .map(|h| (format!("{name} at {} heads", h.heads), h.class.clone()))
+                .collect::<Vec<_>>()
+        };
+        let mut classes = by_heads("decode", &c.decode);
+        classes.extend(by_heads("prefill", &c.prefill));
+        classes.push(("gemm".into(), c.gemm.clone()));
+        for (name, k) in &classes {
             let refit = Fit::of(&k.samples).map_err(|e| format!("{name}: {e}"))?;
             let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-9);
             if !(close(refit.overhead_us, k.fit.overhead_us)

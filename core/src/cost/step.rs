@@ -6,7 +6,7 @@
 //! same launches: bf16 operands (2 bytes), weights read once per launch; the decode's
 //! flops over its query rows padded to 64 (the kernel's row group).
 
-use super::{Calibration, CostTarget};
+use super::{nearest_heads, Calibration, CostTarget};
 use crate::drafter::DrafterPass;
 use crate::engine::StepOutcome;
 use crate::plan::StepPlan;
@@ -94,15 +94,17 @@ impl Pricer<'_> {
 
     fn decode(&mut self, rows: &[(usize, usize)]) {
         if !rows.is_empty() {
-            let (b, f) = decode_size(self.t.rank_dims.num_heads, rows);
-            self.cost.attention_us += self.c.decode.fit.us(b, f);
+            let heads = self.t.rank_dims.num_heads;
+            let (b, f) = decode_size(heads, rows);
+            self.cost.attention_us += nearest_heads(&self.c.decode, heads).fit.us(b, f);
         }
     }
 
     fn prefill(&mut self, rows: &[(usize, usize)], causal: bool) {
         if rows.iter().any(|r| r.0 > 0 && r.1 > 0) {
-            let (b, f) = prefill_size(self.t.rank_dims.num_heads, rows, causal);
-            self.cost.attention_us += self.c.prefill.fit.us(b, f);
+            let heads = self.t.rank_dims.num_heads;
+            let (b, f) = prefill_size(heads, rows, causal);
+            self.cost.attention_us += nearest_heads(&self.c.prefill, heads).fit.us(b, f);
         }
     }
 
@@ -287,7 +289,11 @@ pub fn step_cost(c: &Calibration, t: &CostTarget, o: &StepOutcome) -> StepCost {
         true => &c.overhead.graph,
         false => &c.overhead.eager,
     };
-    p.cost.host_us = fit.us(t.rank_dims.num_layers, drafter_passes(o));
+    p.cost.host_us = fit.us(
+        t.rank_dims.num_layers,
+        drafter_passes(o),
+        o.plan.num_tokens(),
+    );
     p.cost
 }
 

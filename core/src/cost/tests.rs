@@ -21,22 +21,36 @@ pub fn calibration() -> Calibration {
         format: CALIBRATION_FORMAT,
         device: "test device".into(),
         commit: "0000000".into(),
-        decode: class(1.0),
-        prefill: class(1.2),
+        decode: vec![
+            HeadsClass {
+                heads: 8,
+                class: class(1.0),
+            },
+            HeadsClass {
+                heads: 128,
+                class: class(3.0),
+            },
+        ],
+        prefill: vec![HeadsClass {
+            heads: 8,
+            class: class(1.2),
+        }],
         gemm: class(0.9),
         overhead: Overhead::fitted(
             [
-                (true, 1, 0, 40.0),
-                (true, 2, 1, 110.0),
-                (true, 2, 3, 210.0),
-                (false, 2, 1, 400.0),
+                (true, 1, 0, 8, 48.0),
+                (true, 2, 1, 8, 118.0),
+                (true, 2, 3, 8, 218.0),
+                (true, 2, 3, 32, 242.0),
+                (false, 2, 1, 8, 400.0),
             ]
             .iter()
-            .map(|&(graph, layers, passes, us)| OverheadSample {
-                label: format!("{layers} layers, {passes} passes"),
+            .map(|&(graph, layers, passes, tokens, us)| OverheadSample {
+                label: format!("{layers} layers, {passes} passes, {tokens} tokens"),
                 graph,
                 layers,
                 passes,
+                tokens,
                 us,
                 steps: 10,
             })
@@ -82,7 +96,7 @@ fn calibration_round_trips_and_refuses_edits() {
 #[test]
 fn fitted_classes_report_their_errors() {
     let c = calibration();
-    let (median, max) = c.decode.fit_errors();
+    let (median, max) = c.decode[0].class.fit_errors();
     assert!(median < 1e-9 && max < 1e-9, "{median} {max}");
 }
 
@@ -119,12 +133,28 @@ fn targets() {
 fn overhead_fits_per_kind() {
     let c = calibration();
     let g = c.overhead.graph;
-    // 40 = a + l, 110 = a + 2l + p, 210 = a + 2l + 3p: p = 50, l = 20, a = 20.
+    // a + l + 8t = 48, a + 2l + p + 8t = 118, a + 2l + 3p + 8t = 218, + 24 more tokens
+    // = 242: t = 1, p = 50, l = 20, a = 20.
+    let close = |a: f64, b: f64| (a - b).abs() < 1e-6;
     assert!(
-        (g.pass_us - 50.0).abs() < 1e-6 && (g.layer_us - 20.0).abs() < 1e-6,
+        close(g.token_us, 1.0)
+            && close(g.pass_us, 50.0)
+            && close(g.layer_us, 20.0)
+            && close(g.step_us, 20.0),
         "{g:?}"
     );
-    assert!((g.us(2, 1) - 110.0).abs() < 1e-6);
+    assert!(close(g.us(2, 1, 8), 118.0));
     // One eager sample: some non-negative fit through it.
-    assert!((c.overhead.eager.us(2, 1) - 400.0).abs() < 1e-6);
+    assert!(close(c.overhead.eager.us(2, 1, 8), 400.0));
+}
+
+#[test]
+fn classes_by_the_nearest_head_count() {
+    let c = calibration();
+    let at = |h| nearest_heads(&c.decode, h).fit.overhead_us;
+    assert_eq!(at(8), at(1));
+    assert_eq!(at(16), at(8));
+    assert_eq!(at(64), at(128));
+    assert_eq!(at(32), at(128)); // equal ratios: the larger count
+    assert!(at(128) > at(8));
 }

@@ -18,8 +18,8 @@ use std::sync::Arc;
 use specmla_core::config::{EngineConfig, ModelDims};
 use specmla_core::cost::step::{decode_size, gemm_size, prefill_size};
 use specmla_core::cost::{
-    step_cost, AllReduce, Calibration, CostTarget, KernelClass, Overhead, OverheadSample, Sample,
-    CALIBRATION_FORMAT,
+    step_cost, AllReduce, Calibration, CostTarget, HeadsClass, KernelClass, Overhead,
+    OverheadSample, Sample, CALIBRATION_FORMAT,
 };
 use specmla_gpu::device::GpuError;
 use specmla_gpu::launch::Buf;
@@ -52,91 +52,112 @@ fn engine_split() -> (usize, usize) {
     (p.split_size_tokens, p.max_splits)
 }
 
-fn decode_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+/// Head counts the attention classes are measured at: one rank of 16, of 8, and all 128.
+const HEADS: [usize; 3] = [8, 16, 128];
+
+/// The decode at `h` heads over q_len (1 + K verify rows, and the 48-token prompt chunks
+/// FlashMLA's threshold sends to the decode kernel) x batch x context.
+fn decode_samples(
+    dev: &GpuDevice,
+    k: &Kernels,
+    h: usize,
+    quick: bool,
+) -> Result<Vec<Sample>, GpuError> {
     let fk = FlashKernels::for_engine(dev)?;
     let scrub = L2Scrub::new(dev, k)?;
     let plan = engine_split();
-    let (heads, batches, contexts): (&[usize], &[usize], &[usize]) = match quick {
-        true => (&[8, 128], &[1, 32], &[256, 2048]),
-        false => (&[8, 16, 128], &[1, 8, 32, 64], &[128, 1024, 4096]),
+    let (q_lens, batches, contexts): (&[usize], &[usize], &[usize]) = match quick {
+        true => (&[1, 4, 48], &[1, 32], &[256, 2048]),
+        false => (&[1, 2, 4, 16, 48], &[1, 8, 32, 64], &[128, 1024, 4096]),
     };
     let mut out = Vec::new();
-    for &h in heads {
-        for q in [1, 2, 4] {
-            for &b in batches {
-                for &l in contexts {
-                    let s = BenchShape {
-                        heads: h,
-                        q_len: q,
-                        batch: b,
-                        context: l,
-                        page: 64,
-                    };
-                    let inp = DecodeInputs::new(dev, k, s, 13)?;
-                    let v = FlashVariant {
-                        wide: fk.wide,
-                        plan,
-                        mode: "engine",
-                    };
-                    let m = bench_flash(dev, &fk, &inp, &[v], if quick { 5 } else { 10 }, &scrub)?;
-                    let (bytes, flops) = decode_size(h, &vec![(q, l); b]);
-                    out.push(Sample {
-                        label: format!("decode H {h} q {q} B {b} L {l}"),
-                        bytes,
-                        flops,
-                        us: m[0].time_us,
-                    });
-                }
+    for &q in q_lens {
+        for &b in batches {
+            for &l in contexts {
+                let s = BenchShape {
+                    heads: h,
+                    q_len: q,
+                    batch: b,
+                    context: l,
+                    page: 64,
+                };
+                let inp = DecodeInputs::new(dev, k, s, 13)?;
+                let v = FlashVariant {
+                    wide: fk.wide,
+                    plan,
+                    mode: "engine",
+                };
+                let reps = if quick { 5 } else { 10 };
+                let m = bench_flash(dev, &fk, &inp, &[v], reps, &scrub)?;
+                let (bytes, flops) = decode_size(h, &vec![(q, l); b]);
+                out.push(Sample {
+                    label: format!("decode H {h} q {q} B {b} L {l}"),
+                    bytes,
+                    flops,
+                    us: m[0].time_us,
+                });
             }
         }
     }
     Ok(out)
 }
 
-fn prefill_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+/// The prefill at `h` heads: causal new tokens, and queries over context (the chunk sizes
+/// the engine runs, 512-token prompt chunks over up to 8k keys among them).
+fn prefill_samples(
+    dev: &GpuDevice,
+    k: &Kernels,
+    h: usize,
+    quick: bool,
+) -> Result<Vec<Sample>, GpuError> {
     let fk = FlashKernels::for_engine(dev)?;
-    let heads: &[usize] = if quick { &[8] } else { &[8, 16, 128] };
-    let mut cases = Vec::new();
-    for &h in heads {
-        for (batch, q) in [(1, 128), (1, 1024), (1, 4096), (8, 256)] {
-            cases.push(PrefillCase {
-                heads: h,
-                batch,
-                q_len: q,
-                k_len: q,
-                causal: true,
-            });
-        }
-        for (batch, q, kl) in [
-            (1, 16, 2048),
-            (1, 64, 256),
-            (1, 64, 8192),
-            (8, 64, 2048),
-            (1, 512, 2048),
-        ] {
-            cases.push(PrefillCase {
-                heads: h,
-                batch,
-                q_len: q,
-                k_len: kl,
-                causal: false,
-            });
-        }
-    }
+    let causal = [
+        (1, 128),
+        (1, 512),
+        (1, 1024),
+        (1, 4096),
+        (8, 256),
+        (16, 512),
+    ];
+    let non_causal = [
+        (1, 16, 2048),
+        (1, 64, 256),
+        (1, 64, 8192),
+        (8, 64, 2048),
+        (1, 512, 512),
+        (1, 512, 2048),
+        (16, 512, 1024),
+        (16, 512, 4096),
+    ];
+    let mut cases: Vec<PrefillCase> = causal
+        .iter()
+        .map(|&(batch, q)| PrefillCase {
+            heads: h,
+            batch,
+            q_len: q,
+            k_len: q,
+            causal: true,
+        })
+        .collect();
+    cases.extend(non_causal.iter().map(|&(batch, q, kl)| PrefillCase {
+        heads: h,
+        batch,
+        q_len: q,
+        k_len: kl,
+        causal: false,
+    }));
     let mut out = Vec::new();
     for c in cases {
         // The engine's kernel is the fastest tile at every shape measured (BENCHMARKS.md).
         let ms = bench_flash_prefill(dev, k, &fk, c, if quick { 5 } else { 10 })?;
         let us = ms.iter().map(|m| m.time_us).fold(f64::INFINITY, f64::min);
-        let (bytes, flops) = prefill_size(c.heads, &vec![(c.q_len, c.k_len); c.batch], c.causal);
+        let rows = vec![(c.q_len, c.k_len); c.batch];
+        let (bytes, flops) = prefill_size(c.heads, &rows, c.causal);
+        let kind = if c.causal { "causal" } else { "non-causal" };
         out.push(Sample {
             label: format!(
-                "prefill H {} B {} q {} k {} {}",
-                c.heads,
-                c.batch,
-                c.q_len,
-                c.k_len,
-                if c.causal { "causal" } else { "non-causal" }
+                "prefill H {h} B {} q {} k {} {kind}",
+                c.batch, c.q_len, c.k_len
             ),
             bytes,
             flops,
@@ -195,28 +216,33 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
 }
 
 /// The overhead samples: verify-bench runs through the engine, each step's wall time less
-/// `kernels`' price of it, median per configuration and graph/eager.
+/// `kernels`' price of it, median per configuration and step shape (graph or eager,
+/// drafter passes, tokens; shapes seen fewer than 3 times are left out as noise).
 fn overhead_samples(
     dev: &Arc<GpuDevice>,
     kernels: &Calibration,
     quick: bool,
 ) -> Result<Vec<OverheadSample>, String> {
-    let mut out = Vec::new();
-    let configs: &[(usize, usize, bool)] = match quick {
-        true => &[(2, 1, true), (2, 3, true), (2, 1, false)],
+    // (layers, K, graphs, rows)
+    let configs: &[(usize, usize, bool, usize)] = match quick {
+        true => &[(2, 1, true, 8), (2, 3, true, 32), (2, 1, false, 8)],
         false => &[
-            (1, 1, true),
-            (1, 3, true),
-            (2, 1, true),
-            (2, 3, true),
-            (1, 1, false),
-            (2, 1, false),
-            (2, 3, false),
+            (1, 1, true, 8),
+            (1, 3, true, 8),
+            (2, 1, true, 8),
+            (2, 3, true, 8),
+            (1, 1, true, 32),
+            (2, 3, true, 32),
+            (2, 1, true, 64),
+            (1, 1, false, 8),
+            (2, 1, false, 8),
+            (2, 3, false, 32),
         ],
     };
-    for &(layers, k, graphs) in configs {
+    let mut out = Vec::new();
+    for &(layers, k, graphs, rows) in configs {
         let bench = VerifyBench {
-            rows: 8,
+            rows,
             context_tokens: 512,
             decode_steps: 12,
             num_spec_tokens: k,
@@ -233,13 +259,13 @@ fn overhead_samples(
         let target = CostTarget::engine(&cfg.model);
         let models = specmla_sim::runner::models(&cfg, 7);
         let make = |cfg: &EngineConfig, t, d| GpuBackend::on_device(Arc::clone(dev), cfg, t, d);
-        // (graph, passes) -> residuals
-        let mut groups: Vec<((bool, usize), Vec<f64>)> = Vec::new();
+        let mut groups: Vec<((bool, usize, usize), Vec<f64>)> = Vec::new();
         bench.run_observed(&make, &cfg, models, &mut |o, t| {
             let c = step_cost(kernels, &target, o);
             let key = (
                 o.plan.cudagraph.is_some(),
                 specmla_core::cost::drafter_passes(o),
+                o.plan.num_tokens(),
             );
             let r = t.wall_us - (c.attention_us + c.gemm_us + c.comm_us);
             match groups.iter_mut().find(|g| g.0 == key) {
@@ -247,16 +273,21 @@ fn overhead_samples(
                 None => groups.push((key, vec![r])),
             }
         })?;
-        for ((graph, passes), mut v) in groups {
+        let kind = |graph| if graph { "graph steps" } else { "eager steps" };
+        for ((graph, passes, tokens), mut v) in groups {
+            if v.len() < 3 {
+                continue;
+            }
             v.sort_by(f64::total_cmp);
             out.push(OverheadSample {
                 label: format!(
-                    "verify bench 8 x (1 + {k}) at 512 keys, 8 heads, {layers} layers, {}",
-                    if graph { "graph steps" } else { "eager steps" }
+                    "verify bench {rows} x (1 + {k}) at 512 keys, 8 heads, {layers} layers, {}",
+                    kind(graph)
                 ),
                 graph,
                 layers,
                 passes,
+                tokens,
                 us: v[v.len() / 2],
                 steps: v.len(),
             });
@@ -272,8 +303,19 @@ pub fn calibrate(dev: &Arc<GpuDevice>, quick: bool, commit: &str) -> Result<Cali
         KernelClass::fitted(s.map_err(|e| format!("{what}: {e}"))?)
             .map_err(|e| format!("{what}: {e}"))
     };
-    let decode = class(decode_samples(dev, &k, quick), "decode")?;
-    let prefill = class(prefill_samples(dev, &k, quick), "prefill")?;
+    let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+    for h in HEADS {
+        let class_d = class(decode_samples(dev, &k, h, quick), "decode")?;
+        decode.push(HeadsClass {
+            heads: h,
+            class: class_d,
+        });
+        let class_p = class(prefill_samples(dev, &k, h, quick), "prefill")?;
+        prefill.push(HeadsClass {
+            heads: h,
+            class: class_p,
+        });
+    }
     let gemm = class(gemm_samples(dev, &k, quick), "gemm")?;
     let mut c = Calibration {
         format: CALIBRATION_FORMAT,
@@ -289,37 +331,40 @@ pub fn calibrate(dev: &Arc<GpuDevice>, quick: bool, commit: &str) -> Result<Cali
     Ok(c)
 }
 
-/// The report lines: each class's fit and its error on its own samples.
+/// The report lines: each class's fit and its error on its own samples, the overhead.
 pub fn report(c: &Calibration) -> Vec<String> {
     let mut out = vec![format!("calibration on {} at {}", c.device, c.commit)];
-    for (name, k) in [
-        ("decode", &c.decode),
-        ("prefill", &c.prefill),
-        ("gemm", &c.gemm),
-    ] {
+    let mut classes: Vec<(String, &KernelClass)> = Vec::new();
+    for (name, v) in [("decode", &c.decode), ("prefill", &c.prefill)] {
+        classes.extend(v.iter().map(|h| (format!("{name} H{}", h.heads), &h.class)));
+    }
+    classes.push(("gemm".into(), &c.gemm));
+    let rate = |per: f64| if per > 0.0 { 1e6 / per } else { f64::INFINITY };
+    for (name, k) in classes {
         let (median, max) = k.fit_errors();
         let f = k.fit;
         out.push(format!(
-            "  {name:<8} {} samples: {:.2} us + {:.0} GB/s + {:.0} TFLOP/s (as an additive roofline); \
+            "  {name:<12} {} samples: {:.2} us + bytes at {:.0} GB/s + flops at {:.0} TFLOP/s; \
              fit error median {:.1}%, worst {:.1}%",
             k.samples.len(),
             f.overhead_us,
-            if f.us_per_gb > 0.0 { 1e6 / f.us_per_gb } else { f64::INFINITY },
-            if f.us_per_tflop > 0.0 { 1e6 / f.us_per_tflop } else { f64::INFINITY },
+            rate(f.us_per_gb),
+            rate(f.us_per_tflop),
             100.0 * median,
             100.0 * max
         ));
     }
     for (name, f) in [("graph", c.overhead.graph), ("eager", c.overhead.eager)] {
         out.push(format!(
-            "  overhead {name}: {:.1} us + {:.1} us per layer + {:.1} us per drafter pass",
-            f.step_us, f.layer_us, f.pass_us
+            "  overhead {name}: {:.1} us + {:.1} us per layer + {:.1} us per drafter pass + \
+             {:.3} us per token",
+            f.step_us, f.layer_us, f.pass_us, f.token_us
         ));
     }
     for s in &c.overhead.samples {
         out.push(format!(
-            "    {}: {} passes, median residual {:.1} us over {} steps",
-            s.label, s.passes, s.us, s.steps
+            "    {}: {} passes, {} tokens, median residual {:.1} us over {} steps",
+            s.label, s.passes, s.tokens, s.us, s.steps
         ));
     }
     out
@@ -331,6 +376,23 @@ pub struct Validation {
     pub steps: usize,
     pub measured_us: f64,
     pub simulated_us: f64,
+    /// The same, by step kind, with the parts the backend times on its own.
+    pub kinds: Vec<KindComparison>,
+}
+
+/// One step kind of a validation run: totals over its steps.
+#[derive(Clone, Debug, Default)]
+pub struct KindComparison {
+    pub kind: &'static str,
+    pub steps: usize,
+    pub measured_us: f64,
+    pub simulated_us: f64,
+    pub measured_attention_us: f64,
+    pub simulated_attention_us: f64,
+    /// Eager GEMMs (a graph's are inside its replay).
+    pub measured_gemm_us: f64,
+    pub simulated_gemm_us: f64,
+    pub simulated_overhead_us: f64,
 }
 
 impl Validation {
@@ -378,10 +440,31 @@ pub fn validate(
         let models = specmla_sim::runner::models(&cfg, 7);
         let make = |cfg: &EngineConfig, t, d| GpuBackend::on_device(Arc::clone(dev), cfg, t, d);
         let (mut measured_us, mut simulated_us, mut steps) = (0.0, 0.0, 0);
+        let mut kinds: Vec<KindComparison> = Vec::new();
         bench.run_observed(&make, &cfg, models, &mut |o, t| {
+            let sim = step_cost(c, &target, o);
             measured_us += t.wall_us;
-            simulated_us += step_cost(c, &target, o).total_us();
+            simulated_us += sim.total_us();
             steps += 1;
+            let kind = specmla_sim::step_time::step_kind(&o.plan).unwrap_or("empty");
+            let k = match kinds.iter().position(|k| k.kind == kind) {
+                Some(i) => &mut kinds[i],
+                None => {
+                    kinds.push(KindComparison {
+                        kind,
+                        ..Default::default()
+                    });
+                    kinds.last_mut().expect("just pushed")
+                }
+            };
+            k.steps += 1;
+            k.measured_us += t.wall_us;
+            k.simulated_us += sim.total_us();
+            k.measured_attention_us += t.attention_us;
+            k.simulated_attention_us += sim.attention_us;
+            k.measured_gemm_us += t.gemm_us;
+            k.simulated_gemm_us += sim.gemm_us;
+            k.simulated_overhead_us += sim.host_us;
         })?;
         out.push(Validation {
             label: format!(
@@ -392,6 +475,7 @@ pub fn validate(
             steps,
             measured_us,
             simulated_us,
+            kinds,
         });
     }
     Ok(out)

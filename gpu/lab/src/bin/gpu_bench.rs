@@ -193,6 +193,22 @@ fn calibrate(cli: &Cli, path: &std::path::Path) -> ExitCode {
                     r.simulated_us / 1e3,
                     100.0 * r.error()
                 );
+                for k in &r.kinds {
+                    let per = |v: f64| v / k.steps.max(1) as f64;
+                    println!(
+                        "    {}: {} steps, per step measured {:.1} us, simulated {:.1} us \
+                         (attention {:.1} vs {:.1}, GEMMs {:.1} vs {:.1}, overhead {:.1})",
+                        k.kind,
+                        k.steps,
+                        per(k.measured_us),
+                        per(k.simulated_us),
+                        per(k.measured_attention_us),
+                        per(k.simulated_attention_us),
+                        per(k.measured_gemm_us),
+                        per(k.simulated_gemm_us),
+                        per(k.simulated_overhead_us)
+                    );
+                }
             }
             errs.sort_by(f64::total_cmp);
             if let (Some(worst), false) = (errs.last(), errs.is_empty()) {
