@@ -1,6 +1,7 @@
 //! The additive roofline every measured kernel class is fitted to:
-//! `t_us = overhead_us + gb * us_per_gb + tflop * us_per_tflop`, the three coefficients
-//! non-negative, chosen to minimize the sum of squared *relative* errors over the
+//! `t_us = overhead_us + gb * us_per_gb + tflop * us_per_tflop + kcta * us_per_kcta`, the
+//! coefficients non-negative (the CTA term counts a split-KV decode's work units, whose
+//! number its split policy sets apart from its bytes and flops), chosen to minimize the sum of squared *relative* errors over the
 //! samples (so a 5 µs launch weighs as much as a 5 ms one).
 
 use serde::{Deserialize, Serialize};
@@ -12,6 +13,9 @@ pub struct Sample {
     pub label: String,
     pub bytes: f64,
     pub flops: f64,
+    /// CTAs launched (work units), where the class counts them.
+    #[serde(default)]
+    pub ctas: f64,
     pub us: f64,
 }
 
@@ -23,19 +27,25 @@ pub struct Fit {
     pub us_per_gb: f64,
     /// Microseconds per 1e12 flops (the inverse of an effective throughput).
     pub us_per_tflop: f64,
+    /// Microseconds per 1000 CTAs.
+    #[serde(default)]
+    pub us_per_kcta: f64,
 }
 
 impl Fit {
-    /// The fitted time of a launch of `bytes` and `flops`.
-    pub fn us(&self, bytes: f64, flops: f64) -> f64 {
-        self.overhead_us + bytes * 1e-9 * self.us_per_gb + flops * 1e-12 * self.us_per_tflop
+    /// The fitted time of a launch of `bytes`, `flops` and `ctas`.
+    pub fn us(&self, bytes: f64, flops: f64, ctas: f64) -> f64 {
+        self.overhead_us
+            + bytes * 1e-9 * self.us_per_gb
+            + flops * 1e-12 * self.us_per_tflop
+            + ctas * 1e-3 * self.us_per_kcta
     }
 
     /// Relative error of the fit on each sample, `(fit - measured) / measured`.
     pub fn rel_errors(&self, samples: &[Sample]) -> Vec<f64> {
         samples
             .iter()
-            .map(|s| (self.us(s.bytes, s.flops) - s.us) / s.us)
+            .map(|s| (self.us(s.bytes, s.flops, s.ctas) - s.us) / s.us)
             .collect()
     }
 
@@ -55,15 +65,16 @@ impl Fit {
                 s.label
             ));
         }
-        let rows: Vec<([f64; 3], f64)> = samples
+        let rows: Vec<([f64; 4], f64)> = samples
             .iter()
-            .map(|s| ([1.0, s.bytes * 1e-9, s.flops * 1e-12], s.us))
+            .map(|s| ([1.0, s.bytes * 1e-9, s.flops * 1e-12, s.ctas * 1e-3], s.us))
             .collect();
         let c = nonneg_relative_lsq(&rows).ok_or("no non-negative fit exists for these samples")?;
         Ok(Fit {
             overhead_us: c[0],
             us_per_gb: c[1],
             us_per_tflop: c[2],
+            us_per_kcta: c[3],
         })
     }
 }
@@ -162,6 +173,7 @@ mod tests {
             label: String::new(),
             bytes,
             flops,
+            ctas: 0.0,
             us,
         }
     }
@@ -172,6 +184,7 @@ mod tests {
             overhead_us: 4.0,
             us_per_gb: 1e6 / 3000.0,
             us_per_tflop: 1e6 / 600.0,
+            us_per_kcta: 0.0,
         };
         let pts: Vec<Sample> = [
             (1e6, 1e9),
@@ -181,7 +194,7 @@ mod tests {
             (3e9, 1e9),
         ]
         .iter()
-        .map(|&(b, f)| sample(b, f, truth.us(b, f)))
+        .map(|&(b, f)| sample(b, f, truth.us(b, f, 0.0)))
         .collect();
         let fit = Fit::of(&pts).unwrap();
         for e in fit.rel_errors(&pts) {

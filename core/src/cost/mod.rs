@@ -177,6 +177,9 @@ pub struct Calibration {
     pub prefill: Vec<HeadsClass>,
     /// The cuBLASLt GEMMs (pinned algorithms), bf16.
     pub gemm: KernelClass,
+    /// The f32-to-bf16 conversion of a GEMM's input (bytes read and written), which this
+    /// engine runs before each projection (its activations are f32).
+    pub convert: KernelClass,
     pub overhead: Overhead,
     pub allreduce: AllReduce,
 }
@@ -205,12 +208,14 @@ impl Calibration {
         let mut classes = by_heads("decode", &c.decode);
         classes.extend(by_heads("prefill", &c.prefill));
         classes.push(("gemm".into(), c.gemm.clone()));
+        classes.push(("convert".into(), c.convert.clone()));
         for (name, k) in &classes {
             let refit = Fit::of(&k.samples).map_err(|e| format!("{name}: {e}"))?;
             let close = |a: f64, b: f64| (a - b).abs() <= 1e-6 * a.abs().max(b.abs()).max(1e-9);
             if !(close(refit.overhead_us, k.fit.overhead_us)
                 && close(refit.us_per_gb, k.fit.us_per_gb)
-                && close(refit.us_per_tflop, k.fit.us_per_tflop))
+                && close(refit.us_per_tflop, k.fit.us_per_tflop)
+                && close(refit.us_per_kcta, k.fit.us_per_kcta))
             {
                 return Err(format!("{name}: the fit does not match its samples"));
             }
@@ -266,6 +271,9 @@ pub struct CostTarget {
     /// experts, and all-reduce twice per layer (1: none of these).
     pub tp: usize,
     pub moe: Option<Moe>,
+    /// Activations in f32, converted to bf16 before each projection (this engine); an
+    /// engine serving DeepSeek-V3 keeps them bf16.
+    pub f32_activations: bool,
 }
 
 impl CostTarget {
@@ -277,6 +285,7 @@ impl CostTarget {
             rank_dims: rank_dims.clone(),
             tp: 1,
             moe: None,
+            f32_activations: true,
         }
     }
 
@@ -287,6 +296,7 @@ impl CostTarget {
             rank_dims: ModelDims::deepseek_v3().tensor_parallel(tp)?,
             tp,
             moe: Some(Moe::deepseek_v3()),
+            f32_activations: false,
         })
     }
 }

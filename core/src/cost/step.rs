@@ -4,7 +4,8 @@
 //!
 //! Bytes and flops are counted as `gpu-bench --calibrate` counts them when it times the
 //! same launches: bf16 operands (2 bytes), weights read once per launch; the decode's
-//! flops over its query rows padded to 64 (the kernel's row group).
+//! flops over its query rows padded to 64 (the kernel's row group), and its CTAs (row
+//! groups times the plan's splits).
 
 use super::{nearest_heads, Calibration, CostTarget};
 use crate::drafter::DrafterPass;
@@ -48,16 +49,19 @@ pub fn gemm_size(m: usize, k: usize, n: usize) -> (f64, f64) {
     ((m * k + k * n + m * n) * BF16, 2.0 * m * k * n)
 }
 
-/// The bytes and flops of one decode launch over rows of `(q_len, seq_len)` at `heads`.
-pub fn decode_size(heads: usize, rows: &[(usize, usize)]) -> (f64, f64) {
-    rows.iter().fold((0.0, 0.0), |(b, f), &(q, l)| {
-        let padded = (q * heads).div_ceil(DECODE_ROW_GROUP) * DECODE_ROW_GROUP;
-        let l = l as f64;
-        (
-            b + l * LATENT * BF16 + (q * heads) as f64 * (LATENT + KV_LORA) * BF16,
-            f + 2.0 * padded as f64 * l * (LATENT + KV_LORA),
-        )
-    })
+/// The bytes, flops and CTAs of one decode launch over rows of `(q_len, seq_len, splits)`
+/// at `heads`: a row's query rows go in groups of 64, each group once per split.
+pub fn decode_size(heads: usize, rows: &[(usize, usize, usize)]) -> (f64, f64, f64) {
+    rows.iter()
+        .fold((0.0, 0.0, 0.0), |(b, f, c), &(q, l, splits)| {
+            let groups = (q * heads).div_ceil(DECODE_ROW_GROUP);
+            let l = l as f64;
+            (
+                b + l * LATENT * BF16 + (q * heads) as f64 * (LATENT + KV_LORA) * BF16,
+                f + 2.0 * (groups * DECODE_ROW_GROUP) as f64 * l * (LATENT + KV_LORA),
+                c + (groups * splits.max(1)) as f64,
+            )
+        })
 }
 
 /// The bytes and flops of one prefill launch over rows of `(queries, keys)` at `heads`
@@ -88,15 +92,25 @@ impl Pricer<'_> {
     fn gemm(&mut self, m: usize, k: usize, n: usize) {
         if m > 0 && n > 0 {
             let (b, f) = gemm_size(m, k, n);
-            self.cost.gemm_us += self.c.gemm.fit.us(b, f);
+            self.cost.gemm_us += self.c.gemm.fit.us(b, f, 0.0);
+            self.convert(m * k);
         }
     }
 
-    fn decode(&mut self, rows: &[(usize, usize)]) {
+    /// The f32-to-bf16 conversion of `values` GEMM inputs, where the target has f32
+    /// activations.
+    fn convert(&mut self, values: usize) {
+        if self.t.f32_activations && values > 0 {
+            let bytes = values as f64 * (4.0 + BF16);
+            self.cost.gemm_us += self.c.convert.fit.us(bytes, 0.0, 0.0);
+        }
+    }
+
+    fn decode(&mut self, rows: &[(usize, usize, usize)]) {
         if !rows.is_empty() {
             let heads = self.t.rank_dims.num_heads;
-            let (b, f) = decode_size(heads, rows);
-            self.cost.attention_us += nearest_heads(&self.c.decode, heads).fit.us(b, f);
+            let (b, f, c) = decode_size(heads, rows);
+            self.cost.attention_us += nearest_heads(&self.c.decode, heads).fit.us(b, f, c);
         }
     }
 
@@ -104,7 +118,7 @@ impl Pricer<'_> {
         if rows.iter().any(|r| r.0 > 0 && r.1 > 0) {
             let heads = self.t.rank_dims.num_heads;
             let (b, f) = prefill_size(heads, rows, causal);
-            self.cost.attention_us += nearest_heads(&self.c.prefill, heads).fit.us(b, f);
+            self.cost.attention_us += nearest_heads(&self.c.prefill, heads).fit.us(b, f, 0.0);
         }
     }
 
@@ -140,7 +154,9 @@ impl Pricer<'_> {
         ] {
             if absorbed > 0 {
                 let (b, f) = gemm_size(absorbed, k, n);
-                self.cost.gemm_us += self.c.gemm.fit.us(b * heads as f64, f * heads as f64);
+                let h = heads as f64;
+                self.cost.gemm_us += self.c.gemm.fit.us(b * h, f * h, 0.0);
+                self.convert(absorbed * k * heads);
             }
         }
         self.gemm(query_tokens, heads * d.v_head_dim, hid);
@@ -173,7 +189,8 @@ impl Pricer<'_> {
         let (h, i) = (hid as f64, m.expert_intermediate as f64);
         let bytes = (active * 3.0 * h * i + pairs * (h + 2.0 * i + i + h)) * BF16;
         let flops = 2.0 * pairs * 3.0 * h * i;
-        self.cost.gemm_us += self.c.gemm.fit.us(bytes, flops);
+        self.cost.gemm_us += self.c.gemm.fit.us(bytes, flops, 0.0);
+        self.convert(tokens * hid);
     }
 
     fn lm_head(&mut self, rows: usize) {
@@ -186,10 +203,14 @@ impl Pricer<'_> {
 fn target_forward(p: &mut Pricer, plan: &StepPlan) {
     let c = &plan.common;
     let tokens = plan.num_tokens();
-    let decode: Vec<(usize, usize)> = plan.mla.decode.as_ref().map_or(Vec::new(), |d| {
+    let decode: Vec<(usize, usize, usize)> = plan.mla.decode.as_ref().map_or(Vec::new(), |d| {
         d.rows
             .clone()
-            .map(|r| (c.query_len(r), c.seq_lens[r] as usize))
+            .enumerate()
+            .map(|(i, r)| {
+                let splits = d.split.num_splits.get(i).map_or(1, |&n| n as usize);
+                (c.query_len(r), c.seq_lens[r] as usize, splits)
+            })
             .collect()
     });
     let (mut new, mut ctx) = (Vec::new(), Vec::new());
@@ -238,7 +259,15 @@ fn target_forward(p: &mut Pricer, plan: &StepPlan) {
 fn drafter_pass(p: &mut Pricer, pass: &DrafterPass) {
     let d = p.t.rank_dims.clone();
     let n = pass.num_padded_tokens;
-    let rows: Vec<(usize, usize)> = pass.kv_lens.iter().map(|&l| (1, l as usize)).collect();
+    let rows: Vec<(usize, usize, usize)> = pass
+        .kv_lens
+        .iter()
+        .enumerate()
+        .map(|(i, &l)| {
+            let splits = pass.split.num_splits.get(i).map_or(1, |&n| n as usize);
+            (1, l as usize, splits)
+        })
+        .collect();
     let sampled = rows.len();
     p.gemm(n, 2 * d.hidden_size, d.hidden_size);
     p.attention_projections(n, sampled, sampled);

@@ -11,6 +11,7 @@ pub fn calibration() -> Calibration {
                     label: format!("point {i}"),
                     bytes: b,
                     flops: f,
+                    ctas: 0.0,
                     us: scale * (3.0 + b * 1e-9 * 300.0 + f * 1e-12 * 1500.0),
                 }
             })
@@ -36,6 +37,7 @@ pub fn calibration() -> Calibration {
             class: class(1.2),
         }],
         gemm: class(0.9),
+        convert: class(0.5),
         overhead: Overhead::fitted(
             [
                 (true, 1, 0, 8, 48.0),
@@ -104,10 +106,13 @@ fn fitted_classes_report_their_errors() {
 fn sizes_count_what_the_kernels_move_and_compute() {
     assert_eq!(gemm_size(2, 3, 4), ((6.0 + 12.0 + 8.0) * 2.0, 48.0));
     // 1 x 8 heads pads to one 64-row group; 4 x 16 fills it exactly.
-    let (_, f1) = decode_size(8, &[(1, 100)]);
-    let (_, f4) = decode_size(16, &[(4, 100)]);
+    let (_, f1, c1) = decode_size(8, &[(1, 100, 3)]);
+    let (_, f4, _) = decode_size(16, &[(4, 100, 1)]);
     assert_eq!(f1, f4);
     assert_eq!(f1, 2.0 * 64.0 * 100.0 * 1088.0);
+    // CTAs: row groups times splits (48 x 8 = 384 rows: 6 groups).
+    assert_eq!(c1, 3.0);
+    assert_eq!(decode_size(8, &[(48, 100, 2), (1, 5, 1)]).2, 13.0);
     // Causal over m new tokens: the lower triangle; with context, every context key.
     let (_, causal) = prefill_size(1, &[(4, 4)], true);
     assert_eq!(causal, 2.0 * 10.0 * 320.0);

@@ -21,6 +21,7 @@ use specmla_core::cost::{
     step_cost, AllReduce, Calibration, CostTarget, HeadsClass, KernelClass, Overhead,
     OverheadSample, Sample, CALIBRATION_FORMAT,
 };
+use specmla_core::split::SplitPolicy;
 use specmla_gpu::device::GpuError;
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{FlashKernels, Gemm, GemmAlgo, GemmShape, Kernels};
@@ -42,14 +43,20 @@ fn allreduce_assumption() -> AllReduce {
     }
 }
 
-/// The split policy `sim` runs with by default at DeepSeek-V3's widths.
-fn engine_split() -> (usize, usize) {
+/// The two split policies the decode is timed under at `context` keys: the default
+/// unit with the cap a short `max_model_len` gives (long splits), and uncapped (a split
+/// per unit, as a run whose `max_model_len` covers the context plans it).
+fn split_policies(context: usize) -> [SplitPolicy; 2] {
     let p = EngineConfig::tiny(
         specmla_core::config::BackendProfile::FlashMla,
         specmla_core::config::SpecConfig::off(),
     )
     .split_policy();
-    (p.split_size_tokens, p.max_splits)
+    let uncapped = SplitPolicy {
+        split_size_tokens: p.split_size_tokens,
+        max_splits: context.div_ceil(p.split_size_tokens),
+    };
+    [p, uncapped]
 }
 
 /// Head counts the attention classes are measured at: one rank of 16, of 8, and all 128.
@@ -65,7 +72,6 @@ fn decode_samples(
 ) -> Result<Vec<Sample>, GpuError> {
     let fk = FlashKernels::for_engine(dev)?;
     let scrub = L2Scrub::new(dev, k)?;
-    let plan = engine_split();
     let (q_lens, batches, contexts): (&[usize], &[usize], &[usize]) = match quick {
         true => (&[1, 4, 48], &[1, 32], &[256, 2048]),
         false => (&[1, 2, 4, 16, 48], &[1, 8, 32, 64], &[128, 1024, 4096]),
@@ -82,20 +88,25 @@ fn decode_samples(
                     page: 64,
                 };
                 let inp = DecodeInputs::new(dev, k, s, 13)?;
-                let v = FlashVariant {
+                let policies = split_policies(l);
+                let variants = policies.map(|p| FlashVariant {
                     wide: fk.wide,
-                    plan,
+                    plan: (p.split_size_tokens, p.max_splits),
                     mode: "engine",
-                };
-                let reps = if quick { 5 } else { 10 };
-                let m = bench_flash(dev, &fk, &inp, &[v], reps, &scrub)?;
-                let (bytes, flops) = decode_size(h, &vec![(q, l); b]);
-                out.push(Sample {
-                    label: format!("decode H {h} q {q} B {b} L {l}"),
-                    bytes,
-                    flops,
-                    us: m[0].time_us,
                 });
+                let reps = if quick { 5 } else { 10 };
+                let ms = bench_flash(dev, &fk, &inp, &variants, reps, &scrub)?;
+                for (p, m) in policies.iter().zip(ms) {
+                    let splits = p.split_of(l).1 as usize;
+                    let (bytes, flops, ctas) = decode_size(h, &vec![(q, l, splits); b]);
+                    out.push(Sample {
+                        label: format!("decode H {h} q {q} B {b} L {l}, {splits} splits"),
+                        bytes,
+                        flops,
+                        ctas,
+                        us: m.time_us,
+                    });
+                }
             }
         }
     }
@@ -161,6 +172,7 @@ fn prefill_samples(
             ),
             bytes,
             flops,
+            ctas: 0.0,
             us,
         });
     }
@@ -208,9 +220,37 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
                 label: format!("gemm M {m} K {kd} N {n}"),
                 bytes,
                 flops,
+                ctas: 0.0,
                 us,
             });
         }
+    }
+    Ok(out)
+}
+
+/// The f32-to-bf16 conversion of GEMM inputs, over sizes from one token's hidden state to
+/// thousands of tokens'.
+fn convert_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+    let sizes: &[usize] = if quick {
+        &[7168, 1 << 20, 1 << 24]
+    } else {
+        &[1536, 7168, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24]
+    };
+    let mut out = Vec::new();
+    for &n in sizes {
+        let x = Buf::<f32>::uninit(dev, n, "calibration f32 input")?;
+        k.fill(dev, x.ptr(), 0.5, n)?;
+        let y = Buf::<u16>::uninit(dev, n, "calibration bf16 output")?;
+        let us = time_us(dev, 3, if quick { 5 } else { 20 }, || {
+            k.to_bf16(dev, x.ptr(), y.ptr(), n)
+        })?;
+        out.push(Sample {
+            label: format!("to_bf16 of {n} values"),
+            bytes: n as f64 * 6.0,
+            flops: 0.0,
+            ctas: 0.0,
+            us,
+        });
     }
     Ok(out)
 }
@@ -317,6 +357,7 @@ pub fn calibrate(dev: &Arc<GpuDevice>, quick: bool, commit: &str) -> Result<Cali
         });
     }
     let gemm = class(gemm_samples(dev, &k, quick), "gemm")?;
+    let convert = class(convert_samples(dev, &k, quick), "convert")?;
     let mut c = Calibration {
         format: CALIBRATION_FORMAT,
         device: dev.name.clone(),
@@ -324,6 +365,7 @@ pub fn calibrate(dev: &Arc<GpuDevice>, quick: bool, commit: &str) -> Result<Cali
         decode,
         prefill,
         gemm,
+        convert,
         overhead: Overhead::fitted(Vec::new()),
         allreduce: allreduce_assumption(),
     };
@@ -339,17 +381,19 @@ pub fn report(c: &Calibration) -> Vec<String> {
         classes.extend(v.iter().map(|h| (format!("{name} H{}", h.heads), &h.class)));
     }
     classes.push(("gemm".into(), &c.gemm));
+    classes.push(("convert".into(), &c.convert));
     let rate = |per: f64| if per > 0.0 { 1e6 / per } else { f64::INFINITY };
     for (name, k) in classes {
         let (median, max) = k.fit_errors();
         let f = k.fit;
         out.push(format!(
-            "  {name:<12} {} samples: {:.2} us + bytes at {:.0} GB/s + flops at {:.0} TFLOP/s; \
-             fit error median {:.1}%, worst {:.1}%",
+            "  {name:<12} {} samples: {:.2} us + bytes at {:.0} GB/s + flops at {:.0} TFLOP/s + \
+             {:.2} us per 1000 CTAs; fit error median {:.1}%, worst {:.1}%",
             k.samples.len(),
             f.overhead_us,
             rate(f.us_per_gb),
             rate(f.us_per_tflop),
+            f.us_per_kcta,
             100.0 * median,
             100.0 * max
         ));
