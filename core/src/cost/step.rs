@@ -122,6 +122,49 @@ impl Pricer<'_> {
         }
     }
 
+    /// A memory-bound helper launch of `bytes` (a gather, a merge, a fill, a conversion)
+    /// in the attention path, priced by the conversion class.
+    fn elementwise(&mut self, bytes: f64) {
+        if bytes > 0.0 {
+            self.cost.attention_us += self.c.convert.fit.us(bytes, 0.0, 0.0);
+        }
+    }
+
+    /// The prefill path of one layer as the engine runs it: the new tokens causal, then
+    /// each of the core's context chunks (the context shared out evenly) gathered from
+    /// the cache, attended and merged by LSE, then the new tokens merged in; queries and
+    /// latents converted to bf16 first where activations are f32.
+    fn prefill_rows(&mut self, new: &[(usize, usize)], ctx: &[(usize, usize)], chunks: usize) {
+        let total: usize = new.iter().map(|r| r.0).sum();
+        if total == 0 {
+            return;
+        }
+        let d = &self.t.rank_dims;
+        let (heads, latent) = (d.num_heads as f64, d.latent_dim() as f64);
+        let t = total as f64;
+        // One output row of every head, f32, and its LSE: what a merge reads twice and
+        // writes once, and a fill writes.
+        let state = t * heads * (d.v_head_dim as f64 + 1.0) * 4.0;
+        if self.t.f32_activations {
+            self.elementwise(t * heads * d.qk_head_dim() as f64 * (4.0 + BF16));
+            self.elementwise(t * latent * (4.0 + BF16));
+        }
+        self.prefill(new, true);
+        if chunks == 0 {
+            return;
+        }
+        self.elementwise(state);
+        for _ in 0..chunks {
+            let share: Vec<(usize, usize)> =
+                ctx.iter().map(|&(m, n)| (m, n.div_ceil(chunks))).collect();
+            let keys: usize = share.iter().map(|r| r.1).sum();
+            self.elementwise(keys as f64 * latent * BF16 * 2.0);
+            self.prefill(&share, false);
+            self.elementwise(3.0 * state);
+        }
+        self.elementwise(3.0 * state);
+    }
+
     fn all_reduce(&mut self, tokens: usize) {
         let tp = self.t.tp as f64;
         if self.t.tp > 1 && tokens > 0 {
@@ -238,15 +281,7 @@ fn target_forward(p: &mut Pricer, plan: &StepPlan) {
             d.num_heads * (d.qk_nope_head_dim + d.v_head_dim),
         );
         p.decode(&decode);
-        p.prefill(&new, true);
-        // The context goes in the core's chunks; priced as that many launches sharing it.
-        for _ in 0..chunks {
-            let share: Vec<(usize, usize)> = ctx
-                .iter()
-                .map(|&(m, n)| (m, n.div_ceil(chunks.max(1))))
-                .collect();
-            p.prefill(&share, false);
-        }
+        p.prefill_rows(&new, &ctx, chunks);
         p.all_reduce(tokens);
         p.mlp(l, tokens);
         p.all_reduce(tokens);
