@@ -58,7 +58,7 @@ impl Fit {
         }
         if let Some(s) = samples
             .iter()
-            .find(|s| !(s.us > 0.0) || s.bytes < 0.0 || s.flops < 0.0)
+            .find(|s| s.us.is_nan() || s.us <= 0.0 || s.bytes < 0.0 || s.flops < 0.0)
         {
             return Err(format!(
                 "sample `{}` has a non-positive time or a negative size",
@@ -120,7 +120,7 @@ fn solve_subset<const N: usize>(rows: &[([f64; N], f64)], mask: u32) -> Option<[
     let sol = gauss(a)?;
     let mut c = [0.0; N];
     for (i, &t) in terms.iter().enumerate() {
-        if !(sol[i] >= 0.0) {
+        if sol[i].is_nan() || sol[i] < 0.0 {
             return None;
         }
         c[t] = sol[i];
