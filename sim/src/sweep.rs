@@ -13,6 +13,7 @@ use std::fmt::Write as _;
 
 use specmla_core::config::{BackendProfile, DrafterBatch, SpecConfig};
 
+use crate::cost_sink::SimulatedTime;
 use crate::runner::RunSummary;
 use crate::scenarios::Scenario;
 
@@ -162,7 +163,7 @@ pub const KEY_COLUMNS: [&str; 6] = [
     "graphs",
     "acceptance_rate",
 ];
-pub const VALUE_COLUMNS: [&str; 12] = [
+pub const VALUE_COLUMNS: [&str; 14] = [
     "steps",
     "generated_tokens",
     "drafts",
@@ -175,6 +176,8 @@ pub const VALUE_COLUMNS: [&str; 12] = [
     "decode_step_median_ms",
     "decode_step_kernel_share",
     "device",
+    "simulated_step_ms",
+    "simulated_tokens_per_s",
 ];
 
 /// The CSV header line.
@@ -241,18 +244,24 @@ impl SweepPoint {
     /// The CSV row of a point whose run failed before it finished (an engine failure):
     /// its checks did not pass, and it measured nothing.
     pub fn failed_row(&self, device: &str) -> String {
-        let empty = ",".repeat(VALUE_COLUMNS.len() - 2);
+        let empty = ",".repeat(VALUE_COLUMNS.len() - 4);
         let at = VALUE_COLUMNS
             .iter()
             .position(|c| *c == "checks_passed")
             .expect("a column");
         let mut fields: Vec<&str> = empty.split(',').collect();
         fields.insert(at, "false");
-        format!("{},{},{}", self.key(), fields.join(","), csv_field(device))
+        format!(
+            "{},{},{},,",
+            self.key(),
+            fields.join(","),
+            csv_field(device)
+        )
     }
 
-    /// The CSV row of this point's run.
-    pub fn csv_row(&self, s: &RunSummary) -> String {
+    /// The CSV row of this point's run, with its simulated time where a cost model
+    /// priced it (`sim sweep --cost-model`).
+    pub fn csv_row(&self, s: &RunSummary, simulated: Option<&SimulatedTime>) -> String {
         let sd = &s.spec_decoding;
         let times = &s.step_times;
         let wall_us: f64 = times.iter().map(|k| k.total_wall_us).sum();
@@ -262,7 +271,7 @@ impl SweepPoint {
         let mut row = self.key();
         let _ = write!(
             row,
-            ",{},{},{},{},{},{},{},{},{},{},{},{}",
+            ",{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             s.stats.steps,
             s.stats.generated_tokens,
             sd.num_drafts,
@@ -281,6 +290,11 @@ impl SweepPoint {
                 3
             ),
             csv_field(&s.device),
+            opt(simulated.map(|t| t.total_us / 1e3), 3),
+            opt(
+                simulated.map(|t| t.tokens_per_s(s.stats.generated_tokens)),
+                1
+            ),
         );
         row
     }
@@ -377,6 +391,9 @@ pub struct Tuned {
     pub group: String,
     /// `(batch, best K, its tokens/s, speedup over K = 0)`, by batch.
     pub best: Vec<(usize, usize, f64, f64)>,
+    /// Which throughput was compared: `measured` (`tokens_per_s`) or `simulated`
+    /// (`simulated_tokens_per_s`).
+    pub source: &'static str,
 }
 
 /// A timed row of a sweep CSV, as the tuner reads it.
@@ -387,7 +404,7 @@ struct TimedRow<'a> {
     tokens_per_s: f64,
 }
 
-fn timed_rows(csv: &str) -> Result<Vec<TimedRow<'_>>, String> {
+fn timed_rows<'a>(csv: &'a str, column: &str) -> Result<Vec<TimedRow<'a>>, String> {
     done_keys(csv)?;
     let col = |name: &str| {
         KEY_COLUMNS.len()
@@ -396,7 +413,7 @@ fn timed_rows(csv: &str) -> Result<Vec<TimedRow<'_>>, String> {
                 .position(|c| *c == name)
                 .expect("a column")
     };
-    let (tps, passed) = (col("tokens_per_s"), col("checks_passed"));
+    let (tps, passed) = (col(column), col("checks_passed"));
     let mut out = Vec::new();
     for (i, line) in csv.lines().skip(1).filter(|l| !l.is_empty()).enumerate() {
         let f: Vec<&str> = line.split(',').collect();
@@ -409,7 +426,9 @@ fn timed_rows(csv: &str) -> Result<Vec<TimedRow<'_>>, String> {
             batch: f[0].parse().map_err(|_| bad("batch is not a number"))?,
             spec: SpecChoice::parse(f[1]).map_err(|e| bad(&e))?,
             rest: [f[2], f[3], f[4], f[5]],
-            tokens_per_s: t.parse().map_err(|_| bad("tokens_per_s is not a number"))?,
+            tokens_per_s: t
+                .parse()
+                .map_err(|_| bad(&format!("{column} is not a number")))?,
         });
     }
     Ok(out)
@@ -420,11 +439,15 @@ fn timed_rows(csv: &str) -> Result<Vec<TimedRow<'_>>, String> {
 /// at each batch it measured, the K with the most tokens/s, the profile's and graphs'
 /// no-speculation row competing as K = 0.
 pub fn tune(csv: &str) -> Result<Vec<Tuned>, String> {
-    let rows = timed_rows(csv)?;
+    let measured = timed_rows(csv, "tokens_per_s")?;
+    let (rows, source) = match measured.is_empty() {
+        false => (measured, "measured"),
+        true => (timed_rows(csv, "simulated_tokens_per_s")?, "simulated"),
+    };
     if rows.is_empty() {
         return Err(
-            "no row has tokens_per_s: only a backend that times itself (--backend gpu) \
-                    measures throughput"
+            "no row has tokens_per_s or simulated_tokens_per_s: only a backend that times \
+             itself (--backend gpu) measures throughput, and only --cost-model simulates it"
                 .into(),
         );
     }
@@ -468,7 +491,11 @@ pub fn tune(csv: &str) -> Result<Vec<Tuned>, String> {
             let (k, tps) = if base >= tps { (0, base) } else { (k, tps) };
             best.push((batch, k, tps, tps / base));
         }
-        out.push(Tuned { group, best });
+        out.push(Tuned {
+            group,
+            best,
+            source,
+        });
     }
     Ok(out)
 }
@@ -588,7 +615,7 @@ mod tests {
         let mut csv = csv_header();
         for (key, tps) in rows {
             csv.push_str(&format!(
-                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu"
+                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,"
             ));
         }
         csv
@@ -636,7 +663,7 @@ mod tests {
         assert_eq!(done_keys(&csv).unwrap(), vec![p.key()]);
         let f: Vec<&str> = row.split(',').collect();
         assert_eq!(f[KEY_COLUMNS.len() + 6], "false");
-        assert!(row.ends_with(",\"cpu, f32\""), "{row}");
+        assert!(row.ends_with(",\"cpu, f32\",,"), "{row}");
     }
 
     #[test]
@@ -650,10 +677,12 @@ mod tests {
     #[test]
     fn the_tuner_needs_timed_rows_and_a_baseline() {
         let cpu = format!(
-            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu\n",
+            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu,,\n",
             csv_header()
         );
-        assert!(tune(&cpu).unwrap_err().contains("no row has tokens_per_s"));
+        assert!(tune(&cpu)
+            .unwrap_err()
+            .contains("no row has tokens_per_s or simulated_tokens_per_s"));
         let no_off = timed(&[("4,mtp2,flashmla,padded,on,0.7", 10.0)]);
         assert!(tune(&no_off).unwrap_err().contains("no timed `off` row"));
         // A row that failed its checks does not compete, its baseline neither.
@@ -661,6 +690,27 @@ mod tests {
         assert!(tune(&failed)
             .unwrap_err()
             .contains("no row has tokens_per_s"));
+    }
+
+    /// Without measured rows the tuner compares the cost model's simulated throughput,
+    /// and says so; measured rows win where both exist.
+    #[test]
+    fn the_tuner_falls_back_to_simulated_throughput() {
+        let sim = |key: &str, tps: f64| format!("\n{key},10,20,5,2.0,2.0,,true,,,,,cpu,3.0,{tps}");
+        let csv = format!(
+            "{}{}{}",
+            csv_header(),
+            sim("1,off,flashmla,-,on,-", 100.0),
+            sim("1,mtp1,flashmla,padded,on,0.7", 130.0)
+        );
+        let t = tune(&csv).unwrap();
+        assert_eq!((t[0].source, t[0].best[0].1), ("simulated", 1));
+        assert!((t[0].best[0].3 - 1.3).abs() < 1e-12);
+        let measured = timed(&[
+            ("1,off,flashmla,-,on,-", 100.0),
+            ("1,mtp1,flashmla,padded,on,0.7", 90.0),
+        ]);
+        assert_eq!(tune(&measured).unwrap()[0].source, "measured");
     }
 
     #[test]
@@ -675,18 +725,18 @@ mod tests {
     #[test]
     fn resumed_and_merged_csvs_are_read_by_key() {
         let h = csv_header();
-        let values = ",1,2,3,,,,true,,,,,cpu";
+        let values = ",1,2,3,,,,true,,,,,cpu,,";
         let a = format!("{h}\n1,off,flashmla,-,on,-{values}\n");
         let b = format!("{h}\n8,off,flashmla,-,on,-{values}\n1,off,flashmla,-,on,-{values}\n");
         assert_eq!(done_keys(&a).unwrap(), vec!["1,off,flashmla,-,on,-"]);
         let merged = merge(&[("a".into(), a.clone()), ("b".into(), b)]).unwrap();
         assert_eq!(merged.lines().count(), 3);
         assert!(merged.lines().nth(1).unwrap().starts_with("1,off"));
-        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu\n");
+        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu,,\n");
         let torn = format!("{h}\n1,off,flashmla,-,on,-,9,2\n");
         assert!(done_keys(&torn)
             .unwrap_err()
-            .contains("row 2 has 8 of the 18 columns"));
+            .contains("row 2 has 8 of the 20 columns"));
         let err = merge(&[("a".into(), a), ("c".into(), conflict)]).unwrap_err();
         assert!(err.contains("point 1,off,flashmla,-,on,- has different rows in a and c"));
         assert!(done_keys("batch,spec\n").is_err());

@@ -571,7 +571,10 @@ fn run_on<B: Backend>(a: &RunArgs, s: &Scenario, seed: u64, make: Factory<B>) ->
 
 /// The `--cost-model` sink: the calibration file read and checked, the target parsed
 /// (bad input: exit 2).
-fn cost_sink(a: &RunArgs, s: &Scenario) -> Result<Option<specmla_sim::cost_sink::CostSink>> {
+pub(crate) fn cost_sink(
+    a: &RunArgs,
+    s: &Scenario,
+) -> Result<Option<specmla_sim::cost_sink::CostSink>> {
     let Some(path) = &a.cost_model else {
         return Ok(None);
     };

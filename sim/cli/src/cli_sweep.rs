@@ -260,7 +260,11 @@ fn sweep_on<B: Backend>(
             writeln!(&csv, "{row}").with_context(path)?;
             (&csv).flush().with_context(path)
         };
-        let summary = match run_with(&s, seed, make, None, |_| {}) {
+        let mut cost = crate::cli_run::cost_sink(&a.run, &s)?;
+        let sink = cost
+            .as_mut()
+            .map(|c| c as &mut dyn specmla_sim::runner::StepSink);
+        let summary = match run_with(&s, seed, make, sink, |_| {}) {
             Ok(summary) => summary,
             // The engine failed mid-run: the point failed, and the sweep goes on.
             Err(e) if e.is_engine_failure() => {
@@ -282,7 +286,8 @@ fn sweep_on<B: Backend>(
         if !summary.passed() || summary.hit_step_limit {
             failed.push(p.key());
         }
-        out(p.csv_row(&summary))?;
+        let simulated = cost.map(|c| c.summary());
+        out(p.csv_row(&summary, simulated.as_ref()))?;
     }
     bar.finish();
     say!(
@@ -333,10 +338,11 @@ fn tune_file(path: &std::path::Path) -> Result<ExitCode> {
             t.group
         );
         say!(
-            "  {:>6}  {:>6}  {:>10}  speedup over no speculation",
+            "  {:>6}  {:>6}  {:>10}  speedup over no speculation ({} throughput)",
             "batch",
             "best K",
-            "tokens/s"
+            "tokens/s",
+            t.source
         );
         for &(batch, k, tps, speedup) in &t.best {
             say!("  {batch:>6}  {k:>6}  {tps:>10.1}  {speedup:.2}x");

@@ -205,7 +205,8 @@ fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no row has tokens_per_s"));
     let timed = d.join("timed.csv");
-    let row = |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu\n");
+    let row =
+        |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,\n");
     let text = format!(
         "{header}\n{}{}{}{}{}{}",
         row("1,off,flashmla,-,on,-", 100.0),
@@ -224,6 +225,62 @@ fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
         "{out}"
     );
     assert!(out.contains("1.70x"), "{out}");
+    assert!(out.contains("(measured throughput)"), "{out}");
+}
+
+/// `sim sweep --cost-model`: every row gets its simulated step time and throughput, and
+/// `--tune` then compares the simulated curves (a CPU sweep measures none).
+#[test]
+fn a_simulated_sweep_tunes_from_its_cost_model() {
+    let d = dir("simulated");
+    let out = d.join("sim.csv");
+    let cal = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../plots/results/2026-11-26-h200-calibration-3/calibration.json");
+    let o = sim(&[
+        "sweep",
+        "--out",
+        out.to_str().unwrap(),
+        "--batch",
+        "1,4",
+        "--spec",
+        "off,mtp1,mtp2",
+        "--acceptance",
+        "0.8",
+        "--prompt-len",
+        "8..16",
+        "--max-new-tokens",
+        "12..16",
+        "--cost-model",
+        cal.to_str().unwrap(),
+        "--cost-target",
+        "deepseek-v3:8",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let text = std::fs::read_to_string(&out).unwrap();
+    let header: Vec<&str> = text.lines().next().unwrap().split(',').collect();
+    let at = |name: &str| header.iter().position(|c| *c == name).unwrap();
+    for line in text.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let tps: f64 = f[at("simulated_tokens_per_s")].parse().unwrap();
+        assert!(tps > 0.0, "{line}");
+        assert!(
+            f[at("tokens_per_s")].is_empty(),
+            "the CPU measures nothing: {line}"
+        );
+    }
+    let o = sim(&["sweep", "--tune", out.to_str().unwrap()]);
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{stdout}");
+    assert!(stdout.contains("(simulated throughput)"), "{stdout}");
+    assert!(
+        stdout.contains("num_speculative_tokens_per_batch_size"),
+        "{stdout}"
+    );
 }
 
 /// A sweep killed while writing leaves a row cut short: the next run drops it (and says
