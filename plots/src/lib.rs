@@ -15,6 +15,7 @@ pub mod render;
 pub mod roofline;
 pub mod spec;
 pub mod style;
+pub mod sweep;
 pub mod throughput;
 
 use std::path::{Path, PathBuf};
@@ -64,6 +65,40 @@ pub fn run(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, P
     draw(spec, "spec_decode_vs_prefill", out_dir, &mut outcome)?;
     draw(roofline, "roofline", out_dir, &mut outcome)?;
     Ok(outcome)
+}
+
+/// Parses a `sim sweep` CSV and writes its pictures (`sweep_throughput`,
+/// `sweep_speedup`, `sweep_best_k`) into `out_dir`; a picture with no series (no
+/// speculating rows for the speedup) is skipped with a note.
+pub fn run_sweep(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, PlotError> {
+    font::register()?;
+    let points = sweep::load(csv)?;
+    let pictures = sweep::plans(&points, title);
+    std::fs::create_dir_all(out_dir).map_err(|source| PlotError::OutDir {
+        path: out_dir.to_path_buf(),
+        source,
+    })?;
+    let mut outcome = Outcome::default();
+    for kind in sweep::Kind::ALL {
+        match pictures.iter().find(|p| p.kind == kind) {
+            Some(p) => outcome
+                .written
+                .extend(render::write_png_and_svg(p, out_dir)?),
+            None => outcome.skipped.push((
+                kind_name(kind),
+                "no series (a speedup needs speculating rows and their `off` rows)".into(),
+            )),
+        }
+    }
+    Ok(outcome)
+}
+
+fn kind_name(kind: sweep::Kind) -> &'static str {
+    match kind {
+        sweep::Kind::Throughput => "sweep_throughput",
+        sweep::Kind::Speedup => "sweep_speedup",
+        sweep::Kind::BestK => "sweep_best_k",
+    }
 }
 
 /// A picture whose ceiling row is missing is skipped with the error as its note: the

@@ -9,7 +9,9 @@ use std::process::ExitCode;
 use clap::Parser;
 
 /// Draw gpu-bench results: throughput.{png,svg}, bandwidth.{png,svg}, prefill.{png,svg},
-/// spec_decode_vs_prefill.{png,svg} and roofline.{png,svg}.
+/// spec_decode_vs_prefill.{png,svg} and roofline.{png,svg}; or, with --sweep, a `sim
+/// sweep` CSV's sweep_throughput, sweep_speedup and sweep_best_k (measured and simulated
+/// on one picture).
 ///
 /// A picture whose rows, or whose ceiling row, are absent from the CSV is skipped with a
 /// note; the others are drawn.
@@ -17,8 +19,12 @@ use clap::Parser;
 #[command(name = "plots", version)]
 struct Cli {
     /// The CSV written by gpu-bench.
+    #[arg(long, required_unless_present = "sweep", conflicts_with = "sweep")]
+    csv: Option<PathBuf>,
+    /// A CSV written by `sim sweep` (measured with --backend gpu, simulated with
+    /// --cost-model, or both).
     #[arg(long)]
-    csv: PathBuf,
+    sweep: Option<PathBuf>,
     /// Directory for the pictures (created if missing).
     #[arg(long)]
     out: PathBuf,
@@ -29,7 +35,13 @@ struct Cli {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    match specmla_plots::run(&cli.csv, &cli.out, cli.title.as_deref()) {
+    let title = cli.title.as_deref();
+    let result = match (&cli.csv, &cli.sweep) {
+        (Some(csv), _) => specmla_plots::run(csv, &cli.out, title),
+        (None, Some(sweep)) => specmla_plots::run_sweep(sweep, &cli.out, title),
+        (None, None) => unreachable!("clap requires one of --csv and --sweep"),
+    };
+    match result {
         Ok(outcome) => {
             for (picture, note) in &outcome.skipped {
                 println!("skipped {picture}: {note}");
