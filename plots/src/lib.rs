@@ -85,20 +85,12 @@ pub fn run_sweep(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outc
                 .written
                 .extend(render::write_png_and_svg(p, out_dir)?),
             None => outcome.skipped.push((
-                kind_name(kind),
+                kind.name(),
                 "no series (a speedup needs speculating rows and their `off` rows)".into(),
             )),
         }
     }
     Ok(outcome)
-}
-
-fn kind_name(kind: sweep::Kind) -> &'static str {
-    match kind {
-        sweep::Kind::Throughput => "sweep_throughput",
-        sweep::Kind::Speedup => "sweep_speedup",
-        sweep::Kind::BestK => "sweep_best_k",
-    }
 }
 
 /// A picture whose ceiling row is missing is skipped with the error as its note: the

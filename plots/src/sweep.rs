@@ -148,7 +148,8 @@ pub enum Kind {
 impl Kind {
     pub const ALL: [Kind; 3] = [Kind::Throughput, Kind::Speedup, Kind::BestK];
 
-    fn name(self) -> &'static str {
+    /// The picture's file stem.
+    pub fn name(self) -> &'static str {
         match self {
             Kind::Throughput => "sweep_throughput",
             Kind::Speedup => "sweep_speedup",
