@@ -43,10 +43,23 @@ impl StepCost {
     }
 }
 
-/// The bytes and flops of a GEMM `[m, k] x [k, n]` in bf16.
-pub fn gemm_size(m: usize, k: usize, n: usize) -> (f64, f64) {
-    let (m, k, n) = (m as f64, k as f64, n as f64);
-    ((m * k + k * n + m * n) * BF16, 2.0 * m * k * n)
+/// Output tiles a GEMM's CTA computes (128 x 128) and the SMs one wave fills: a pinned
+/// algorithm without split-K walks the whole K in each tile, so a narrow GEMM (few
+/// tiles) takes K steps however small its M.
+const GEMM_TILE: usize = 128;
+const GEMM_WAVE_CTAS: usize = 132;
+
+/// The bytes, flops and serial work units of `batch` GEMMs `[m, k] x [k, n]` in bf16 in
+/// one launch: the units are waves of tiles times K in steps of 64 (what a CTA walks).
+pub fn gemm_size(m: usize, k: usize, n: usize, batch: usize) -> (f64, f64, f64) {
+    let (mf, kf, nf, b) = (m as f64, k as f64, n as f64, batch as f64);
+    let tiles = m.div_ceil(GEMM_TILE) * n.div_ceil(GEMM_TILE) * batch;
+    let units = tiles.div_ceil(GEMM_WAVE_CTAS) * k.div_ceil(64);
+    (
+        b * (mf * kf + kf * nf + mf * nf) * BF16,
+        b * 2.0 * mf * kf * nf,
+        units as f64,
+    )
 }
 
 /// The bytes, flops and CTAs of one decode launch over rows of `(q_len, seq_len, splits)`
@@ -91,8 +104,8 @@ struct Pricer<'a> {
 impl Pricer<'_> {
     fn gemm(&mut self, m: usize, k: usize, n: usize) {
         if m > 0 && n > 0 {
-            let (b, f) = gemm_size(m, k, n);
-            self.cost.gemm_us += self.c.gemm.fit.us(b, f, 0.0);
+            let (b, f, u) = gemm_size(m, k, n, 1);
+            self.cost.gemm_us += self.c.gemm.fit.us(b, f, u);
             self.convert(m * k);
         }
     }
@@ -196,9 +209,8 @@ impl Pricer<'_> {
             (d.kv_lora_rank, d.v_head_dim),
         ] {
             if absorbed > 0 {
-                let (b, f) = gemm_size(absorbed, k, n);
-                let h = heads as f64;
-                self.cost.gemm_us += self.c.gemm.fit.us(b * h, f * h, 0.0);
+                let (b, f, u) = gemm_size(absorbed, k, n, heads);
+                self.cost.gemm_us += self.c.gemm.fit.us(b, f, u);
                 self.convert(absorbed * k * heads);
             }
         }
@@ -232,7 +244,12 @@ impl Pricer<'_> {
         let (h, i) = (hid as f64, m.expert_intermediate as f64);
         let bytes = (active * 3.0 * h * i + pairs * (h + 2.0 * i + i + h)) * BF16;
         let flops = 2.0 * pairs * 3.0 * h * i;
-        self.cost.gemm_us += self.c.gemm.fit.us(bytes, flops, 0.0);
+        // The grouped launch's tiles: each active expert's rows, gate+up then down.
+        let rows = (pairs / active.max(1.0)).ceil() as usize;
+        let experts = active.ceil() as usize;
+        let (_, _, up) = gemm_size(rows, hid, 2 * m.expert_intermediate, experts);
+        let (_, _, down) = gemm_size(rows, m.expert_intermediate, hid, experts);
+        self.cost.gemm_us += self.c.gemm.fit.us(bytes, flops, up + down);
         self.convert(tokens * hid);
     }
 

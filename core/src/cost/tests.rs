@@ -104,7 +104,13 @@ fn fitted_classes_report_their_errors() {
 
 #[test]
 fn sizes_count_what_the_kernels_move_and_compute() {
-    assert_eq!(gemm_size(2, 3, 4), ((6.0 + 12.0 + 8.0) * 2.0, 48.0));
+    assert_eq!(gemm_size(2, 3, 4, 1), ((6.0 + 12.0 + 8.0) * 2.0, 48.0, 1.0));
+    // A narrow GEMM is one wave whatever its M: K 7168 is 112 steps of 64.
+    assert_eq!(gemm_size(1, 7168, 576, 1).2, 112.0);
+    assert_eq!(gemm_size(128, 7168, 576, 1).2, 112.0);
+    // 16 x 56 tiles fill 7 waves of 132 CTAs; a batch multiplies the tiles.
+    assert_eq!(gemm_size(2048, 2048, 7168, 1).2, 7.0 * 32.0);
+    assert_eq!(gemm_size(1, 128, 512, 8).2, 2.0);
     // 1 x 8 heads pads to one 64-row group; 4 x 16 fills it exactly.
     let (_, f1, c1) = decode_size(8, &[(1, 100, 3)]);
     let (_, f4, _) = decode_size(16, &[(4, 100, 1)]);

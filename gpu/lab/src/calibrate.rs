@@ -215,12 +215,12 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
             let us = time_us(dev, 3, if quick { 5 } else { 20 }, || {
                 gemm.run(dev, shape, w.ptr(), x.ptr(), y.ptr(), false)
             })?;
-            let (bytes, flops) = gemm_size(m, kd, n);
+            let (bytes, flops, ctas) = gemm_size(m, kd, n, 1);
             out.push(Sample {
                 label: format!("gemm M {m} K {kd} N {n}"),
                 bytes,
                 flops,
-                ctas: 0.0,
+                ctas,
                 us,
             });
         }
