@@ -86,7 +86,9 @@ pub fn run_sweep(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outc
                 .extend(render::write_png_and_svg(p, out_dir)?),
             None => outcome.skipped.push((
                 kind.name(),
-                "no series (a speedup needs speculating rows and their `off` rows)".into(),
+                "no rows for it (a speedup needs speculating rows and their `off` rows; a \
+                 breakdown needs a sweep run with --cost-model)"
+                    .into(),
             )),
         }
     }

@@ -2,7 +2,10 @@
 //! - `sweep_throughput`: generated tokens/s against batch;
 //! - `sweep_speedup`: speedup over no speculation (same profile, graphs, batch and source)
 //!   against batch, a line at 1 where speculation stops paying;
-//! - `sweep_best_k`: the K with the most tokens/s at each batch (0: no speculation).
+//! - `sweep_best_k`: the K with the most tokens/s at each batch (0: no speculation);
+//! - `sweep_breakdown`: where each simulated configuration's step time goes (attention,
+//!   GEMMs, all-reduce, overhead), a stacked bar per batch and configuration, where the
+//!   CSV has the shares (a sweep run with `--cost-model`).
 //!
 //! A series is one configuration (spec, acceptance rate, profile, drafter batch, graphs)
 //! from one source: measured throughput (`tokens_per_s`, a `--backend gpu` sweep) solid
@@ -40,6 +43,21 @@ pub enum Source {
     Simulated,
 }
 
+/// The optional share columns of a simulated row, in drawing order.
+const SHARE_COLUMNS: [&str; 4] = [
+    "simulated_attention_share",
+    "simulated_gemm_share",
+    "simulated_comm_share",
+    "simulated_overhead_share",
+];
+/// The shares' legend labels.
+const SHARE_LABELS: [&str; 4] = [
+    "attention",
+    "GEMMs",
+    "all-reduce",
+    "overhead (host, small kernels)",
+];
+
 /// One configuration at one batch, from one source.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Point {
@@ -55,6 +73,8 @@ pub struct Point {
     pub base_setup: String,
     pub source: Source,
     pub tokens_per_s: f64,
+    /// Where a simulated step's time goes (attention, GEMMs, all-reduce, overhead).
+    pub shares: Option<[f64; 4]>,
 }
 
 /// The sweep's points that passed their checks, one per row and source.
@@ -82,6 +102,10 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
             found: header.iter().collect::<Vec<_>>().join(","),
             problem: format!("a sim sweep CSV has the columns {}", COLUMNS.join(", ")),
         })?;
+    let share_at: Vec<Option<usize>> = SHARE_COLUMNS
+        .iter()
+        .map(|c| header.iter().position(|h| h == *c))
+        .collect();
     let mut out = Vec::new();
     for (i, record) in reader.records().enumerate() {
         let r = record.map_err(|e| PlotError::Csv {
@@ -108,6 +132,10 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
                 continue;
             }
             let tokens_per_s: f64 = field(c).parse().map_err(|_| bad(c, "not a number"))?;
+            let shares = match source {
+                Source::Simulated => shares_of(&r, &share_at),
+                Source::Measured => None,
+            };
             out.push(Point {
                 batch,
                 spec: spec.clone(),
@@ -117,6 +145,7 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
                 base_setup: format!("{} graphs {}", field(2), field(4)),
                 source,
                 tokens_per_s,
+                shares,
             });
         }
     }
@@ -124,6 +153,15 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
         return Err(PlotError::NoRows { path: p });
     }
     Ok(out)
+}
+
+/// The four shares of a row, where every column is present and parses.
+fn shares_of(r: &csv::StringRecord, at: &[Option<usize>]) -> Option<[f64; 4]> {
+    let mut out = [0.0; 4];
+    for (o, a) in out.iter_mut().zip(at) {
+        *o = r.get((*a)?)?.parse().ok()?;
+    }
+    Some(out)
 }
 
 fn spec_k(spec: &str) -> Option<u32> {
@@ -143,10 +181,16 @@ pub enum Kind {
     Throughput,
     Speedup,
     BestK,
+    Breakdown,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 3] = [Kind::Throughput, Kind::Speedup, Kind::BestK];
+    pub const ALL: [Kind; 4] = [
+        Kind::Throughput,
+        Kind::Speedup,
+        Kind::BestK,
+        Kind::Breakdown,
+    ];
 
     /// The picture's file stem.
     pub fn name(self) -> &'static str {
@@ -154,6 +198,7 @@ impl Kind {
             Kind::Throughput => "sweep_throughput",
             Kind::Speedup => "sweep_speedup",
             Kind::BestK => "sweep_best_k",
+            Kind::Breakdown => "sweep_breakdown",
         }
     }
 }
@@ -174,6 +219,8 @@ pub struct Series {
 pub struct SweepPicture {
     pub kind: Kind,
     pub series: Vec<Series>,
+    /// The breakdown's bars: label and shares, by batch then configuration.
+    pub bars: Vec<(String, [f64; 4])>,
     title: String,
 }
 
@@ -286,7 +333,7 @@ pub fn plans(points: &[Point], title: Option<&str>) -> Vec<SweepPicture> {
         "Best K against batch (0: no speculation)",
     ];
     let all = [sorted(lines), sorted(speedups), best_k];
-    Kind::ALL
+    let mut out: Vec<SweepPicture> = Kind::ALL
         .into_iter()
         .zip(all)
         .zip(titles)
@@ -294,7 +341,40 @@ pub fn plans(points: &[Point], title: Option<&str>) -> Vec<SweepPicture> {
         .map(|((kind, series), t)| SweepPicture {
             kind,
             series,
+            bars: Vec::new(),
             title: style::title(t, title),
+        })
+        .collect();
+    let bars = breakdown_bars(points, one_setup);
+    if !bars.is_empty() {
+        out.push(SweepPicture {
+            kind: Kind::Breakdown,
+            series: Vec::new(),
+            bars,
+            title: style::title("Where a simulated step's time goes", title),
+        });
+    }
+    out
+}
+
+/// The simulated points with shares, by batch, K, acceptance and setup.
+fn breakdown_bars(points: &[Point], one_setup: bool) -> Vec<(String, [f64; 4])> {
+    let mut v: Vec<&Point> = points.iter().filter(|p| p.shares.is_some()).collect();
+    v.sort_by(|a, b| {
+        (a.batch, a.k, &a.acceptance, &a.setup).cmp(&(b.batch, b.k, &b.acceptance, &b.setup))
+    });
+    v.into_iter()
+        .map(|p| {
+            let at = match p.k {
+                0 => String::new(),
+                _ => format!("@{}", p.acceptance),
+            };
+            let setup = match one_setup {
+                true => String::new(),
+                false => format!(" {}", p.setup),
+            };
+            let label = format!("b{} {}{at}{setup}", p.batch, p.spec);
+            (label, p.shares.expect("filtered"))
         })
         .collect()
 }
@@ -334,6 +414,9 @@ impl Picture for SweepPicture {
         DB: DrawingBackend,
         DB::ErrorType: 'static,
     {
+        if self.kind == Kind::Breakdown {
+            return self.draw_breakdown(root);
+        }
         let all = || self.series.iter().flat_map(|s| s.points.iter().copied());
         let x_max = all().map(|p| p.0).fold(1.0, f64::max);
         let (x_lo, x_hi) = (0.7, x_max * 1.5);
@@ -354,6 +437,7 @@ impl Picture for SweepPicture {
                 mesh(&mut chart, desc, "generated tokens/s (log scale)")?;
                 self.draw_series(chart.plotting_area())?;
             }
+            Kind::Breakdown => unreachable!("drawn above"),
             Kind::Speedup | Kind::BestK => {
                 let y_max = all().map(|p| p.1).fold(1.0, f64::max);
                 let (y_lo, y_hi, what) = match self.kind {
@@ -397,6 +481,95 @@ impl Picture for SweepPicture {
 }
 
 impl SweepPicture {
+    /// A stacked bar per (batch, configuration): its shares of step time.
+    fn draw_breakdown<DB>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB: DrawingBackend,
+        DB::ErrorType: 'static,
+    {
+        let n = self.bars.len();
+        let root = root.titled(&self.title, (FAMILY, style::TITLE_PX))?;
+        let width_px = root.dim_in_pixel().0;
+        let (chart_area, legend_area) = root.split_horizontally(width_px - style::LEGEND_WIDTH_PX);
+        // Each batch's first bar is labelled with the batch; the legend gives the order
+        // of the configurations within a batch.
+        let batch_of = |l: &str| l.split(' ').next().unwrap_or("").to_string();
+        let labels: Vec<String> = self
+            .bars
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let first = i == 0 || batch_of(&self.bars[i - 1].0) != batch_of(&b.0);
+                match first {
+                    true => format!("batch {}", batch_of(&b.0).trim_start_matches('b')),
+                    false => String::new(),
+                }
+            })
+            .collect();
+        let mut chart = ChartBuilder::on(&chart_area)
+            .margin(12)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(-0.5..n as f64 - 0.5, 0.0..1.0)?;
+        chart
+            .configure_mesh()
+            .disable_x_mesh()
+            .x_labels(n)
+            .x_label_formatter(&|v| {
+                let i = v.round();
+                match (i - v).abs() < 0.01 && i >= 0.0 {
+                    true => labels.get(i as usize).cloned().unwrap_or_default(),
+                    false => String::new(),
+                }
+            })
+            .y_desc("share of simulated step time")
+            .label_style((FAMILY, style::LABEL_PX))
+            .axis_desc_style((FAMILY, style::AXIS_DESC_PX))
+            .draw()?;
+        let colors: Vec<RGBColor> = (0..4).map(style::palette).collect();
+        for (i, (_, shares)) in self.bars.iter().enumerate() {
+            let mut y = 0.0;
+            for (share, color) in shares.iter().zip(&colors) {
+                let x = i as f64;
+                chart.draw_series(std::iter::once(Rectangle::new(
+                    [(x - 0.35, y), (x + 0.35, y + share)],
+                    color.filled(),
+                )))?;
+                y += share;
+            }
+        }
+        let legend: Vec<LegendEntry> = SHARE_LABELS
+            .iter()
+            .zip(&colors)
+            .map(|(label, &color)| LegendEntry {
+                label: (*label).to_string(),
+                style: Some(SeriesStyle {
+                    color,
+                    marker: Some(Marker::Square),
+                    filled: true,
+                    dashed: Some(false),
+                    width_px: 8,
+                }),
+            })
+            .collect();
+        let mut legend = legend;
+        let first = batch_of(&self.bars[0].0);
+        legend.push(LegendEntry {
+            label: "bars within a batch, left to right:".into(),
+            style: None,
+        });
+        legend.extend(
+            self.bars
+                .iter()
+                .take_while(|b| batch_of(&b.0) == first)
+                .map(|b| LegendEntry {
+                    label: format!("  {}", b.0.split_once(' ').map_or("", |x| x.1)),
+                    style: None,
+                }),
+        );
+        style::draw_legend(&legend_area, &legend)
+    }
+
     fn draw_series<DB, CT>(&self, plot: &DrawingArea<DB, CT>) -> DrawResult
     where
         DB: DrawingBackend,
@@ -454,6 +627,7 @@ mod tests {
             base_setup: "flashmla graphs on".into(),
             source,
             tokens_per_s: tps,
+            shares: None,
         }
     }
 
@@ -469,7 +643,7 @@ mod tests {
             point(1, "mtp1", Simulated, 220.0),
         ];
         let pics = plans(&pts, None);
-        assert_eq!(pics.len(), 3);
+        assert_eq!(pics.len(), 3, "no shares: no breakdown");
         let speed = &pics[1].series;
         let m = speed.iter().find(|s| s.source == Measured).unwrap();
         assert_eq!(m.points, vec![(1.0, 1.5), (8.0, 0.875)]);
@@ -479,6 +653,21 @@ mod tests {
         let m = best.iter().find(|s| s.source == Measured).unwrap();
         // Speculation loses at batch 8: K 0.
         assert_eq!(m.points, vec![(1.0, 1.0), (8.0, 0.0)]);
+    }
+
+    #[test]
+    fn the_breakdown_has_a_bar_per_simulated_point_with_shares() {
+        let mut pts = vec![
+            point(4, "mtp1", Source::Simulated, 200.0),
+            point(1, "off", Source::Simulated, 100.0),
+            point(1, "off", Source::Measured, 90.0),
+        ];
+        pts[0].shares = Some([0.1, 0.6, 0.0, 0.3]);
+        pts[1].shares = Some([0.2, 0.5, 0.0, 0.3]);
+        let pics = plans(&pts, None);
+        let b = pics.iter().find(|p| p.kind == Kind::Breakdown).unwrap();
+        let labels: Vec<&str> = b.bars.iter().map(|b| b.0.as_str()).collect();
+        assert_eq!(labels, ["b1 off", "b4 mtp1@0.8"]);
     }
 
     #[test]

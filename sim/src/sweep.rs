@@ -163,7 +163,7 @@ pub const KEY_COLUMNS: [&str; 6] = [
     "graphs",
     "acceptance_rate",
 ];
-pub const VALUE_COLUMNS: [&str; 14] = [
+pub const VALUE_COLUMNS: [&str; 18] = [
     "steps",
     "generated_tokens",
     "drafts",
@@ -178,6 +178,10 @@ pub const VALUE_COLUMNS: [&str; 14] = [
     "device",
     "simulated_step_ms",
     "simulated_tokens_per_s",
+    "simulated_attention_share",
+    "simulated_gemm_share",
+    "simulated_comm_share",
+    "simulated_overhead_share",
 ];
 
 /// The CSV header line.
@@ -244,7 +248,7 @@ impl SweepPoint {
     /// The CSV row of a point whose run failed before it finished (an engine failure):
     /// its checks did not pass, and it measured nothing.
     pub fn failed_row(&self, device: &str) -> String {
-        let empty = ",".repeat(VALUE_COLUMNS.len() - 4);
+        let empty = ",".repeat(VALUE_COLUMNS.len() - 8);
         let at = VALUE_COLUMNS
             .iter()
             .position(|c| *c == "checks_passed")
@@ -252,7 +256,7 @@ impl SweepPoint {
         let mut fields: Vec<&str> = empty.split(',').collect();
         fields.insert(at, "false");
         format!(
-            "{},{},{},,",
+            "{},{},{},,,,,,",
             self.key(),
             fields.join(","),
             csv_field(device)
@@ -268,10 +272,18 @@ impl SweepPoint {
         let decode = times.iter().find(|k| k.kind.starts_with("decode-only"));
         let opt =
             |v: Option<f64>, digits: usize| v.map_or(String::new(), |v| format!("{v:.digits$}"));
+        let share = |part: fn(&SimulatedTime) -> f64| {
+            opt(
+                simulated
+                    .filter(|t| t.total_us > 0.0)
+                    .map(|t| part(t) / t.total_us),
+                3,
+            )
+        };
         let mut row = self.key();
         let _ = write!(
             row,
-            ",{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            ",{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             s.stats.steps,
             s.stats.generated_tokens,
             sd.num_drafts,
@@ -295,6 +307,10 @@ impl SweepPoint {
                 simulated.map(|t| t.tokens_per_s(s.stats.generated_tokens)),
                 1
             ),
+            share(|t| t.attention_us),
+            share(|t| t.gemm_us),
+            share(|t| t.comm_us),
+            share(|t| t.host_us),
         );
         row
     }
@@ -615,7 +631,7 @@ mod tests {
         let mut csv = csv_header();
         for (key, tps) in rows {
             csv.push_str(&format!(
-                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,"
+                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,"
             ));
         }
         csv
@@ -663,7 +679,7 @@ mod tests {
         assert_eq!(done_keys(&csv).unwrap(), vec![p.key()]);
         let f: Vec<&str> = row.split(',').collect();
         assert_eq!(f[KEY_COLUMNS.len() + 6], "false");
-        assert!(row.ends_with(",\"cpu, f32\",,"), "{row}");
+        assert!(row.ends_with(",\"cpu, f32\",,,,,,"), "{row}");
     }
 
     #[test]
@@ -677,7 +693,7 @@ mod tests {
     #[test]
     fn the_tuner_needs_timed_rows_and_a_baseline() {
         let cpu = format!(
-            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu,,\n",
+            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu,,,,,,\n",
             csv_header()
         );
         assert!(tune(&cpu)
@@ -696,7 +712,9 @@ mod tests {
     /// and says so; measured rows win where both exist.
     #[test]
     fn the_tuner_falls_back_to_simulated_throughput() {
-        let sim = |key: &str, tps: f64| format!("\n{key},10,20,5,2.0,2.0,,true,,,,,cpu,3.0,{tps}");
+        let sim = |key: &str, tps: f64| {
+            format!("\n{key},10,20,5,2.0,2.0,,true,,,,,cpu,3.0,{tps},0.1,0.5,0,0.4")
+        };
         let csv = format!(
             "{}{}{}",
             csv_header(),
@@ -725,18 +743,18 @@ mod tests {
     #[test]
     fn resumed_and_merged_csvs_are_read_by_key() {
         let h = csv_header();
-        let values = ",1,2,3,,,,true,,,,,cpu,,";
+        let values = ",1,2,3,,,,true,,,,,cpu,,,,,,";
         let a = format!("{h}\n1,off,flashmla,-,on,-{values}\n");
         let b = format!("{h}\n8,off,flashmla,-,on,-{values}\n1,off,flashmla,-,on,-{values}\n");
         assert_eq!(done_keys(&a).unwrap(), vec!["1,off,flashmla,-,on,-"]);
         let merged = merge(&[("a".into(), a.clone()), ("b".into(), b)]).unwrap();
         assert_eq!(merged.lines().count(), 3);
         assert!(merged.lines().nth(1).unwrap().starts_with("1,off"));
-        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu,,\n");
+        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu,,,,,,\n");
         let torn = format!("{h}\n1,off,flashmla,-,on,-,9,2\n");
         assert!(done_keys(&torn)
             .unwrap_err()
-            .contains("row 2 has 8 of the 20 columns"));
+            .contains("row 2 has 8 of the 24 columns"));
         let err = merge(&[("a".into(), a), ("c".into(), conflict)]).unwrap_err();
         assert!(err.contains("point 1,off,flashmla,-,on,- has different rows in a and c"));
         assert!(done_keys("batch,spec\n").is_err());

@@ -206,7 +206,7 @@ fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("no row has tokens_per_s"));
     let timed = d.join("timed.csv");
     let row =
-        |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,\n");
+        |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,\n");
     let text = format!(
         "{header}\n{}{}{}{}{}{}",
         row("1,off,flashmla,-,on,-", 100.0),
@@ -271,6 +271,18 @@ fn a_simulated_sweep_tunes_from_its_cost_model() {
         assert!(
             f[at("tokens_per_s")].is_empty(),
             "the CPU measures nothing: {line}"
+        );
+        let shares: f64 = ["attention", "gemm", "comm", "overhead"]
+            .iter()
+            .map(|p| {
+                f[at(&format!("simulated_{p}_share"))]
+                    .parse::<f64>()
+                    .unwrap()
+            })
+            .sum();
+        assert!(
+            (shares - 1.0).abs() < 0.01,
+            "shares sum to {shares}: {line}"
         );
     }
     let o = sim(&["sweep", "--tune", out.to_str().unwrap()]);
