@@ -215,6 +215,9 @@ pub struct Series {
     pub points: Vec<(f64, f64)>,
 }
 
+/// Per batch, the best K and its tokens/s.
+type BestByBatch = BTreeMap<u32, (u32, f64)>;
+
 /// A picture, ready to draw.
 pub struct SweepPicture {
     pub kind: Kind,
@@ -292,7 +295,7 @@ pub fn plans(points: &[Point], title: Option<&str>) -> Vec<SweepPicture> {
         }
     }
     // Best K: per (source, setup, acceptance), the K with the most tokens/s at a batch.
-    let mut best: BTreeMap<(Source, String, String), BTreeMap<u32, (u32, f64)>> = BTreeMap::new();
+    let mut best: BTreeMap<(Source, String, String), BestByBatch> = BTreeMap::new();
     for p in points.iter().filter(|p| p.k > 0) {
         let at = best
             .entry((p.source, p.setup.clone(), p.acceptance.clone()))
