@@ -15,12 +15,14 @@
 
 use std::sync::Arc;
 
+use specmla_core::backend::StepTime;
 use specmla_core::config::{EngineConfig, ModelDims};
 use specmla_core::cost::step::{decode_size, gemm_size, prefill_size};
 use specmla_core::cost::{
     step_cost, AllReduce, Calibration, CostTarget, HeadsClass, KernelClass, Overhead,
     OverheadSample, Sample, CALIBRATION_FORMAT,
 };
+use specmla_core::engine::StepOutcome;
 use specmla_core::split::SplitPolicy;
 use specmla_gpu::device::GpuError;
 use specmla_gpu::launch::Buf;
@@ -289,19 +291,9 @@ fn overhead_samples(
             cuda_graphs: graphs,
             prefill_chunk_tokens: None,
         };
-        let model = ModelDims {
-            num_layers: layers,
-            ..ModelDims::deepseek_v3_attn()
-                .tensor_parallel(16)
-                .expect("16 divides 128")
-        };
-        let cfg = bench.config(model);
-        let target = CostTarget::engine(&cfg.model);
-        let models = specmla_sim::runner::models(&cfg, 7);
-        let make = |cfg: &EngineConfig, t, d| GpuBackend::on_device(Arc::clone(dev), cfg, t, d);
         let mut groups: Vec<((bool, usize, usize), Vec<f64>)> = Vec::new();
-        bench.run_observed(&make, &cfg, models, &mut |o, t| {
-            let c = step_cost(kernels, &target, o);
+        run_bench(dev, bench, layers, &mut |target, o, t| {
+            let c = step_cost(kernels, target, o);
             let key = (
                 o.plan.cudagraph.is_some(),
                 specmla_core::cost::drafter_passes(o),
@@ -334,6 +326,28 @@ fn overhead_samples(
         }
     }
     Ok(out)
+}
+
+/// Runs `bench` through the engine at DeepSeek-V3's attention widths (one rank of 16,
+/// `layers` layers), handing each timed step to `on_step` with the target that prices it.
+fn run_bench(
+    dev: &Arc<GpuDevice>,
+    bench: VerifyBench,
+    layers: usize,
+    on_step: &mut dyn FnMut(&CostTarget, &StepOutcome, &StepTime),
+) -> Result<(), String> {
+    let model = ModelDims {
+        num_layers: layers,
+        ..ModelDims::deepseek_v3_attn()
+            .tensor_parallel(16)
+            .expect("16 divides 128")
+    };
+    let cfg = bench.config(model);
+    let target = CostTarget::engine(&cfg.model);
+    let models = specmla_sim::runner::models(&cfg, 7);
+    let make = |cfg: &EngineConfig, t, d| GpuBackend::on_device(Arc::clone(dev), cfg, t, d);
+    bench.run_observed(&make, &cfg, models, &mut |o, t| on_step(&target, o, t))?;
+    Ok(())
 }
 
 /// Measures and fits every class on `dev`; `commit` is the binary's commit.
@@ -476,17 +490,10 @@ pub fn validate(
             cuda_graphs: graphs,
             prefill_chunk_tokens: chunk,
         };
-        let model = ModelDims::deepseek_v3_attn()
-            .tensor_parallel(16)
-            .expect("16 divides 128");
-        let cfg = bench.config(model);
-        let target = CostTarget::engine(&cfg.model);
-        let models = specmla_sim::runner::models(&cfg, 7);
-        let make = |cfg: &EngineConfig, t, d| GpuBackend::on_device(Arc::clone(dev), cfg, t, d);
         let (mut measured_us, mut simulated_us, mut steps) = (0.0, 0.0, 0);
         let mut kinds: Vec<KindComparison> = Vec::new();
-        bench.run_observed(&make, &cfg, models, &mut |o, t| {
-            let sim = step_cost(c, &target, o);
+        run_bench(dev, bench, 2, &mut |target, o, t| {
+            let sim = step_cost(c, target, o);
             measured_us += t.wall_us;
             simulated_us += sim.total_us();
             steps += 1;

@@ -575,6 +575,20 @@ pub(crate) fn cost_sink(
     a: &RunArgs,
     s: &Scenario,
 ) -> Result<Option<specmla_sim::cost_sink::CostSink>> {
+    Ok(cost_model(a, s)?.map(|(c, t)| specmla_sim::cost_sink::CostSink::new(c, t)))
+}
+
+/// `--cost-model` and `--cost-target`, read and checked once (a sweep prices every point
+/// with them; its points share the base run's model).
+pub(crate) fn cost_model(
+    a: &RunArgs,
+    s: &Scenario,
+) -> Result<
+    Option<(
+        specmla_core::cost::Calibration,
+        specmla_core::cost::CostTarget,
+    )>,
+> {
     let Some(path) = &a.cost_model else {
         return Ok(None);
     };
@@ -584,10 +598,7 @@ pub(crate) fn cost_sink(
         .map_err(|e| anyhow::anyhow!("--cost-model {}: {e}", path.display()))?;
     let target = specmla_sim::cost_sink::parse_target(&a.cost_target, &s.cfg.model)
         .map_err(|e| anyhow::anyhow!("--cost-target {}: {e}", a.cost_target))?;
-    Ok(Some(specmla_sim::cost_sink::CostSink::new(
-        calibration,
-        target,
-    )))
+    Ok(Some((calibration, target)))
 }
 
 fn print_summary(s: &RunSummary) {

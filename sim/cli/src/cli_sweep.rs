@@ -245,6 +245,8 @@ fn sweep_on<B: Backend>(
     points: &[SweepPoint],
     make: Factory<B>,
 ) -> Result<ExitCode> {
+    // Read before the CSV is opened: a bad file creates nothing.
+    let model = crate::cli_run::cost_model(&a.run, base)?;
     let (csv, done) = open_csv(&a.out)?;
     let todo: Vec<&SweepPoint> = points.iter().filter(|p| !done.contains(&p.key())).collect();
     let every = progress_secs().map_err(anyhow::Error::msg)?;
@@ -260,7 +262,9 @@ fn sweep_on<B: Backend>(
             writeln!(&csv, "{row}").with_context(path)?;
             (&csv).flush().with_context(path)
         };
-        let mut cost = crate::cli_run::cost_sink(&a.run, &s)?;
+        let mut cost = model
+            .clone()
+            .map(|(c, t)| specmla_sim::cost_sink::CostSink::new(c, t));
         let sink = cost
             .as_mut()
             .map(|c| c as &mut dyn specmla_sim::runner::StepSink);
