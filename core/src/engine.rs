@@ -35,11 +35,13 @@ pub struct EngineOptions {
 }
 
 /// A draft position the acceptance controller may force: the token at `position` of a
-/// request whose sequence this step ends with `suffix` (new tokens then earlier drafts).
+/// request whose sequence this step ends with `suffix` (new tokens then earlier drafts),
+/// the row's draft number `draft_index` (0 for its first draft).
 #[derive(Clone, Copy, Debug)]
 pub struct DraftQuery<'a> {
     pub req_id: u64,
     pub position: usize,
+    pub draft_index: usize,
     pub suffix: &'a [u32],
 }
 
@@ -705,6 +707,7 @@ impl<B: Backend> Executor<B> {
             oracle.forced_draft(DraftQuery {
                 req_id,
                 position,
+                draft_index: earlier.len(),
                 suffix: &suffix,
             })
         });

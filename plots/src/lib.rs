@@ -68,8 +68,9 @@ pub fn run(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, P
 }
 
 /// Parses a `sim sweep` CSV and writes its pictures (`sweep_throughput`,
-/// `sweep_speedup`, `sweep_best_k`) into `out_dir`; a picture with no series (no
-/// speculating rows for the speedup) is skipped with a note.
+/// `sweep_speedup`, `sweep_best_k`, `sweep_speedup_acceptance`, `sweep_breakdown`) into
+/// `out_dir`; a picture with no series (no speculating rows for the speedup) is skipped
+/// with a note.
 pub fn run_sweep(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outcome, PlotError> {
     font::register()?;
     let points = sweep::load(csv)?;
@@ -87,7 +88,7 @@ pub fn run_sweep(csv: &Path, out_dir: &Path, title: Option<&str>) -> Result<Outc
             None => outcome.skipped.push((
                 kind.name(),
                 "no rows for it (a speedup needs speculating rows and their `off` rows; a \
-                 breakdown needs a sweep run with --cost-model)"
+                 breakdown needs a sweep run with --cost-model or --backend gpu)"
                     .into(),
             )),
         }

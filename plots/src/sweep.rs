@@ -2,10 +2,14 @@
 //! - `sweep_throughput`: generated tokens/s against batch;
 //! - `sweep_speedup`: speedup over no speculation (same profile, graphs, batch and source)
 //!   against batch, a line at 1 where speculation stops paying;
+//! - `sweep_speedup_acceptance`: the same speedup against the run's mean acceptance
+//!   length (1 + accepted drafts per verify row), a line per batch and K;
 //! - `sweep_best_k`: the K with the most tokens/s at each batch (0: no speculation);
-//! - `sweep_breakdown`: where each simulated configuration's step time goes (attention,
-//!   GEMMs, all-reduce, overhead), a stacked bar per batch and configuration, where the
-//!   CSV has the shares (a sweep run with `--cost-model`).
+//! - `sweep_breakdown`: where each configuration's step time goes (attention, GEMMs,
+//!   graph replays, all-reduce, overhead), a stacked bar per batch, configuration and
+//!   source, where the CSV has the shares (simulated: a sweep run with `--cost-model`;
+//!   measured: a `--backend gpu` sweep, whose graph replays hold their attention and
+//!   GEMMs).
 //!
 //! A series is one configuration (spec, acceptance rate, profile, drafter batch, graphs)
 //! from one source: measured throughput (`tokens_per_s`, a `--backend gpu` sweep) solid
@@ -43,20 +47,32 @@ pub enum Source {
     Simulated,
 }
 
-/// The optional share columns of a simulated row, in drawing order.
-const SHARE_COLUMNS: [&str; 4] = [
+/// The optional share columns of a simulated row.
+const SIMULATED_SHARE_COLUMNS: [&str; 4] = [
     "simulated_attention_share",
     "simulated_gemm_share",
     "simulated_comm_share",
     "simulated_overhead_share",
 ];
-/// The shares' legend labels.
-const SHARE_LABELS: [&str; 4] = [
+/// The optional share columns of a measured row (the rest is overhead).
+const MEASURED_SHARE_COLUMNS: [&str; 3] = [
+    "measured_attention_share",
+    "measured_gemm_share",
+    "measured_graph_share",
+];
+/// The optional mean acceptance length column.
+const ACCEPTANCE_LENGTH_COLUMN: &str = "mean_acceptance_length";
+/// The shares' legend labels, in drawing order ([`Shares`]).
+const SHARE_LABELS: [&str; 5] = [
     "attention",
     "GEMMs",
-    "all-reduce",
+    "graph replays (measured: their attention and GEMMs)",
+    "all-reduce (simulated)",
     "overhead (host, small kernels)",
 ];
+
+/// Shares of a step's time, in [`SHARE_LABELS`]' order.
+pub type Shares = [f64; 5];
 
 /// One configuration at one batch, from one source.
 #[derive(Debug, Clone, PartialEq)]
@@ -73,8 +89,10 @@ pub struct Point {
     pub base_setup: String,
     pub source: Source,
     pub tokens_per_s: f64,
-    /// Where a simulated step's time goes (attention, GEMMs, all-reduce, overhead).
-    pub shares: Option<[f64; 4]>,
+    /// Where the step time goes ([`SHARE_LABELS`]), where the row says.
+    pub shares: Option<Shares>,
+    /// The run's mean acceptance length, where it speculated.
+    pub mean_acceptance_length: Option<f64>,
 }
 
 /// The sweep's points that passed their checks, one per row and source.
@@ -102,10 +120,12 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
             found: header.iter().collect::<Vec<_>>().join(","),
             problem: format!("a sim sweep CSV has the columns {}", COLUMNS.join(", ")),
         })?;
-    let share_at: Vec<Option<usize>> = SHARE_COLUMNS
-        .iter()
-        .map(|c| header.iter().position(|h| h == *c))
-        .collect();
+    let column = |c: &str| header.iter().position(|h| h == c);
+    let simulated_at: Vec<Option<usize>> =
+        SIMULATED_SHARE_COLUMNS.iter().map(|c| column(c)).collect();
+    let measured_at: Vec<Option<usize>> =
+        MEASURED_SHARE_COLUMNS.iter().map(|c| column(c)).collect();
+    let length_at = column(ACCEPTANCE_LENGTH_COLUMN);
     let mut out = Vec::new();
     for (i, record) in reader.records().enumerate() {
         let r = record.map_err(|e| PlotError::Csv {
@@ -133,9 +153,15 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
             }
             let tokens_per_s: f64 = field(c).parse().map_err(|_| bad(c, "not a number"))?;
             let shares = match source {
-                Source::Simulated => shares_of(&r, &share_at),
-                Source::Measured => None,
+                Source::Simulated => shares_of(&r, &simulated_at)
+                    .map(|[att, gemm, comm, over]| [att, gemm, 0.0, comm, over]),
+                Source::Measured => shares_of(&r, &measured_at)
+                    .map(|[att, gemm, graph]| [att, gemm, graph, 0.0, 1.0 - att - gemm - graph]),
             };
+            let mean_acceptance_length = length_at
+                .and_then(|a| r.get(a))
+                .and_then(|v| v.parse::<f64>().ok())
+                .filter(|_| k > 0);
             out.push(Point {
                 batch,
                 spec: spec.clone(),
@@ -146,6 +172,7 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
                 source,
                 tokens_per_s,
                 shares,
+                mean_acceptance_length,
             });
         }
     }
@@ -155,9 +182,9 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
     Ok(out)
 }
 
-/// The four shares of a row, where every column is present and parses.
-fn shares_of(r: &csv::StringRecord, at: &[Option<usize>]) -> Option<[f64; 4]> {
-    let mut out = [0.0; 4];
+/// The `N` shares of a row, where every column is present and parses.
+fn shares_of<const N: usize>(r: &csv::StringRecord, at: &[Option<usize>]) -> Option<[f64; N]> {
+    let mut out = [0.0; N];
     for (o, a) in out.iter_mut().zip(at) {
         *o = r.get((*a)?)?.parse().ok()?;
     }
@@ -181,14 +208,16 @@ pub enum Kind {
     Throughput,
     Speedup,
     BestK,
+    SpeedupAcceptance,
     Breakdown,
 }
 
 impl Kind {
-    pub const ALL: [Kind; 4] = [
+    pub const ALL: [Kind; 5] = [
         Kind::Throughput,
         Kind::Speedup,
         Kind::BestK,
+        Kind::SpeedupAcceptance,
         Kind::Breakdown,
     ];
 
@@ -198,6 +227,7 @@ impl Kind {
             Kind::Throughput => "sweep_throughput",
             Kind::Speedup => "sweep_speedup",
             Kind::BestK => "sweep_best_k",
+            Kind::SpeedupAcceptance => "sweep_speedup_acceptance",
             Kind::Breakdown => "sweep_breakdown",
         }
     }
@@ -223,7 +253,7 @@ pub struct SweepPicture {
     pub kind: Kind,
     pub series: Vec<Series>,
     /// The breakdown's bars: label and shares, by batch then configuration.
-    pub bars: Vec<(String, [f64; 4])>,
+    pub bars: Vec<(String, Shares)>,
     title: String,
 }
 
@@ -262,8 +292,15 @@ pub fn plans(points: &[Point], title: Option<&str>) -> Vec<SweepPicture> {
         Source::Measured => "measured",
         Source::Simulated => "simulated",
     };
+    let batches: Vec<u32> = {
+        let mut b: Vec<u32> = points.iter().map(|p| p.batch).collect();
+        b.sort_unstable();
+        b.dedup();
+        b
+    };
     let mut lines: BTreeMap<(Source, String, String, u32), Series> = BTreeMap::new();
     let mut speedups: BTreeMap<(Source, String, String, u32), Series> = BTreeMap::new();
+    let mut by_acceptance: BTreeMap<(Source, String, u32, u32), Series> = BTreeMap::new();
     for p in points {
         let key = (p.source, p.setup.clone(), p.acceptance.clone(), p.k);
         let setup = match one_setup {
@@ -292,6 +329,17 @@ pub fn plans(points: &[Point], title: Option<&str>) -> Vec<SweepPicture> {
                 .or_insert_with(|| series(label))
                 .points
                 .push((p.batch as f64, p.tokens_per_s / b));
+            if let Some(len) = p.mean_acceptance_length {
+                let label = format!("{} at batch {}{setup} ({})", p.spec, p.batch, src(p.source));
+                by_acceptance
+                    .entry((p.source, p.setup.clone(), p.batch, p.k))
+                    .or_insert_with(|| Series {
+                        rate: batches.iter().position(|&b| b == p.batch).unwrap_or(0),
+                        ..series(label)
+                    })
+                    .points
+                    .push((len, p.tokens_per_s / b));
+            }
         }
     }
     // Best K: per (source, setup, acceptance), the K with the most tokens/s at a batch.
@@ -322,20 +370,26 @@ pub fn plans(points: &[Point], title: Option<&str>) -> Vec<SweepPicture> {
                 .collect(),
         })
         .collect();
-    let sorted = |m: BTreeMap<_, Series>| -> Vec<Series> {
+    fn sorted<K>(m: BTreeMap<K, Series>) -> Vec<Series> {
         m.into_values()
             .map(|mut s| {
                 s.points.sort_by(|a, b| a.0.total_cmp(&b.0));
                 s
             })
             .collect()
-    };
+    }
     let titles = [
         "Generated tokens/s against batch",
         "Speedup over no speculation against batch",
         "Best K against batch (0: no speculation)",
+        "Speedup over no speculation against mean acceptance length",
     ];
-    let all = [sorted(lines), sorted(speedups), best_k];
+    let all = [
+        sorted(lines),
+        sorted(speedups),
+        best_k,
+        sorted(by_acceptance),
+    ];
     let mut out: Vec<SweepPicture> = Kind::ALL
         .into_iter()
         .zip(all)
@@ -354,18 +408,31 @@ pub fn plans(points: &[Point], title: Option<&str>) -> Vec<SweepPicture> {
             kind: Kind::Breakdown,
             series: Vec::new(),
             bars,
-            title: style::title("Where a simulated step's time goes", title),
+            title: style::title("Where a step's time goes", title),
         });
     }
     out
 }
 
-/// The simulated points with shares, by batch, K, acceptance and setup.
-fn breakdown_bars(points: &[Point], one_setup: bool) -> Vec<(String, [f64; 4])> {
+/// The points with shares, by batch, K, acceptance, setup and source.
+fn breakdown_bars(points: &[Point], one_setup: bool) -> Vec<(String, Shares)> {
     let mut v: Vec<&Point> = points.iter().filter(|p| p.shares.is_some()).collect();
     v.sort_by(|a, b| {
-        (a.batch, a.k, &a.acceptance, &a.setup).cmp(&(b.batch, b.k, &b.acceptance, &b.setup))
+        (a.batch, a.k, &a.acceptance, &a.setup, a.source).cmp(&(
+            b.batch,
+            b.k,
+            &b.acceptance,
+            &b.setup,
+            b.source,
+        ))
     });
+    let sources = {
+        let mut s: Vec<Source> = v.iter().map(|p| p.source).collect();
+        s.dedup();
+        s.sort();
+        s.dedup();
+        s.len()
+    };
     v.into_iter()
         .map(|p| {
             let at = match p.k {
@@ -376,7 +443,12 @@ fn breakdown_bars(points: &[Point], one_setup: bool) -> Vec<(String, [f64; 4])> 
                 true => String::new(),
                 false => format!(" {}", p.setup),
             };
-            let label = format!("b{} {}{at}{setup}", p.batch, p.spec);
+            let source = match (sources, p.source) {
+                (1, _) => "",
+                (_, Source::Measured) => " measured",
+                (_, Source::Simulated) => " simulated",
+            };
+            let label = format!("b{} {}{at}{setup}{source}", p.batch, p.spec);
             (label, p.shares.expect("filtered"))
         })
         .collect()
@@ -417,8 +489,10 @@ impl Picture for SweepPicture {
         DB: DrawingBackend,
         DB::ErrorType: 'static,
     {
-        if self.kind == Kind::Breakdown {
-            return self.draw_breakdown(root);
+        match self.kind {
+            Kind::Breakdown => return self.draw_breakdown(root),
+            Kind::SpeedupAcceptance => return self.draw_by_acceptance(root),
+            _ => {}
         }
         let all = || self.series.iter().flat_map(|s| s.points.iter().copied());
         let x_max = all().map(|p| p.0).fold(1.0, f64::max);
@@ -440,7 +514,7 @@ impl Picture for SweepPicture {
                 mesh(&mut chart, desc, "generated tokens/s (log scale)")?;
                 self.draw_series(chart.plotting_area())?;
             }
-            Kind::Breakdown => unreachable!("drawn above"),
+            Kind::Breakdown | Kind::SpeedupAcceptance => unreachable!("drawn above"),
             Kind::Speedup | Kind::BestK => {
                 let y_max = all().map(|p| p.1).fold(1.0, f64::max);
                 let (y_lo, y_hi, what) = match self.kind {
@@ -484,6 +558,56 @@ impl Picture for SweepPicture {
 }
 
 impl SweepPicture {
+    /// Speedup against mean acceptance length: linear axes, a line at 1.
+    fn draw_by_acceptance<DB>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
+    where
+        DB: DrawingBackend,
+        DB::ErrorType: 'static,
+    {
+        let all = || self.series.iter().flat_map(|s| s.points.iter().copied());
+        let x_max = all().map(|p| p.0).fold(1.0, f64::max);
+        let y_max = all().map(|p| p.1).fold(1.0, f64::max);
+        let root = root.titled(&self.title, (FAMILY, style::TITLE_PX))?;
+        let width_px = root.dim_in_pixel().0;
+        let (chart_area, legend_area) = root.split_horizontally(width_px - style::LEGEND_WIDTH_PX);
+        let (x_lo, x_hi) = (1.0, x_max + 0.3);
+        let mut chart = ChartBuilder::on(&chart_area)
+            .margin(12)
+            .x_label_area_size(50)
+            .y_label_area_size(80)
+            .build_cartesian_2d(x_lo..x_hi, 0.0..y_max * 1.15)?;
+        chart
+            .configure_mesh()
+            .x_desc("mean acceptance length (tokens per verify row)")
+            .y_desc("speedup over no speculation")
+            .label_style((FAMILY, style::LABEL_PX))
+            .axis_desc_style((FAMILY, style::AXIS_DESC_PX))
+            .draw()?;
+        let plot = chart.plotting_area();
+        let one = SeriesStyle {
+            color: style::CEILING_COLOR,
+            marker: None,
+            filled: false,
+            dashed: Some(false),
+            width_px: 1,
+        };
+        style::draw_line(plot, &[(x_lo, 1.0), (x_hi, 1.0)], &one)?;
+        self.draw_series(plot)?;
+        let mut legend: Vec<LegendEntry> = self
+            .series
+            .iter()
+            .map(|s| LegendEntry {
+                label: s.label.clone(),
+                style: Some(s.style(self.kind)),
+            })
+            .collect();
+        legend.push(LegendEntry {
+            label: "color: K; marker: batch; solid: measured; dashed: simulated".into(),
+            style: None,
+        });
+        style::draw_legend(&legend_area, &legend)
+    }
+
     /// A stacked bar per (batch, configuration): its shares of step time.
     fn draw_breakdown<DB>(&self, root: &DrawingArea<DB, Shift>) -> DrawResult
     where
@@ -525,11 +649,11 @@ impl SweepPicture {
                     false => String::new(),
                 }
             })
-            .y_desc("share of simulated step time")
+            .y_desc("share of step time")
             .label_style((FAMILY, style::LABEL_PX))
             .axis_desc_style((FAMILY, style::AXIS_DESC_PX))
             .draw()?;
-        let colors: Vec<RGBColor> = (0..4).map(style::palette).collect();
+        let colors: Vec<RGBColor> = (0..SHARE_LABELS.len()).map(style::palette).collect();
         for (i, (_, shares)) in self.bars.iter().enumerate() {
             let mut y = 0.0;
             for (share, color) in shares.iter().zip(&colors) {
@@ -631,6 +755,7 @@ mod tests {
             source,
             tokens_per_s: tps,
             shares: None,
+            mean_acceptance_length: (spec != "off").then_some(1.5),
         }
     }
 
@@ -646,7 +771,7 @@ mod tests {
             point(1, "mtp1", Simulated, 220.0),
         ];
         let pics = plans(&pts, None);
-        assert_eq!(pics.len(), 3, "no shares: no breakdown");
+        assert_eq!(pics.len(), 4, "no shares: no breakdown");
         let speed = &pics[1].series;
         let m = speed.iter().find(|s| s.source == Measured).unwrap();
         assert_eq!(m.points, vec![(1.0, 1.5), (8.0, 0.875)]);
@@ -665,12 +790,48 @@ mod tests {
             point(1, "off", Source::Simulated, 100.0),
             point(1, "off", Source::Measured, 90.0),
         ];
-        pts[0].shares = Some([0.1, 0.6, 0.0, 0.3]);
-        pts[1].shares = Some([0.2, 0.5, 0.0, 0.3]);
+        pts[0].shares = Some([0.1, 0.6, 0.0, 0.0, 0.3]);
+        pts[1].shares = Some([0.2, 0.5, 0.0, 0.0, 0.3]);
         let pics = plans(&pts, None);
         let b = pics.iter().find(|p| p.kind == Kind::Breakdown).unwrap();
         let labels: Vec<&str> = b.bars.iter().map(|b| b.0.as_str()).collect();
         assert_eq!(labels, ["b1 off", "b4 mtp1@0.8"]);
+        // A measured point with shares gets its bar beside the simulated one, each named.
+        pts[2].shares = Some([0.3, 0.2, 0.4, 0.0, 0.1]);
+        let pics = plans(&pts, None);
+        let b = pics.iter().find(|p| p.kind == Kind::Breakdown).unwrap();
+        let labels: Vec<&str> = b.bars.iter().map(|b| b.0.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "b1 off measured",
+                "b1 off simulated",
+                "b4 mtp1@0.8 simulated"
+            ]
+        );
+    }
+
+    #[test]
+    fn speedup_against_acceptance_length_is_a_line_per_batch_and_k() {
+        use Source::*;
+        let mut pts = vec![
+            point(4, "off", Simulated, 100.0),
+            point(4, "mtp2", Simulated, 150.0),
+            point(4, "mtp2", Simulated, 180.0),
+            point(16, "off", Simulated, 400.0),
+            point(16, "mtp2", Simulated, 300.0),
+        ];
+        pts[2].acceptance = "0.9".into();
+        pts[2].mean_acceptance_length = Some(2.5);
+        let pics = plans(&pts, None);
+        let a = pics
+            .iter()
+            .find(|p| p.kind == Kind::SpeedupAcceptance)
+            .unwrap();
+        assert_eq!(a.series.len(), 2);
+        assert_eq!(a.series[0].points, vec![(1.5, 1.5), (2.5, 1.8)]);
+        assert_eq!(a.series[1].points, vec![(1.5, 0.75)]);
+        assert_ne!(a.series[0].rate, a.series[1].rate, "a marker per batch");
     }
 
     #[test]

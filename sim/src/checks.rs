@@ -13,6 +13,7 @@ use specmla_core::grammar::{GrammarState, TokenAutomaton};
 use specmla_core::request::RequestSpec;
 use specmla_core::rng::{keyed_rng, Stream};
 
+use crate::acceptance::AcceptanceRates;
 use crate::oracle::{Oracle, OracleSeq};
 
 /// Kinds of per-step checks. In JSON a check is its name, as the text summary prints it.
@@ -157,7 +158,7 @@ const MAX_STORED_FAILURES: usize = 64;
 pub struct SimChecker {
     oracle: Arc<Oracle>,
     seed: u64,
-    acceptance_rate: f64,
+    acceptance_rate: AcceptanceRates,
     greedy: bool,
     /// The run's sampling temperature (0: greedy).
     temperature: f32,
@@ -179,7 +180,7 @@ impl SimChecker {
         oracle: Arc<Oracle>,
         workload: &[RequestSpec],
         seed: u64,
-        acceptance_rate: f64,
+        acceptance_rate: AcceptanceRates,
         temperature: f32,
     ) -> Self {
         let greedy = temperature == 0.0;
@@ -431,7 +432,8 @@ fn masked_argmax_f64(
 }
 
 impl DraftOracle for SimChecker {
-    /// With probability `acceptance_rate` (a seeded coin per request and position)
+    /// With the probability `acceptance_rate` gives the row's draft number (a seeded coin
+    /// per request and position)
     /// proposes the oracle's plain-greedy token, so acceptance is controllable while
     /// verification stays the real target forward. Under temperature > 0 it proposes a
     /// draw from the oracle's distribution at that temperature (grammar mask applied),
@@ -439,7 +441,7 @@ impl DraftOracle for SimChecker {
     /// then runs for real, at about the rate asked.
     fn forced_draft(&mut self, q: DraftQuery<'_>) -> Option<u32> {
         let mut coin = keyed_rng(self.seed, Stream::Acceptance, q.req_id, q.position as u64);
-        if !coin.gen_bool(self.acceptance_rate) {
+        if !coin.gen_bool(self.acceptance_rate.at(q.draft_index)) {
             return None;
         }
         let base = q.position - q.suffix.len();

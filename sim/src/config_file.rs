@@ -6,6 +6,7 @@
 use serde::{Deserialize, Serialize};
 use specmla_core::config::EngineConfig;
 
+use crate::acceptance::AcceptanceRates;
 use crate::scenarios::{self, Scenario, WorkloadShape};
 
 /// Everything one `sim` run is made of, in the order `sim config` prints it.
@@ -15,7 +16,7 @@ pub struct RunConfig {
     /// The scenario's name (a label; any name may be given in a file).
     pub scenario: String,
     pub seed: u64,
-    pub acceptance_rate: f64,
+    pub acceptance_rate: AcceptanceRates,
     pub max_steps: u64,
     pub check_layouts: bool,
     pub check_drafter_batches: bool,
@@ -29,7 +30,7 @@ impl RunConfig {
         RunConfig {
             scenario: s.name.clone(),
             seed,
-            acceptance_rate: s.acceptance_rate,
+            acceptance_rate: s.acceptance_rate.clone(),
             max_steps: s.max_steps,
             check_layouts: s.check_layouts,
             check_drafter_batches: s.check_drafter_batches,
@@ -97,7 +98,8 @@ pub const FIELD_DOCS: &[(&str, &str)] = &[
     ),
     (
         "acceptance_rate",
-        "probability that a draft position proposes the oracle's greedy token (0..1)",
+        "probability that a draft position proposes the oracle's greedy token (0..1): one \
+         rate, or one per position as an array (the last repeats)",
     ),
     ("max_steps", "stop after this many engine steps (steps)"),
     (

@@ -5,6 +5,7 @@
 //! `progress`). It names no backend: callers pass a factory of one.
 #![forbid(unsafe_code)]
 
+pub mod acceptance;
 pub mod checks;
 pub mod cli;
 pub mod config_file;

@@ -23,15 +23,44 @@ fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
 
-/// `x @ w`, `w` stored `[in, out]`.
+/// `x @ w`, `w` stored `[in, out]`. Large products split their output columns across
+/// the machine's threads: each column still sums its inputs in the same order, so the
+/// result is bit for bit the one-thread result, whatever the thread count (at DeepSeek-V3
+/// widths the oracle is what bounds a checked GPU run's batch).
 fn matvec(x: &[f64], w: &[f64], out_dim: usize) -> Vec<f64> {
+    matvec_threads(x, w, out_dim, oracle_threads(w.len()))
+}
+
+/// Below this many weights a product runs on one thread (spawning costs more).
+const PARALLEL_MIN_WEIGHTS: usize = 1 << 20;
+
+fn oracle_threads(weights: usize) -> usize {
+    if weights < PARALLEL_MIN_WEIGHTS {
+        return 1;
+    }
+    std::thread::available_parallelism().map_or(1, |n| n.get().min(32))
+}
+
+fn matvec_threads(x: &[f64], w: &[f64], out_dim: usize, threads: usize) -> Vec<f64> {
     debug_assert_eq!(x.len() * out_dim, w.len());
     let mut y = vec![0.0; out_dim];
-    for (xi, row) in x.iter().zip(w.chunks_exact(out_dim)) {
-        for (yo, wo) in y.iter_mut().zip(row) {
-            *yo += xi * wo;
+    let cols = out_dim.div_ceil(threads.max(1)).max(1);
+    let columns = |c0: usize, part: &mut [f64]| {
+        for (xi, row) in x.iter().zip(w.chunks_exact(out_dim)) {
+            for (yo, wo) in part.iter_mut().zip(&row[c0..]) {
+                *yo += xi * wo;
+            }
         }
+    };
+    if threads <= 1 {
+        columns(0, &mut y);
+        return y;
     }
+    std::thread::scope(|s| {
+        for (i, part) in y.chunks_mut(cols).enumerate() {
+            s.spawn(move || columns(i * cols, part));
+        }
+    });
     y
 }
 
@@ -403,6 +432,24 @@ mod tests {
             start += m;
         }
         logits
+    }
+
+    #[test]
+    fn threaded_matvec_is_bit_for_bit_the_serial_one() {
+        let mut rng = ChaCha8Rng::seed_from_u64(7);
+        for (k, n) in [(1, 1), (3, 5), (64, 33), (257, 1000)] {
+            let x: Vec<f64> = (0..k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let w: Vec<f64> = (0..k * n).map(|_| rng.gen_range(-1.0..1.0)).collect();
+            let serial = matvec_threads(&x, &w, n, 1);
+            for threads in [2, 3, 7, 16, 2000] {
+                let par = matvec_threads(&x, &w, n, threads);
+                let same = serial
+                    .iter()
+                    .zip(&par)
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same && par.len() == n, "{k}x{n} on {threads} threads");
+            }
+        }
     }
 
     #[test]

@@ -34,7 +34,7 @@ pub fn trace_header<B: Backend>(
         seed,
         config_json: serde_json::to_string(cfg).expect("configs serialize"),
         faults: cfg.faults.iter().map(|f| f.id().to_string()).collect(),
-        acceptance_rate: s.acceptance_rate,
+        acceptance_rates: s.acceptance_rate.rates().to_vec(),
         trace_tensors: tensors,
         workload: workload
             .iter()

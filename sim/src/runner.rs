@@ -360,7 +360,7 @@ where
         oracle,
         &workload,
         seed,
-        scenario.acceptance_rate,
+        scenario.acceptance_rate.clone(),
         temperature,
     );
     checker.set_tolerances(Tolerances::for_run(

@@ -10,6 +10,8 @@ use specmla_core::grammar::{GrammarState, RequestGrammar, TokenAutomaton};
 use specmla_core::request::RequestSpec;
 use specmla_core::rng::{stream_rng, Stream};
 
+use crate::acceptance::AcceptanceRates;
+
 /// Shape of a scenario's generated workload.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -30,8 +32,8 @@ pub struct Scenario {
     pub description: String,
     pub cfg: EngineConfig,
     pub workload: WorkloadShape,
-    /// Probability that a draft position proposes the oracle's greedy token.
-    pub acceptance_rate: f64,
+    /// Per draft position, the probability that it proposes the oracle's greedy token.
+    pub acceptance_rate: AcceptanceRates,
     /// Stop after this many steps even if requests remain.
     pub max_steps: u64,
     pub check_layouts: bool,
@@ -61,11 +63,8 @@ impl Scenario {
     pub fn validate(&self) -> Result<(), String> {
         let w = &self.workload;
         let unit = |v: f64| v.is_finite() && (0.0..=1.0).contains(&v);
-        if !unit(self.acceptance_rate) {
-            return Err(format!(
-                "acceptance_rate (--acceptance-rate) must be within [0, 1], got {}",
-                self.acceptance_rate
-            ));
+        if let Err(e) = self.acceptance_rate.check() {
+            return Err(format!("acceptance_rate (--acceptance-rate): {e}"));
         }
         if !unit(w.grammar_fraction) {
             return Err(format!(
@@ -163,7 +162,7 @@ pub fn all() -> Vec<Scenario> {
             description: "chunked prefill, mixed batches, MTP K=3, FlashMLA profile".into(),
             cfg: base_config(BackendProfile::FlashMla, mtp.clone()),
             workload: workload(20, (16, 200), (24, 80), 40),
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 2_000,
             check_layouts: true,
             check_drafter_batches: false,
@@ -174,7 +173,7 @@ pub fn all() -> Vec<Scenario> {
                 "SingleOnly profile: every verify row takes the chunked-context prefill path".into(),
             cfg: base_config(BackendProfile::CutlassMla, mtp.clone()),
             workload: workload(14, (16, 160), (24, 64), 30),
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 2_000,
             check_layouts: true,
             check_drafter_batches: false,
@@ -187,7 +186,7 @@ pub fn all() -> Vec<Scenario> {
                 SpecConfig::multi_step(5, DrafterBatch::Padded),
             ),
             workload: workload(14, (16, 120), (24, 72), 30),
-            acceptance_rate: 0.6,
+            acceptance_rate: AcceptanceRates::uniform(0.6),
             max_steps: 2_000,
             check_layouts: false,
             check_drafter_batches: true,
@@ -198,7 +197,7 @@ pub fn all() -> Vec<Scenario> {
                 "K=8 DFlash block drafter, non-causal, requests running up to max_model_len".into(),
             cfg: dflash_cfg,
             workload: workload(10, (16, 100), (200, 200), 20),
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 2_000,
             check_layouts: true,
             check_drafter_batches: false,
@@ -208,7 +207,7 @@ pub fn all() -> Vec<Scenario> {
             description: "uniform-decode graphs: capture sizes, q=0 padding rows, 1+K-token prompts arriving mid-decode".into(),
             cfg: graphs_cfg,
             workload: workload(13, (4, 8), (24, 64), 16),
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 2_000,
             check_layouts: true,
             check_drafter_batches: false,
@@ -218,7 +217,7 @@ pub fn all() -> Vec<Scenario> {
             description: "constrained requests inside mixed batches, extend-first layout".into(),
             cfg: grammar_cfg,
             workload: grammar_load,
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 2_000,
             check_layouts: true,
             check_drafter_batches: false,
@@ -228,7 +227,7 @@ pub fn all() -> Vec<Scenario> {
             description: "a small block pool: preemption by recompute under MTP K=3".into(),
             cfg: tight,
             workload: workload(16, (40, 160), (40, 100), 10),
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 3_000,
             check_layouts: false,
             check_drafter_batches: false,
@@ -238,7 +237,7 @@ pub fn all() -> Vec<Scenario> {
             description: "SingleOnly TritonMLA under a non-causal DFlash drafter, K=1: verify rows on the single-token kernel".into(),
             cfg: triton,
             workload: workload(8, (8, 60), (8, 40), 12),
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 2_000,
             check_layouts: true,
             check_drafter_batches: false,
@@ -248,7 +247,7 @@ pub fn all() -> Vec<Scenario> {
             description: "one data-parallel rank of several (peer at 4 tokens), MTP K=2, idle between requests: dummy steps".into(),
             cfg: dp,
             workload: workload(6, (4, 24), (6, 16), 80),
-            acceptance_rate: 0.7,
+            acceptance_rate: AcceptanceRates::uniform(0.7),
             max_steps: 2_000,
             check_layouts: true,
             check_drafter_batches: false,

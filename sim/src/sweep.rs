@@ -13,9 +13,11 @@ use std::fmt::Write as _;
 
 use specmla_core::config::{BackendProfile, DrafterBatch, SpecConfig};
 
+use crate::acceptance::AcceptanceRates;
 use crate::cost_sink::SimulatedTime;
 use crate::runner::RunSummary;
 use crate::scenarios::Scenario;
+use crate::step_time::StepKindTime;
 
 /// One speculation setting of the grid.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,11 +73,12 @@ pub struct SweepAxes {
     pub profiles: Vec<BackendProfile>,
     pub drafter_batches: Vec<DrafterBatch>,
     pub graphs: Vec<bool>,
-    pub acceptance_rates: Vec<f64>,
+    /// Each a per-position list (`0.9/0.8/0.6`) or one rate for every position.
+    pub acceptance_rates: Vec<AcceptanceRates>,
 }
 
 /// One point of the grid.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct SweepPoint {
     pub batch: usize,
     pub spec: SpecChoice,
@@ -84,7 +87,7 @@ pub struct SweepPoint {
     pub drafter_batch: Option<DrafterBatch>,
     pub graphs: bool,
     /// `None` without speculation (nothing is accepted or rejected).
-    pub acceptance_rate: Option<f64>,
+    pub acceptance_rate: Option<AcceptanceRates>,
 }
 
 fn batch_name(b: DrafterBatch) -> &'static str {
@@ -109,21 +112,21 @@ impl SweepAxes {
                     }
                     _ => vec![None],
                 };
-                let rates: Vec<Option<f64>> = match spec {
+                let rates: Vec<Option<AcceptanceRates>> = match spec {
                     SpecChoice::Off => vec![None],
-                    _ => self.acceptance_rates.iter().map(|&r| Some(r)).collect(),
+                    _ => self.acceptance_rates.iter().cloned().map(Some).collect(),
                 };
                 for &profile in &self.profiles {
                     for &drafter_batch in &modes {
                         for &graphs in &self.graphs {
-                            for &acceptance_rate in &rates {
+                            for acceptance_rate in &rates {
                                 let p = SweepPoint {
                                     batch,
                                     spec,
                                     profile,
                                     drafter_batch,
                                     graphs,
-                                    acceptance_rate,
+                                    acceptance_rate: acceptance_rate.clone(),
                                 };
                                 if seen.insert(p.key()) {
                                     out.push(p);
@@ -163,7 +166,7 @@ pub const KEY_COLUMNS: [&str; 6] = [
     "graphs",
     "acceptance_rate",
 ];
-pub const VALUE_COLUMNS: [&str; 18] = [
+pub const VALUE_COLUMNS: [&str; 22] = [
     "steps",
     "generated_tokens",
     "drafts",
@@ -182,6 +185,10 @@ pub const VALUE_COLUMNS: [&str; 18] = [
     "simulated_gemm_share",
     "simulated_comm_share",
     "simulated_overhead_share",
+    "measured_attention_share",
+    "measured_gemm_share",
+    "measured_graph_share",
+    "measured_host_share",
 ];
 
 /// The CSV header line.
@@ -205,7 +212,8 @@ impl SweepPoint {
             self.drafter_batch.map_or("-", batch_name),
             if self.graphs { "on" } else { "off" },
             self.acceptance_rate
-                .map_or("-".to_string(), |r| format!("{r}")),
+                .as_ref()
+                .map_or("-".to_string(), |r| r.to_string()),
         )
     }
 
@@ -230,37 +238,37 @@ impl SweepPoint {
         s.cfg.spec.temperature = temperature;
         s.cfg.backends = vec![self.profile];
         s.cfg.cuda_graphs = self.graphs;
-        s.acceptance_rate = self.acceptance_rate.unwrap_or(0.0);
+        s.acceptance_rate = self
+            .acceptance_rate
+            .clone()
+            .unwrap_or(AcceptanceRates::uniform(0.0));
         // Padded vs compacted is a sweep axis here, not a second run to compare.
         s.check_drafter_batches = false;
         s
     }
 
-    /// 1 + r + r^2 + ... + r^K: the mean acceptance length if each of the K positions
-    /// is accepted with the controller's rate r, in order (a drafter's own proposal can
-    /// also match where the controller does not force one, so a measured length sits at
-    /// or a little above this).
+    /// 1 + r1 + r1 r2 + ... + r1 ... rK: the mean acceptance length if the K positions
+    /// are accepted with the controller's per-position rates, in order (a drafter's own
+    /// proposal can also match where the controller does not force one, so a measured
+    /// length sits at or a little above this).
     pub fn analytic_acceptance_length(&self) -> Option<f64> {
-        let r = self.acceptance_rate?;
-        Some((0..=self.spec.k()).map(|i| r.powi(i as i32)).sum())
+        let r = self.acceptance_rate.as_ref()?;
+        Some(r.expected_acceptance_length(self.spec.k()))
     }
 
     /// The CSV row of a point whose run failed before it finished (an engine failure):
     /// its checks did not pass, and it measured nothing.
     pub fn failed_row(&self, device: &str) -> String {
-        let empty = ",".repeat(VALUE_COLUMNS.len() - 8);
-        let at = VALUE_COLUMNS
+        let device = csv_field(device);
+        let fields: Vec<&str> = VALUE_COLUMNS
             .iter()
-            .position(|c| *c == "checks_passed")
-            .expect("a column");
-        let mut fields: Vec<&str> = empty.split(',').collect();
-        fields.insert(at, "false");
-        format!(
-            "{},{},{},,,,,,",
-            self.key(),
-            fields.join(","),
-            csv_field(device)
-        )
+            .map(|&c| match c {
+                "checks_passed" => "false",
+                "device" => &device,
+                _ => "",
+            })
+            .collect();
+        format!("{},{}", self.key(), fields.join(","))
     }
 
     /// The CSV row of this point's run, with its simulated time where a cost model
@@ -312,8 +320,27 @@ impl SweepPoint {
             share(|t| t.comm_us),
             share(|t| t.host_us),
         );
+        for share in measured_shares(times) {
+            let _ = write!(row, ",{}", opt(share, 3));
+        }
         row
     }
+}
+
+/// The measured shares of the timed steps' wall time (all kinds, weighted by wall time):
+/// eager attention, eager GEMMs, graph replays (their attention and GEMMs inside), and
+/// the host (what no device work covered). None where the backend times nothing.
+fn measured_shares(kinds: &[StepKindTime]) -> [Option<f64>; 4] {
+    let wall: f64 = kinds.iter().map(|k| k.total_wall_us).sum();
+    let share = |part: fn(&StepKindTime) -> f64| {
+        (wall > 0.0).then(|| kinds.iter().map(|k| part(k) * k.total_wall_us).sum::<f64>() / wall)
+    };
+    [
+        share(|k| k.attention_share),
+        share(|k| k.gemm_share),
+        share(|k| k.graph_share),
+        share(|k| k.host_share),
+    ]
 }
 
 /// vLLM's per-position acceptance rates (`num_accepted_tokens_per_pos[i] / num_drafts`)
@@ -567,7 +594,7 @@ mod tests {
             profiles: vec![BackendProfile::FlashMla, BackendProfile::CutlassMla],
             drafter_batches: vec![DrafterBatch::Padded, DrafterBatch::Compacted],
             graphs: vec![true, false],
-            acceptance_rates: vec![0.5, 0.9],
+            acceptance_rates: vec![AcceptanceRates::uniform(0.5), AcceptanceRates::uniform(0.9)],
         }
     }
 
@@ -616,7 +643,7 @@ mod tests {
             profile: BackendProfile::FlashMla,
             drafter_batch: Some(DrafterBatch::Padded),
             graphs: true,
-            acceptance_rate: Some(0.5),
+            acceptance_rate: Some(AcceptanceRates::uniform(0.5)),
         };
         assert_eq!(p.analytic_acceptance_length(), Some(1.875));
         let off = SweepPoint {
@@ -631,7 +658,7 @@ mod tests {
         let mut csv = csv_header();
         for (key, tps) in rows {
             csv.push_str(&format!(
-                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,"
+                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,,,,,"
             ));
         }
         csv
@@ -673,27 +700,29 @@ mod tests {
 
     #[test]
     fn a_failed_point_has_a_whole_row_that_says_so() {
-        let p = axes().points()[3];
+        let p = axes().points()[3].clone();
         let row = p.failed_row("cpu, f32");
         let csv = format!("{}\n{row}\n", csv_header());
         assert_eq!(done_keys(&csv).unwrap(), vec![p.key()]);
         let f: Vec<&str> = row.split(',').collect();
         assert_eq!(f[KEY_COLUMNS.len() + 6], "false");
-        assert!(row.ends_with(",\"cpu, f32\",,,,,,"), "{row}");
+        assert!(row.ends_with(",\"cpu, f32\",,,,,,,,,,"), "{row}");
+        let csv_fields = row.matches(',').count() + 1 - 1; // the device holds one comma
+        assert_eq!(csv_fields, KEY_COLUMNS.len() + VALUE_COLUMNS.len());
     }
 
     #[test]
     fn repeated_axis_values_are_one_coordinate() {
         let mut a = axes();
         a.batches = vec![8, 8];
-        a.acceptance_rates = vec![0.5, 0.5];
+        a.acceptance_rates = vec![AcceptanceRates::uniform(0.5); 2];
         assert_eq!(a.points().len(), 2 * 2 * (1 + 2 + 1));
     }
 
     #[test]
     fn the_tuner_needs_timed_rows_and_a_baseline() {
         let cpu = format!(
-            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu,,,,,,\n",
+            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu,,,,,,,,,,\n",
             csv_header()
         );
         assert!(tune(&cpu)
@@ -713,7 +742,7 @@ mod tests {
     #[test]
     fn the_tuner_falls_back_to_simulated_throughput() {
         let sim = |key: &str, tps: f64| {
-            format!("\n{key},10,20,5,2.0,2.0,,true,,,,,cpu,3.0,{tps},0.1,0.5,0,0.4")
+            format!("\n{key},10,20,5,2.0,2.0,,true,,,,,cpu,3.0,{tps},0.1,0.5,0,0.4,,,,")
         };
         let csv = format!(
             "{}{}{}",
@@ -743,18 +772,18 @@ mod tests {
     #[test]
     fn resumed_and_merged_csvs_are_read_by_key() {
         let h = csv_header();
-        let values = ",1,2,3,,,,true,,,,,cpu,,,,,,";
+        let values = ",1,2,3,,,,true,,,,,cpu,,,,,,,,,,";
         let a = format!("{h}\n1,off,flashmla,-,on,-{values}\n");
         let b = format!("{h}\n8,off,flashmla,-,on,-{values}\n1,off,flashmla,-,on,-{values}\n");
         assert_eq!(done_keys(&a).unwrap(), vec!["1,off,flashmla,-,on,-"]);
         let merged = merge(&[("a".into(), a.clone()), ("b".into(), b)]).unwrap();
         assert_eq!(merged.lines().count(), 3);
         assert!(merged.lines().nth(1).unwrap().starts_with("1,off"));
-        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu,,,,,,\n");
+        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu,,,,,,,,,,\n");
         let torn = format!("{h}\n1,off,flashmla,-,on,-,9,2\n");
         assert!(done_keys(&torn)
             .unwrap_err()
-            .contains("row 2 has 8 of the 24 columns"));
+            .contains("row 2 has 8 of the 28 columns"));
         let err = merge(&[("a".into(), a), ("c".into(), conflict)]).unwrap_err();
         assert!(err.contains("point 1,off,flashmla,-,on,- has different rows in a and c"));
         assert!(done_keys("batch,spec\n").is_err());

@@ -17,6 +17,7 @@ use specmla_core::invariants::{
     check_dflash, check_drafter_pass, check_grammar_masks, check_plan, Rule, Violation,
 };
 use specmla_core::plan::build_step_plan;
+use specmla_sim::acceptance::AcceptanceRates;
 use specmla_sim::scenarios::{Scenario, WorkloadShape};
 use specmla_tests::run;
 use specmla_tests::{build_batch, engine_config, outcomes_for, validated, RowResult, RowSpec};
@@ -346,7 +347,7 @@ fn tiny_scenario(
             arrival_steps: 1,
             grammar_fraction: 0.0,
         },
-        acceptance_rate: 1.0,
+        acceptance_rate: AcceptanceRates::uniform(1.0),
         max_steps: 500,
         check_layouts: false,
         check_drafter_batches: false,

@@ -13,6 +13,7 @@ use specmla_core::drafter::{DFlashPass, DrafterPass};
 use specmla_core::engine::{Engine, EngineOptions};
 use specmla_core::plan::StepPlan;
 use specmla_cpu::{CpuBackend, CpuBackendError};
+use specmla_sim::acceptance::AcceptanceRates;
 use specmla_sim::checks::{CheckKind, SimChecker};
 use specmla_sim::oracle::Oracle;
 use specmla_sim::scenarios::{self, generate_workload, Scenario, WorkloadShape};
@@ -106,9 +107,9 @@ fn run_with_lie(s: &Scenario, seed: u64, lie: Lie) -> (SimChecker, Option<u64>) 
     let oracle = Arc::new(Oracle::new(&target, cfg.kv_cache_dtype));
     // Acceptance 0: drafts come from the drafter itself, so a drafter lie changes them.
     let rate = if matches!(lie, Lie::PaddedDrafter) {
-        0.0
+        AcceptanceRates::uniform(0.0)
     } else {
-        s.acceptance_rate
+        s.acceptance_rate.clone()
     };
     let mut checker = SimChecker::new(oracle, &workload, seed, rate, 0.0);
     let opts = EngineOptions {
@@ -257,7 +258,7 @@ fn acceptance_rate_controls_acceptance_length() {
     let mut s = small("mixed_mtp", 6);
     let mut lens = Vec::new();
     for rate in [0.0, 0.5, 1.0] {
-        s.acceptance_rate = rate;
+        s.acceptance_rate = AcceptanceRates::uniform(rate);
         let sum = run(&s, 3, |_| {}).unwrap();
         assert!(sum.passed(), "{:?}", sum.failures);
         lens.push(sum.spec_decoding.mean_acceptance_length);
@@ -280,6 +281,41 @@ fn temperature_sampling_runs_with_rejection_sampling() {
     assert!(sum.stats.accepted_drafts > 0);
 }
 
+/// Per-position rates: draft i is forced with the i-th rate (given the drafts before it),
+/// so vLLM's per-position rate (accepted at i over rows drafted) is the product of the
+/// rates up to i, and the mean acceptance length is 1 plus their sum (the issue's analytic
+/// expectation), give or take the drafter's own lucky matches.
+#[test]
+fn per_position_rates_control_each_position() {
+    let mut s = small("mixed_mtp", 24);
+    let rates = [0.9, 0.5, 0.2];
+    s.acceptance_rate = AcceptanceRates::per_position(rates.to_vec()).unwrap();
+    assert_eq!(
+        s.cfg.spec.num_speculative_tokens, 3,
+        "the scenario drafts three positions"
+    );
+    let sum = run(&s, 9, |_| {}).unwrap();
+    assert!(sum.passed(), "{:?}", sum.failures);
+    let m = &sum.spec_decoding;
+    let mut reach = 1.0;
+    for (i, r) in rates.iter().enumerate() {
+        reach *= r;
+        let got = m.per_position_acceptance_rate[i];
+        assert!(
+            (got - reach).abs() < 0.08,
+            "position {}: accepted at {got}, expected about {reach}",
+            i + 1
+        );
+    }
+    let expected = s.acceptance_rate.expected_acceptance_length(3);
+    assert!((expected - 2.44).abs() < 1e-12);
+    let got = m.mean_acceptance_length;
+    assert!(
+        (got - expected).abs() < 0.15,
+        "mean acceptance length {got}, expected about {expected}"
+    );
+}
+
 /// Postmortem (issue 22, defect 4): under temperature > 0 the acceptance rate did
 /// nothing (4 of 3,153 drafts accepted at rate 0.7). A forced draft is now a draw from
 /// the oracle's distribution, verified as the target's own, so the per-position
@@ -291,7 +327,7 @@ fn acceptance_rate_controls_acceptance_under_temperature() {
     let mut s = small("mixed_mtp", 16);
     s.cfg.spec.temperature = 0.7;
     for rate in [0.0, 0.5, 0.9] {
-        s.acceptance_rate = rate;
+        s.acceptance_rate = AcceptanceRates::uniform(rate);
         let sum = run(&s, 5, |_| {}).unwrap();
         assert!(sum.passed(), "{:?}", sum.failures);
         let m = &sum.spec_decoding;
@@ -361,7 +397,7 @@ prop_compose! {
             description: "proptest".into(),
             cfg,
             workload: WorkloadShape { num_requests: requests, prompt_len: (1, 60.min(max_len - 1)), max_new_tokens: (1, 40), arrival_steps: 6, grammar_fraction: 0.3 },
-            acceptance_rate: rate,
+            acceptance_rate: AcceptanceRates::uniform(rate),
             max_steps: 5_000,
             check_layouts: true,
             check_drafter_batches: true,

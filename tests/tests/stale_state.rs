@@ -8,6 +8,7 @@ mod common;
 use common::shrunk;
 use specmla_core::config::*;
 use specmla_core::fault::{Fault, Faults};
+use specmla_sim::acceptance::AcceptanceRates;
 use specmla_sim::runner::RunSummary;
 use specmla_sim::scenarios::{self, Scenario, WorkloadShape};
 use specmla_tests::{engine_config, run, validated};
@@ -41,7 +42,7 @@ fn scenario(profile: BackendProfile, spec: SpecConfig, fault: Option<Fault>, c: 
             arrival_steps: spread,
             grammar_fraction: 0.0,
         },
-        acceptance_rate: 1.0,
+        acceptance_rate: AcceptanceRates::uniform(1.0),
         max_steps: 500,
         check_layouts: false,
         check_drafter_batches: false,

@@ -17,7 +17,7 @@ use crate::types::TraceHeader;
 /// First 8 bytes of every trace file.
 pub const MAGIC: [u8; 8] = *b"SPECMLA\0";
 /// Version of the byte layout and of every type in [`crate::types`].
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 /// Largest payload a block may declare (256 MiB); larger lengths are corruption.
 pub const MAX_BLOCK_BYTES: u32 = 256 << 20;
 /// Tag byte of a record block.

@@ -40,7 +40,7 @@ fn record_after_valid_header(payload: &[u8]) -> Vec<u8> {
         seed: 0,
         config_json: String::new(),
         faults: Vec::new(),
-        acceptance_rate: 0.0,
+        acceptance_rates: vec![0.0],
         trace_tensors: false,
         workload: Vec::new(),
         backend: String::new(),

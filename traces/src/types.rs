@@ -22,8 +22,8 @@ pub struct TraceHeader {
     pub config_json: String,
     /// Fault switch ids that were on while recording, e.g. `["F1"]`.
     pub faults: Vec<String>,
-    /// Controlled acceptance rate of the drafter.
-    pub acceptance_rate: f64,
+    /// The acceptance controller's rate per draft position (the last repeats).
+    pub acceptance_rates: Vec<f64>,
     /// Whether records carry full per-layer attention outputs in [`StepRecord::tensors`].
     pub trace_tensors: bool,
     /// The requests of the run, in submission order.

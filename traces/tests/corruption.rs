@@ -159,7 +159,7 @@ fn a_version_1_trace_without_a_backend_is_refused_by_version() {
         seed: h.seed,
         config_json: h.config_json,
         faults: h.faults,
-        acceptance_rate: h.acceptance_rate,
+        acceptance_rate: h.acceptance_rates[0],
         trace_tensors: h.trace_tensors,
         workload: h.workload,
     };

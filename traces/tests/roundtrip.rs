@@ -70,10 +70,10 @@ fn exact_float_bits_survive_including_nan_payloads() {
         logits: floats,
     });
     let mut h = sample_header();
-    h.acceptance_rate = f64::from_bits(0x7ff8_0000_0000_0042);
+    h.acceptance_rates = vec![0.5, f64::from_bits(0x7ff8_0000_0000_0042)];
     let (bytes, _) = encode(&h, &[rec]);
     let (h2, r2, _) = read_all_from(&bytes[..], None).unwrap();
-    assert_eq!(h2.acceptance_rate.to_bits(), 0x7ff8_0000_0000_0042);
+    assert_eq!(h2.acceptance_rates[1].to_bits(), 0x7ff8_0000_0000_0042);
     let t = r2[0].tensors.as_ref().unwrap();
     let bits_of = |xs: &[f32]| xs.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     assert_eq!(bits_of(&t.attn_outputs[0]), bits);

@@ -17,6 +17,10 @@ pub struct Sample {
     #[serde(default)]
     pub ctas: f64,
     pub us: f64,
+    /// A GEMM sample's `[m, k, n]`: the shapes the calibration timed are priced from
+    /// their own samples ([`super::KernelClass::gemm_table_us`]), not the fit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gemm_mkn: Option<[usize; 3]>,
 }
 
 /// A fitted additive roofline.
@@ -175,6 +179,7 @@ mod tests {
             flops,
             ctas: 0.0,
             us,
+            gemm_mkn: None,
         }
     }
 

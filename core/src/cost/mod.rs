@@ -47,6 +47,39 @@ impl KernelClass {
     pub fn fit_errors(&self) -> (f64, f64) {
         fit::median_and_max_abs(&self.fit.rel_errors(&self.samples))
     }
+
+    /// The time of a GEMM `[m, k] x [k, n]` from the samples timed at the same `(k, n)`,
+    /// piecewise linear in M between them (a pinned algorithm's time is flat in M while
+    /// its tiles fit one wave, then grows with the waves, which one additive fit cannot
+    /// follow across shapes: it misses narrow GEMMs by 40%). Below the smallest M timed,
+    /// that M's time; above the largest, its time scaled by the fit's ratio. `None` where
+    /// the calibration did not time the shape: the caller falls back on the fit.
+    pub fn gemm_table_us(&self, m: usize, k: usize, n: usize) -> Option<f64> {
+        let mut pts: Vec<(usize, f64)> = self
+            .samples
+            .iter()
+            .filter_map(|s| match s.gemm_mkn {
+                Some([sm, sk, sn]) if sk == k && sn == n => Some((sm, s.us)),
+                _ => None,
+            })
+            .collect();
+        pts.sort_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+        pts.dedup_by_key(|p| p.0);
+        let (&(m0, t0), &(m1, t1)) = (pts.first()?, pts.last()?);
+        if m <= m0 {
+            return Some(t0);
+        }
+        if m >= m1 {
+            let fit_at = |m: usize| {
+                let (b, f, u) = step::gemm_size(m, k, n, 1);
+                self.fit.us(b, f, u)
+            };
+            return Some(t1 * fit_at(m) / fit_at(m1));
+        }
+        let i = pts.partition_point(|p| p.0 <= m);
+        let ((ma, ta), (mb, tb)) = (pts[i - 1], pts[i]);
+        Some(ta + (tb - ta) * (m - ma) as f64 / (mb - ma) as f64)
+    }
 }
 
 /// A kernel class measured at one head count.

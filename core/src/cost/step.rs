@@ -105,7 +105,8 @@ impl Pricer<'_> {
     fn gemm(&mut self, m: usize, k: usize, n: usize) {
         if m > 0 && n > 0 {
             let (b, f, u) = gemm_size(m, k, n, 1);
-            self.cost.gemm_us += self.c.gemm.fit.us(b, f, u);
+            self.cost.gemm_us +=
+                (self.c.gemm.gemm_table_us(m, k, n)).unwrap_or_else(|| self.c.gemm.fit.us(b, f, u));
             self.convert(m * k);
         }
     }

@@ -13,6 +13,7 @@ pub fn calibration() -> Calibration {
                     flops: f,
                     ctas: 0.0,
                     us: scale * (3.0 + b * 1e-9 * 300.0 + f * 1e-12 * 1500.0),
+                    gemm_mkn: None,
                 }
             })
             .collect();
@@ -168,4 +169,40 @@ fn classes_by_the_nearest_head_count() {
     assert_eq!(at(64), at(128));
     assert_eq!(at(32), at(128)); // equal ratios: the larger count
     assert!(at(128) > at(8));
+}
+
+/// A timed GEMM shape is priced from its own samples: exact at a timed M, linear between
+/// two, the smallest M's time below them, the fit's growth above them; an untimed
+/// shape has no table price (the fit prices it).
+#[test]
+fn gemm_table_interpolates_the_timed_shapes() {
+    let timed = [(1, 20.0), (128, 20.0), (512, 60.0), (2048, 200.0)];
+    let samples: Vec<Sample> = timed
+        .iter()
+        .map(|&(m, us)| {
+            let (bytes, flops, ctas) = step::gemm_size(m, 7168, 576, 1);
+            Sample {
+                label: format!("gemm M {m}"),
+                bytes,
+                flops,
+                ctas,
+                us,
+                gemm_mkn: Some([m, 7168, 576]),
+            }
+        })
+        .collect();
+    let class = KernelClass::fitted(samples).unwrap();
+    let at = |m| class.gemm_table_us(m, 7168, 576).unwrap();
+    assert_eq!(at(128), 20.0);
+    assert_eq!(at(64), 20.0);
+    assert_eq!(at(320), 40.0);
+    assert_eq!(at(1280), 130.0);
+    let fit = |m| {
+        let (b, f, u) = step::gemm_size(m, 7168, 576, 1);
+        class.fit.us(b, f, u)
+    };
+    assert!((at(8192) - 200.0 * fit(8192) / fit(2048)).abs() < 1e-9);
+    assert!(at(8192) > 200.0);
+    assert_eq!(class.gemm_table_us(64, 7168, 1536), None);
+    assert_eq!(class.gemm_table_us(64, 576, 7168), None);
 }

@@ -107,6 +107,7 @@ fn decode_samples(
                         flops,
                         ctas,
                         us: m.time_us,
+                        gemm_mkn: None,
                     });
                 }
             }
@@ -176,6 +177,7 @@ fn prefill_samples(
             flops,
             ctas: 0.0,
             us,
+            gemm_mkn: None,
         });
     }
     Ok(out)
@@ -203,7 +205,7 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
     let ms: &[usize] = if quick {
         &[1, 64, 1024]
     } else {
-        &[1, 8, 32, 128, 512, 2048]
+        &[1, 8, 32, 128, 512, 2048, 8192]
     };
     let mut out = Vec::new();
     for (kd, n) in GEMM_SHAPES {
@@ -224,6 +226,7 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
                 flops,
                 ctas,
                 us,
+                gemm_mkn: Some([m, kd, n]),
             });
         }
     }
@@ -252,6 +255,7 @@ fn convert_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Samp
             flops: 0.0,
             ctas: 0.0,
             us,
+            gemm_mkn: None,
         });
     }
     Ok(out)

@@ -17,6 +17,7 @@ use anyhow::Context;
 use specmla_core::backend::Backend;
 use specmla_core::config::EngineConfig;
 use specmla_cpu::cpu_backend;
+use specmla_sim::acceptance::AcceptanceRates;
 use specmla_sim::cli::{count, whole};
 use specmla_sim::config_file::RunConfig;
 use specmla_sim::model::{DrafterModel, TargetModel};
@@ -174,9 +175,10 @@ pub struct RunArgs {
     /// what the invariance costs (`--backend gpu` on the bf16 path only).
     #[arg(long, value_enum)]
     pub gemm: Option<GemmArg>,
-    /// Probability that a draft position proposes the oracle's greedy token.
+    /// Probability that a draft position proposes the oracle's greedy token: one rate
+    /// (0.7), or one per draft position (0.9/0.8/0.6; the last repeats).
     #[arg(long)]
-    pub acceptance_rate: Option<f64>,
+    pub acceptance_rate: Option<String>,
     /// Drafter batch mode.
     #[arg(long, value_enum)]
     pub drafter_batch: Option<DrafterBatchArg>,
@@ -388,8 +390,10 @@ fn apply_flags(a: &RunArgs, s: &mut Scenario) -> Result<()> {
         s.cfg.max_splits = n;
     }
     // Checked with every other setting on the merged scenario (`Scenario::validate`).
-    if let Some(r) = a.acceptance_rate {
-        s.acceptance_rate = r;
+    if let Some(r) = &a.acceptance_rate {
+        s.acceptance_rate = r
+            .parse::<AcceptanceRates>()
+            .map_err(|e| anyhow::anyhow!("--acceptance-rate: {e}"))?;
     }
     if let Some(d) = a.drafter_batch {
         s.cfg.spec.drafter_batch = match d {

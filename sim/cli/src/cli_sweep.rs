@@ -12,6 +12,7 @@ use clap::Args;
 use specmla_core::backend::Backend;
 use specmla_core::config::{BackendProfile, DrafterBatch};
 use specmla_cpu::cpu_backend;
+use specmla_sim::acceptance::AcceptanceRates;
 use specmla_sim::progress::{install_interrupt_handler, interrupted, progress_secs, Progress};
 use specmla_sim::runner::run_with;
 use specmla_sim::scenarios::Scenario;
@@ -41,10 +42,11 @@ pub struct SweepArgs {
     /// CUDA graphs: on, off.
     #[arg(long = "graphs", value_delimiter = ',', default_values = ["on"])]
     pub graphs: Vec<String>,
-    /// Acceptance rates of the controller (each draft position's chance of proposing
-    /// the oracle's token).
-    #[arg(long = "acceptance", value_delimiter = ',', default_values_t = [0.7])]
-    pub acceptance_rates: Vec<f64>,
+    /// Acceptance rates of the controller (a draft position's chance of proposing the
+    /// oracle's token), comma-separated; each one rate (0.7) or one per draft position
+    /// (0.9/0.8/0.6; the last repeats).
+    #[arg(long = "acceptance", value_delimiter = ',', default_values = ["0.7"])]
+    pub acceptance_rates: Vec<String>,
     /// The CSV the rows are appended to (created with its header).
     #[arg(long, default_value = "sweep.csv")]
     pub out: PathBuf,
@@ -141,13 +143,6 @@ fn axes(a: &SweepArgs, base: &Scenario) -> Result<SweepAxes> {
             _ => bail!("--graphs: expected on or off, got {g:?}"),
         })
         .collect::<Result<Vec<_>>>()?;
-    if let Some(r) = a
-        .acceptance_rates
-        .iter()
-        .find(|r| !(0.0..=1.0).contains(*r))
-    {
-        bail!("--acceptance: a rate must be within [0, 1], got {r}");
-    }
     if let Some(b) = a.batches.iter().find(|&&b| b == 0 || b > 100_000) {
         bail!("--batch: a batch must be from 1 to 100000 requests, got {b}");
     }
@@ -157,7 +152,12 @@ fn axes(a: &SweepArgs, base: &Scenario) -> Result<SweepAxes> {
         profiles,
         drafter_batches,
         graphs,
-        acceptance_rates: a.acceptance_rates.clone(),
+        acceptance_rates: a
+            .acceptance_rates
+            .iter()
+            .map(|r| r.parse::<AcceptanceRates>())
+            .collect::<std::result::Result<_, _>>()
+            .map_err(|e| anyhow::anyhow!("--acceptance: {e}"))?,
     })
 }
 

@@ -147,7 +147,7 @@ fn bad_grids_are_one_line_and_exit_2() {
         (vec!["--spec", "eagle"], "unknown spec setting"),
         (
             vec!["--acceptance", "1.5"],
-            "--acceptance: a rate must be within [0, 1]",
+            "--acceptance: an acceptance rate must be within [0, 1], got 1.5",
         ),
         (vec!["--graphs", "maybe"], "--graphs: expected on or off"),
         (vec!["--profiles", "nope"], "--profiles: unknown profile"),
@@ -205,8 +205,9 @@ fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("no row has tokens_per_s"));
     let timed = d.join("timed.csv");
-    let row =
-        |key: &str, tps: f64| format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,\n");
+    let row = |key: &str, tps: f64| {
+        format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,,,,,\n")
+    };
     let text = format!(
         "{header}\n{}{}{}{}{}{}",
         row("1,off,flashmla,-,on,-", 100.0),

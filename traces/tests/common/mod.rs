@@ -18,7 +18,7 @@ pub fn sample_header() -> TraceHeader {
         seed: 7,
         config_json: r#"{"k":3,"page":16}"#.into(),
         faults: vec!["F1".into()],
-        acceptance_rate: 0.75,
+        acceptance_rates: vec![0.75],
         trace_tensors: true,
         workload: vec![TraceRequest {
             id: 0,
@@ -234,7 +234,7 @@ pub fn header() -> impl Strategy<Value = TraceHeader> {
                     seed,
                     config_json,
                     faults,
-                    acceptance_rate: rate,
+                    acceptance_rates: vec![rate],
                     trace_tensors: tensors,
                     workload,
                     backend,
