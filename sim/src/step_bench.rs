@@ -43,7 +43,11 @@ impl VerifyBench {
     /// the whole batch.
     pub fn config(&self, model: ModelDims) -> EngineConfig {
         let k = self.num_spec_tokens;
-        let spec = SpecConfig::multi_step(k, DrafterBatch::Padded);
+        // K 0: plain decode steps, which a fit of the per-pass cost needs beside K >= 1.
+        let spec = match k {
+            0 => SpecConfig::off(),
+            _ => SpecConfig::multi_step(k, DrafterBatch::Padded),
+        };
         let mut cfg = EngineConfig::tiny(BackendProfile::FlashMla, spec);
         cfg.model = model;
         cfg.kv_cache_dtype = KvCacheDtype::Bf16;
@@ -159,18 +163,22 @@ mod tests {
     /// invariants, and reports no times (the CPU backend does not time itself).
     #[test]
     fn runs_on_the_cpu_backend() {
-        let b = VerifyBench {
-            rows: 3,
-            context_tokens: 40,
-            decode_steps: 4,
-            num_spec_tokens: 2,
-            cuda_graphs: true,
-            prefill_chunk_tokens: Some(16),
-        };
-        let cfg = b.config(ModelDims::tiny());
-        let make = |cfg: &EngineConfig, t, d| specmla_cpu::cpu_backend(cfg, t, d);
-        let models = crate::runner::models(&cfg, 7);
-        let times = b.run(&make, &cfg, models).expect("the bench runs");
-        assert!(times.summary().is_empty());
+        // K 0 (plain decode, what the calibration's per-pass fit stands on) and K 2.
+        for k in [0, 2] {
+            let b = VerifyBench {
+                rows: 3,
+                context_tokens: 40,
+                decode_steps: 4,
+                num_spec_tokens: k,
+                cuda_graphs: true,
+                prefill_chunk_tokens: Some(16),
+            };
+            let cfg = b.config(ModelDims::tiny());
+            assert_eq!(cfg.spec.num_speculative_tokens, k);
+            let make = |cfg: &EngineConfig, t, d| specmla_cpu::cpu_backend(cfg, t, d);
+            let models = crate::runner::models(&cfg, 7);
+            let times = b.run(&make, &cfg, models).expect("the bench runs");
+            assert!(times.summary().is_empty());
+        }
     }
 }

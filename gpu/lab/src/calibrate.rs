@@ -271,8 +271,14 @@ fn overhead_samples(
 ) -> Result<Vec<OverheadSample>, String> {
     // (layers, K, graphs, rows)
     let configs: &[(usize, usize, bool, usize)] = match quick {
-        true => &[(2, 1, true, 8), (2, 3, true, 32), (2, 1, false, 8)],
+        true => &[(2, 0, true, 8), (2, 1, true, 8), (2, 3, true, 32), (2, 1, false, 8)],
+        // Without K 0 the per-step and per-pass terms trade off freely: a calibration
+        // without them over-priced plain decode steps by 24-29%.
         false => &[
+            (1, 0, true, 8),
+            (2, 0, true, 8),
+            (2, 0, true, 32),
+            (2, 0, false, 8),
             (1, 1, true, 8),
             (1, 3, true, 8),
             (2, 1, true, 8),
@@ -477,6 +483,7 @@ pub fn validate(
         true => &[(32, 1024, 2, true, None), (16, 1024, 2, true, Some(512))],
         false => &[
             (1, 1024, 2, true, None),
+            (4, 1024, 0, true, None),
             (32, 1024, 2, true, None),
             (64, 4096, 2, true, None),
             (16, 2048, 3, false, None),
