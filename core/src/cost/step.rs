@@ -79,9 +79,9 @@ pub fn decode_size(heads: usize, rows: &[(usize, usize, usize)]) -> (f64, f64, f
 
 /// The bytes and flops of one prefill launch over rows of `(queries, keys)` at `heads`
 /// (query and key width 192, value width 128); `causal` counts the lower triangle.
-pub fn prefill_size(heads: usize, rows: &[(usize, usize)], causal: bool) -> (f64, f64) {
+pub fn prefill_size(heads: usize, rows: &[(usize, usize)], causal: bool) -> (f64, f64, f64) {
     let h = heads as f64;
-    rows.iter().fold((0.0, 0.0), |(b, f), &(m, n)| {
+    let (bytes, flops) = rows.iter().fold((0.0, 0.0), |(b, f), &(m, n)| {
         let (mf, nf) = (m as f64, n as f64);
         let pairs = match causal {
             true => mf * (mf + 1.0) / 2.0 + mf * (nf - mf).max(0.0),
@@ -91,7 +91,32 @@ pub fn prefill_size(heads: usize, rows: &[(usize, usize)], causal: bool) -> (f64
             b + (mf * 192.0 + nf * (192.0 + 128.0) + mf * 128.0) * h * BF16,
             f + 2.0 * h * pairs * (192.0 + 128.0),
         )
-    })
+    });
+    (bytes, flops, prefill_units(heads, rows, causal))
+}
+
+/// Query rows of a prefill CTA and keys of one step of its loop.
+const PREFILL_TILE_ROWS: usize = 64;
+const PREFILL_TILE_KEYS: usize = 128;
+
+/// The serial work of one prefill launch over `rows`: its waves of CTAs (one per query
+/// tile, head and row, padded to the longest row's tiles as the grid is) over the SMs,
+/// times the key tiles a CTA walks (the longest row's; half the triangle when causal).
+/// A CTA walks its keys one tile after another, so a single row of 64 queries over 8k
+/// keys takes 4x what its flops and bytes say (H100, `flash_prefill_tma`, 8 heads).
+fn prefill_units(heads: usize, rows: &[(usize, usize)], causal: bool) -> f64 {
+    let max_q = rows.iter().map(|r| r.0).max().unwrap_or(0);
+    let max_steps = rows
+        .iter()
+        .map(|&(m, n)| match causal {
+            true => n.saturating_sub(m / 2),
+            false => n,
+        })
+        .max()
+        .unwrap_or(0)
+        .div_ceil(PREFILL_TILE_KEYS);
+    let ctas = max_q.div_ceil(PREFILL_TILE_ROWS) * heads * rows.len();
+    (ctas.div_ceil(GEMM_WAVE_CTAS) * max_steps) as f64
 }
 
 /// Prices launches on one calibration and target.
@@ -131,8 +156,8 @@ impl Pricer<'_> {
     fn prefill(&mut self, rows: &[(usize, usize)], causal: bool) {
         if rows.iter().any(|r| r.0 > 0 && r.1 > 0) {
             let heads = self.t.rank_dims.num_heads;
-            let (b, f) = prefill_size(heads, rows, causal);
-            self.cost.attention_us += nearest_heads(&self.c.prefill, heads).fit.us(b, f, 0.0);
+            let (b, f, u) = prefill_size(heads, rows, causal);
+            self.cost.attention_us += nearest_heads(&self.c.prefill, heads).fit.us(b, f, u);
         }
     }
 

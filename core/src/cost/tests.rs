@@ -121,12 +121,19 @@ fn sizes_count_what_the_kernels_move_and_compute() {
     assert_eq!(c1, 3.0);
     assert_eq!(decode_size(8, &[(48, 100, 2), (1, 5, 1)]).2, 13.0);
     // Causal over m new tokens: the lower triangle; with context, every context key.
-    let (_, causal) = prefill_size(1, &[(4, 4)], true);
+    let (_, causal, _) = prefill_size(1, &[(4, 4)], true);
     assert_eq!(causal, 2.0 * 10.0 * 320.0);
-    let (_, with_ctx) = prefill_size(1, &[(4, 10)], true);
+    let (_, with_ctx, _) = prefill_size(1, &[(4, 10)], true);
     assert_eq!(with_ctx, 2.0 * (10.0 + 24.0) * 320.0);
-    let (_, full) = prefill_size(2, &[(3, 5)], false);
+    let (_, full, _) = prefill_size(2, &[(3, 5)], false);
     assert_eq!(full, 2.0 * 2.0 * 15.0 * 320.0);
+    // Work units: waves of (query tiles x heads x rows) CTAs over 132 SMs, times the key
+    // tiles of the longest row (half the triangle when causal).
+    assert_eq!(prefill_size(8, &[(64, 8192)], false).2, 64.0);
+    assert_eq!(prefill_size(8, &[(16, 2048)], false).2, 16.0);
+    assert_eq!(prefill_size(8, &[(64, 2048); 64], false).2, 4.0 * 16.0);
+    assert_eq!(prefill_size(8, &[(512, 512)], true).2, 2.0);
+    assert_eq!(prefill_size(8, &[(48, 48), (16, 4096)], false).2, 32.0);
 }
 
 #[test]

@@ -132,6 +132,7 @@ fn prefill_samples(
         (1, 4096),
         (8, 256),
         (16, 512),
+        (64, 48),
     ];
     let non_causal = [
         (1, 16, 2048),
@@ -142,6 +143,8 @@ fn prefill_samples(
         (1, 512, 2048),
         (16, 512, 1024),
         (16, 512, 4096),
+        (32, 16, 1024),
+        (64, 48, 4096),
     ];
     let mut cases: Vec<PrefillCase> = causal
         .iter()
@@ -166,7 +169,7 @@ fn prefill_samples(
         let ms = bench_flash_prefill(dev, k, &fk, c, if quick { 5 } else { 10 })?;
         let us = ms.iter().map(|m| m.time_us).fold(f64::INFINITY, f64::min);
         let rows = vec![(c.q_len, c.k_len); c.batch];
-        let (bytes, flops) = prefill_size(c.heads, &rows, c.causal);
+        let (bytes, flops, units) = prefill_size(c.heads, &rows, c.causal);
         let kind = if c.causal { "causal" } else { "non-causal" };
         out.push(Sample {
             label: format!(
@@ -175,7 +178,7 @@ fn prefill_samples(
             ),
             bytes,
             flops,
-            ctas: 0.0,
+            ctas: units,
             us,
             gemm_mkn: None,
         });
@@ -205,7 +208,7 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
     let ms: &[usize] = if quick {
         &[1, 64, 1024]
     } else {
-        &[1, 8, 32, 128, 512, 2048, 8192]
+        &[1, 8, 32, 128, 512, 2048, 8192, 32768]
     };
     let mut out = Vec::new();
     for (kd, n) in GEMM_SHAPES {
