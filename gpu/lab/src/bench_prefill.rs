@@ -9,7 +9,7 @@ use std::sync::Arc;
 use cudarc::cublas::{CudaBlas, Gemm, GemmConfig};
 use half::bf16;
 
-use crate::bench::{time_interleaved_us, time_us, BenchShape, DecodeInputs, Measurement};
+use crate::bench::{time_interleaved_us, time_us, BenchShape, DecodeInputs, L2Scrub, Measurement};
 use crate::checks_prefill::start_locs;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
@@ -103,6 +103,7 @@ pub fn bench_flash_prefill(
     fk: &FlashKernels,
     c: PrefillCase,
     reps: usize,
+    scrub: Option<&L2Scrub>,
 ) -> Result<Vec<Measurement>, GpuError> {
     let (tq, tk) = (c.batch * c.q_len, c.batch * c.k_len);
     let bf16 = |n: usize, seed: u32, what: &str| -> Result<Buf<u16>, GpuError> {
@@ -160,7 +161,7 @@ pub fn bench_flash_prefill(
         .collect();
     let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =
         runs.iter_mut().map(|r| &mut **r as _).collect();
-    let times = time_interleaved_us(dev, 2, reps, None, &mut refs)?;
+    let times = time_interleaved_us(dev, 2, reps, scrub, &mut refs)?;
     let mode = |t: PrefillTile| {
         let (_, causal, noncausal) = MODES.iter().find(|m| m.0 == t).expect("every variant");
         if c.causal {

@@ -30,7 +30,9 @@ use specmla_gpu::ops::{FlashKernels, Gemm, GemmAlgo, GemmShape, Kernels};
 use specmla_gpu::{GpuBackend, GpuDevice};
 use specmla_sim::step_bench::VerifyBench;
 
-use crate::bench::{bench_flash, time_us, BenchShape, DecodeInputs, FlashVariant, L2Scrub};
+use crate::bench::{
+    bench_flash, time_interleaved_us, BenchShape, DecodeInputs, FlashVariant, L2Scrub,
+};
 use crate::bench_prefill::{bench_flash_prefill, PrefillCase};
 
 /// The all-reduce line of every calibration: one GPU cannot measure it.
@@ -121,6 +123,7 @@ fn decode_samples(
 fn prefill_samples(
     dev: &GpuDevice,
     k: &Kernels,
+    scrub: &L2Scrub,
     h: usize,
     quick: bool,
 ) -> Result<Vec<Sample>, GpuError> {
@@ -166,7 +169,7 @@ fn prefill_samples(
     let mut out = Vec::new();
     for c in cases {
         // The engine's kernel is the fastest tile at every shape measured (BENCHMARKS.md).
-        let ms = bench_flash_prefill(dev, k, &fk, c, if quick { 5 } else { 10 })?;
+        let ms = bench_flash_prefill(dev, k, &fk, c, if quick { 5 } else { 10 }, Some(scrub))?;
         let us = ms.iter().map(|m| m.time_us).fold(f64::INFINITY, f64::min);
         let rows = vec![(c.q_len, c.k_len); c.batch];
         let (bytes, flops, units) = prefill_size(c.heads, &rows, c.causal);
@@ -203,7 +206,12 @@ const GEMM_SHAPES: [(usize, usize); 12] = [
     (512, 32768),
 ];
 
-fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+fn gemm_samples(
+    dev: &GpuDevice,
+    k: &Kernels,
+    scrub: &L2Scrub,
+    quick: bool,
+) -> Result<Vec<Sample>, GpuError> {
     let gemm = Gemm::new(dev, GemmAlgo::Invariant)?;
     let ms: &[usize] = if quick {
         &[1, 64, 1024]
@@ -219,9 +227,9 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
             k.fill_bf16_hash(dev, x.ptr(), x.len(), 6)?;
             let y = Buf::<f32>::uninit(dev, m * n, "calibration output")?;
             let shape = GemmShape::linear(m, kd, n, kd);
-            let us = time_us(dev, 3, if quick { 5 } else { 20 }, || {
-                gemm.run(dev, shape, w.ptr(), x.ptr(), y.ptr(), false)
-            })?;
+            let mut run = || gemm.run(dev, shape, w.ptr(), x.ptr(), y.ptr(), false);
+            let reps = if quick { 5 } else { 20 };
+            let us = time_interleaved_us(dev, 3, reps, Some(scrub), &mut [&mut run])?[0];
             let (bytes, flops, ctas) = gemm_size(m, kd, n, 1);
             out.push(Sample {
                 label: format!("gemm M {m} K {kd} N {n}"),
@@ -238,7 +246,12 @@ fn gemm_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>
 
 /// The f32-to-bf16 conversion of GEMM inputs, over sizes from one token's hidden state to
 /// thousands of tokens'.
-fn convert_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Sample>, GpuError> {
+fn convert_samples(
+    dev: &GpuDevice,
+    k: &Kernels,
+    scrub: &L2Scrub,
+    quick: bool,
+) -> Result<Vec<Sample>, GpuError> {
     let sizes: &[usize] = if quick {
         &[7168, 1 << 20, 1 << 24]
     } else {
@@ -249,9 +262,9 @@ fn convert_samples(dev: &GpuDevice, k: &Kernels, quick: bool) -> Result<Vec<Samp
         let x = Buf::<f32>::uninit(dev, n, "calibration f32 input")?;
         k.fill(dev, x.ptr(), 0.5, n)?;
         let y = Buf::<u16>::uninit(dev, n, "calibration bf16 output")?;
-        let us = time_us(dev, 3, if quick { 5 } else { 20 }, || {
-            k.to_bf16(dev, x.ptr(), y.ptr(), n)
-        })?;
+        let mut run = || k.to_bf16(dev, x.ptr(), y.ptr(), n);
+        let reps = if quick { 5 } else { 20 };
+        let us = time_interleaved_us(dev, 3, reps, Some(scrub), &mut [&mut run])?[0];
         out.push(Sample {
             label: format!("to_bf16 of {n} values"),
             bytes: n as f64 * 6.0,
@@ -274,7 +287,12 @@ fn overhead_samples(
 ) -> Result<Vec<OverheadSample>, String> {
     // (layers, K, graphs, rows)
     let configs: &[(usize, usize, bool, usize)] = match quick {
-        true => &[(2, 0, true, 8), (2, 1, true, 8), (2, 3, true, 32), (2, 1, false, 8)],
+        true => &[
+            (2, 0, true, 8),
+            (2, 1, true, 8),
+            (2, 3, true, 32),
+            (2, 1, false, 8),
+        ],
         // Without K 0 the per-step and per-pass terms trade off freely: a calibration
         // without them over-priced plain decode steps by 24-29%.
         false => &[
@@ -370,6 +388,11 @@ pub fn calibrate(dev: &Arc<GpuDevice>, quick: bool, commit: &str) -> Result<Cali
         KernelClass::fitted(s.map_err(|e| format!("{what}: {e}"))?)
             .map_err(|e| format!("{what}: {e}"))
     };
+    // Every timed launch starts behind the scrub, with a cold cache (a layer's weights
+    // are not in L2 when its GEMMs run) and a busy device: timed from an idle one, a
+    // launch also counts the host's latency to enqueue it (several us for cuBLASLt),
+    // which a graph replay, and an eager step whose host runs ahead, never pay.
+    let scrub = L2Scrub::new(dev, &k).map_err(|e| e.to_string())?;
     let (mut decode, mut prefill) = (Vec::new(), Vec::new());
     for h in HEADS {
         let class_d = class(decode_samples(dev, &k, h, quick), "decode")?;
@@ -377,14 +400,14 @@ pub fn calibrate(dev: &Arc<GpuDevice>, quick: bool, commit: &str) -> Result<Cali
             heads: h,
             class: class_d,
         });
-        let class_p = class(prefill_samples(dev, &k, h, quick), "prefill")?;
+        let class_p = class(prefill_samples(dev, &k, &scrub, h, quick), "prefill")?;
         prefill.push(HeadsClass {
             heads: h,
             class: class_p,
         });
     }
-    let gemm = class(gemm_samples(dev, &k, quick), "gemm")?;
-    let convert = class(convert_samples(dev, &k, quick), "convert")?;
+    let gemm = class(gemm_samples(dev, &k, &scrub, quick), "gemm")?;
+    let convert = class(convert_samples(dev, &k, &scrub, quick), "convert")?;
     let mut c = Calibration {
         format: CALIBRATION_FORMAT,
         device: dev.name.clone(),

@@ -314,7 +314,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         for heads in or(&cli.heads, &[128, 16]) {
             let cases = PrefillCase::standard(heads).into_iter();
             for case in cases.chain(PrefillCase::sweep(heads)) {
-                for m in bench_flash_prefill(&dev, &k, &fk, case, reps)? {
+                for m in bench_flash_prefill(&dev, &k, &fk, case, reps, None)? {
                     print_row(&m, &c);
                     rows.push(m);
                 }
