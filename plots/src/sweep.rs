@@ -66,7 +66,7 @@ const ACCEPTANCE_LENGTH_COLUMN: &str = "mean_acceptance_length";
 const SHARE_LABELS: [&str; 5] = [
     "attention",
     "GEMMs",
-    "graph replays (measured: their attention and GEMMs)",
+    "graph replays (measured)",
     "all-reduce (simulated)",
     "overhead (host, small kernels)",
 ];
