@@ -21,6 +21,8 @@ pub struct CostSink {
     steps: Vec<(&'static str, StepCost)>,
     /// Per priced step (same order), its measured wall time where the backend timed it.
     measured_us: Vec<Option<f64>>,
+    decode_us: f64,
+    decode_tokens: u64,
 }
 
 /// Per step kind, as the measured step times are reported.
@@ -45,6 +47,10 @@ pub struct SimulatedTime {
     pub gemm_us: f64,
     pub comm_us: f64,
     pub host_us: f64,
+    /// The decode-only steps: their simulated time and the tokens they emitted (1 +
+    /// accepted per row), the steady state that published speedups (TPOT) measure.
+    pub decode_us: f64,
+    pub decode_tokens: u64,
     pub kinds: Vec<SimulatedKind>,
     /// On a backend that times itself: the measured wall time of the same steps, and
     /// the simulated total of the steps it timed (to compare like with like).
@@ -70,6 +76,14 @@ impl SimulatedTime {
             false => 0.0,
         }
     }
+
+    /// Tokens emitted per second of simulated decode-only steps (0 without any).
+    pub fn decode_tokens_per_s(&self) -> f64 {
+        match self.decode_us > 0.0 {
+            true => self.decode_tokens as f64 / (self.decode_us * 1e-6),
+            false => 0.0,
+        }
+    }
 }
 
 impl CostSink {
@@ -79,6 +93,8 @@ impl CostSink {
             target,
             steps: Vec::new(),
             measured_us: Vec::new(),
+            decode_us: 0.0,
+            decode_tokens: 0,
         }
     }
 
@@ -120,6 +136,8 @@ impl CostSink {
             gemm_us: total.gemm_us,
             comm_us: total.comm_us,
             host_us: total.host_us,
+            decode_us: self.decode_us,
+            decode_tokens: self.decode_tokens,
             kinds: kinds
                 .into_iter()
                 .map(|(kind, mut v)| {
@@ -143,8 +161,12 @@ impl StepSink for CostSink {
 
     fn step(&mut self, o: &StepOutcome, _forced: &[(u64, usize, u32)]) -> Result<(), RunError> {
         if let Some(kind) = step_kind(&o.plan) {
-            self.steps
-                .push((kind, step_cost(&self.calibration, &self.target, o)));
+            let cost = step_cost(&self.calibration, &self.target, o);
+            if kind.starts_with("decode-only") {
+                self.decode_us += cost.total_us();
+                self.decode_tokens += o.outcomes.iter().map(|r| r.valid as u64).sum::<u64>();
+            }
+            self.steps.push((kind, cost));
             self.measured_us.push(None);
         }
         Ok(())
@@ -194,6 +216,12 @@ pub fn lines(s: &SimulatedTime, generated_tokens: u64) -> Vec<String> {
             s.steps,
             s.total_us / 1e3,
             s.tokens_per_s(generated_tokens)
+        ),
+        format!(
+            "  decode-only steps: {} tokens in {:.3} ms, {:.1} tokens/s",
+            s.decode_tokens,
+            s.decode_us / 1e3,
+            s.decode_tokens_per_s()
         ),
         format!(
             "  attention {:.0}%, GEMMs {:.0}%, all-reduce {:.0}%, host {:.0}%",

@@ -166,7 +166,7 @@ pub const KEY_COLUMNS: [&str; 6] = [
     "graphs",
     "acceptance_rate",
 ];
-pub const VALUE_COLUMNS: [&str; 22] = [
+pub const VALUE_COLUMNS: [&str; 23] = [
     "steps",
     "generated_tokens",
     "drafts",
@@ -189,6 +189,7 @@ pub const VALUE_COLUMNS: [&str; 22] = [
     "measured_gemm_share",
     "measured_graph_share",
     "measured_host_share",
+    "simulated_decode_tokens_per_s",
 ];
 
 /// The CSV header line.
@@ -323,6 +324,8 @@ impl SweepPoint {
         for share in measured_shares(times) {
             let _ = write!(row, ",{}", opt(share, 3));
         }
+        let decode = simulated.filter(|t| t.decode_us > 0.0);
+        let _ = write!(row, ",{}", opt(decode.map(|t| t.decode_tokens_per_s()), 1));
         row
     }
 }
@@ -658,7 +661,7 @@ mod tests {
         let mut csv = csv_header();
         for (key, tps) in rows {
             csv.push_str(&format!(
-                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,,,,,"
+                "\n{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,,,,,,"
             ));
         }
         csv
@@ -706,7 +709,7 @@ mod tests {
         assert_eq!(done_keys(&csv).unwrap(), vec![p.key()]);
         let f: Vec<&str> = row.split(',').collect();
         assert_eq!(f[KEY_COLUMNS.len() + 6], "false");
-        assert!(row.ends_with(",\"cpu, f32\",,,,,,,,,,"), "{row}");
+        assert!(row.ends_with(",\"cpu, f32\",,,,,,,,,,,"), "{row}");
         let csv_fields = row.matches(',').count() + 1 - 1; // the device holds one comma
         assert_eq!(csv_fields, KEY_COLUMNS.len() + VALUE_COLUMNS.len());
     }
@@ -722,7 +725,7 @@ mod tests {
     #[test]
     fn the_tuner_needs_timed_rows_and_a_baseline() {
         let cpu = format!(
-            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu,,,,,,,,,,\n",
+            "{}\n1,off,flashmla,-,on,-,6,6,0,,,,true,,,,,cpu,,,,,,,,,,,\n",
             csv_header()
         );
         assert!(tune(&cpu)
@@ -742,7 +745,7 @@ mod tests {
     #[test]
     fn the_tuner_falls_back_to_simulated_throughput() {
         let sim = |key: &str, tps: f64| {
-            format!("\n{key},10,20,5,2.0,2.0,,true,,,,,cpu,3.0,{tps},0.1,0.5,0,0.4,,,,")
+            format!("\n{key},10,20,5,2.0,2.0,,true,,,,,cpu,3.0,{tps},0.1,0.5,0,0.4,,,,,")
         };
         let csv = format!(
             "{}{}{}",
@@ -772,18 +775,18 @@ mod tests {
     #[test]
     fn resumed_and_merged_csvs_are_read_by_key() {
         let h = csv_header();
-        let values = ",1,2,3,,,,true,,,,,cpu,,,,,,,,,,";
+        let values = ",1,2,3,,,,true,,,,,cpu,,,,,,,,,,,";
         let a = format!("{h}\n1,off,flashmla,-,on,-{values}\n");
         let b = format!("{h}\n8,off,flashmla,-,on,-{values}\n1,off,flashmla,-,on,-{values}\n");
         assert_eq!(done_keys(&a).unwrap(), vec!["1,off,flashmla,-,on,-"]);
         let merged = merge(&[("a".into(), a.clone()), ("b".into(), b)]).unwrap();
         assert_eq!(merged.lines().count(), 3);
         assert!(merged.lines().nth(1).unwrap().starts_with("1,off"));
-        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu,,,,,,,,,,\n");
+        let conflict = format!("{h}\n1,off,flashmla,-,on,-,9,2,3,,,,true,,,,,cpu,,,,,,,,,,,\n");
         let torn = format!("{h}\n1,off,flashmla,-,on,-,9,2\n");
         assert!(done_keys(&torn)
             .unwrap_err()
-            .contains("row 2 has 8 of the 28 columns"));
+            .contains("row 2 has 8 of the 29 columns"));
         let err = merge(&[("a".into(), a), ("c".into(), conflict)]).unwrap_err();
         assert!(err.contains("point 1,off,flashmla,-,on,- has different rows in a and c"));
         assert!(done_keys("batch,spec\n").is_err());

@@ -206,7 +206,7 @@ fn tune_prints_the_best_k_per_batch_and_vllms_schedule() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("no row has tokens_per_s"));
     let timed = d.join("timed.csv");
     let row = |key: &str, tps: f64| {
-        format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,,,,,\n")
+        format!("{key},10,20,5,2.0,2.0,,true,1.0,{tps},1.0,0.8,gpu,,,,,,,,,,,\n")
     };
     let text = format!(
         "{header}\n{}{}{}{}{}{}",
