@@ -529,32 +529,30 @@ impl Picture for SweepPicture {
                 mesh(&mut chart, desc, what)?;
                 let plot = chart.plotting_area();
                 if self.kind == Kind::Speedup {
-                    let one = SeriesStyle {
-                        color: style::CEILING_COLOR,
-                        marker: None,
-                        filled: false,
-                        dashed: Some(false),
-                        width_px: 1,
-                    };
-                    style::draw_line(plot, &[(x_lo, 1.0), (x_hi, 1.0)], &one)?;
+                    draw_one(plot, x_lo, x_hi)?;
                 }
                 self.draw_series(plot)?;
             }
         }
-        let mut legend: Vec<LegendEntry> = self
-            .series
-            .iter()
-            .map(|s| LegendEntry {
-                label: s.label.clone(),
-                style: Some(s.style(self.kind)),
-            })
-            .collect();
-        legend.push(LegendEntry {
-            label: "solid: measured; dashed: simulated".into(),
-            style: None,
-        });
-        style::draw_legend(&legend_area, &legend)
+        self.draw_legend(&legend_area, "solid: measured; dashed: simulated")
     }
+}
+
+/// The line at a speedup of 1, where speculation stops paying.
+fn draw_one<DB, CT>(plot: &DrawingArea<DB, CT>, x_lo: f64, x_hi: f64) -> DrawResult
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    CT: CoordTranslate<From = (f64, f64)>,
+{
+    let one = SeriesStyle {
+        color: style::CEILING_COLOR,
+        marker: None,
+        filled: false,
+        dashed: Some(false),
+        width_px: 1,
+    };
+    style::draw_line(plot, &[(x_lo, 1.0), (x_hi, 1.0)], &one)
 }
 
 impl SweepPicture {
@@ -584,15 +582,20 @@ impl SweepPicture {
             .axis_desc_style((FAMILY, style::AXIS_DESC_PX))
             .draw()?;
         let plot = chart.plotting_area();
-        let one = SeriesStyle {
-            color: style::CEILING_COLOR,
-            marker: None,
-            filled: false,
-            dashed: Some(false),
-            width_px: 1,
-        };
-        style::draw_line(plot, &[(x_lo, 1.0), (x_hi, 1.0)], &one)?;
+        draw_one(plot, x_lo, x_hi)?;
         self.draw_series(plot)?;
+        self.draw_legend(
+            &legend_area,
+            "color: K; marker: batch; solid: measured; dashed: simulated",
+        )
+    }
+
+    /// A legend entry per series, then `note`.
+    fn draw_legend<DB>(&self, area: &DrawingArea<DB, Shift>, note: &str) -> DrawResult
+    where
+        DB: DrawingBackend,
+        DB::ErrorType: 'static,
+    {
         let mut legend: Vec<LegendEntry> = self
             .series
             .iter()
@@ -602,10 +605,10 @@ impl SweepPicture {
             })
             .collect();
         legend.push(LegendEntry {
-            label: "color: K; marker: batch; solid: measured; dashed: simulated".into(),
+            label: note.into(),
             style: None,
         });
-        style::draw_legend(&legend_area, &legend)
+        style::draw_legend(area, &legend)
     }
 
     /// A stacked bar per (batch, configuration): its shares of step time.

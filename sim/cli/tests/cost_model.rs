@@ -92,12 +92,21 @@ fn json_carries_the_simulated_time_and_it_is_deterministic() {
         .iter()
         .filter(|k| k["kind"].as_str().unwrap().starts_with("decode-only"))
         .collect();
-    let decode_us: f64 = decode_kinds.iter().map(|k| k["total_us"].as_f64().unwrap()).sum();
-    let decode_steps: u64 = decode_kinds.iter().map(|k| k["steps"].as_u64().unwrap()).sum();
+    let decode_us: f64 = decode_kinds
+        .iter()
+        .map(|k| k["total_us"].as_f64().unwrap())
+        .sum();
+    let decode_steps: u64 = decode_kinds
+        .iter()
+        .map(|k| k["steps"].as_u64().unwrap())
+        .sum();
     assert!((sim["decode_us"].as_f64().unwrap() - decode_us).abs() < 1e-6 * decode_us);
     let tokens = sim["decode_tokens"].as_u64().unwrap();
     let generated = v["stats"]["generated_tokens"].as_u64().unwrap();
-    assert!(tokens > decode_steps && tokens < generated, "{tokens} {decode_steps} {generated}");
+    assert!(
+        tokens > decode_steps && tokens < generated,
+        "{tokens} {decode_steps} {generated}"
+    );
 }
 
 #[test]
