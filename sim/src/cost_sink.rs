@@ -190,13 +190,20 @@ pub fn parse_target(s: &str, dims: &ModelDims) -> Result<CostTarget, String> {
     match s.split_once(':') {
         None if s == "engine" => Ok(CostTarget::engine(dims)),
         None if s == "deepseek-v3" => CostTarget::deepseek_v3(1).map_err(|e| e.to_string()),
-        Some(("deepseek-v3", tp)) => {
+        None if s == "deepseek-v3-fp8" => CostTarget::deepseek_v3_fp8(1).map_err(|e| e.to_string()),
+        Some((name @ ("deepseek-v3" | "deepseek-v3-fp8"), tp)) => {
             let tp: usize = tp
                 .parse()
                 .map_err(|_| format!("TP `{tp}` is not a positive integer"))?;
-            CostTarget::deepseek_v3(tp).map_err(|e| e.to_string())
+            let target = match name {
+                "deepseek-v3" => CostTarget::deepseek_v3(tp),
+                _ => CostTarget::deepseek_v3_fp8(tp),
+            };
+            target.map_err(|e| e.to_string())
         }
-        _ => Err("expected `engine`, `deepseek-v3` or `deepseek-v3:TP`".into()),
+        _ => Err(
+            "expected `engine`, `deepseek-v3[:TP]` or `deepseek-v3-fp8[:TP]` (FP8 weights)".into(),
+        ),
     }
 }
 

@@ -307,6 +307,13 @@ pub struct CostTarget {
     /// Activations in f32, converted to bf16 before each projection (this engine); an
     /// engine serving DeepSeek-V3 keeps them bf16.
     pub f32_activations: bool,
+    /// The projections' and experts' weights in FP8 (DeepSeek-V3's released format)
+    /// instead of bf16: priced from the bf16 calibration by the additive fit's ratio at
+    /// half the weight bytes and half the flops (FP8 tensor cores run twice as fast), an
+    /// assumption no measurement here checks. The LM head and the absorbed per-head
+    /// W_UK / W_UV stay bf16.
+    #[serde(default)]
+    pub fp8_weights: bool,
 }
 
 impl CostTarget {
@@ -319,6 +326,7 @@ impl CostTarget {
             tp: 1,
             moe: None,
             f32_activations: true,
+            fp8_weights: false,
         }
     }
 
@@ -330,6 +338,16 @@ impl CostTarget {
             tp,
             moe: Some(Moe::deepseek_v3()),
             f32_activations: false,
+            fp8_weights: false,
+        })
+    }
+
+    /// [`Self::deepseek_v3`] with FP8 projection and expert weights (see `fp8_weights`).
+    pub fn deepseek_v3_fp8(tp: usize) -> Result<Self, ConfigError> {
+        Ok(Self {
+            name: format!("DeepSeek-V3 (FP8 weights), 61 layers, one rank of tp {tp}"),
+            fp8_weights: true,
+            ..Self::deepseek_v3(tp)?
         })
     }
 }

@@ -18,6 +18,7 @@ pub const DECODE_ROW_GROUP: usize = 64;
 const LATENT: f64 = 576.0;
 const KV_LORA: f64 = 512.0;
 const BF16: f64 = 2.0;
+const FP8: f64 = 1.0;
 
 /// What one step costs, by part.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -128,12 +129,33 @@ struct Pricer<'a> {
 
 impl Pricer<'_> {
     fn gemm(&mut self, m: usize, k: usize, n: usize) {
+        self.gemm_weights(m, k, n, self.t.fp8_weights);
+    }
+
+    /// A projection of `m` tokens through a `[k, n]` weight, FP8 where `fp8`.
+    fn gemm_weights(&mut self, m: usize, k: usize, n: usize, fp8: bool) {
         if m > 0 && n > 0 {
-            let (b, f, u) = gemm_size(m, k, n, 1);
-            self.cost.gemm_us +=
-                (self.c.gemm.gemm_table_us(m, k, n)).unwrap_or_else(|| self.c.gemm.fit.us(b, f, u));
+            let bf16 = self.gemm_bf16_us(m, k, n);
+            self.cost.gemm_us += match fp8 {
+                true => bf16 * self.fp8_ratio(gemm_size(m, k, n, 1), k * n),
+                false => bf16,
+            };
             self.convert(m * k);
         }
+    }
+
+    /// A bf16 weight's GEMM: from its timed shape where the calibration has it.
+    fn gemm_bf16_us(&self, m: usize, k: usize, n: usize) -> f64 {
+        let (b, f, u) = gemm_size(m, k, n, 1);
+        (self.c.gemm.gemm_table_us(m, k, n)).unwrap_or_else(|| self.c.gemm.fit.us(b, f, u))
+    }
+
+    /// The fit's time with FP8 weights (`weights` values at 1 byte, not 2) and FP8 flops
+    /// (twice as fast) over its time in bf16, for a launch of `(bytes, flops, units)`.
+    fn fp8_ratio(&self, (b, f, u): (f64, f64, f64), weights: usize) -> f64 {
+        let fit = &self.c.gemm.fit;
+        let fp8 = fit.us(b - weights as f64 * (BF16 - FP8), f / 2.0, u);
+        fp8 / fit.us(b, f, u)
     }
 
     /// The f32-to-bf16 conversion of `values` GEMM inputs, where the target has f32
@@ -275,13 +297,20 @@ impl Pricer<'_> {
         let experts = active.ceil() as usize;
         let (_, _, up) = gemm_size(rows, hid, 2 * m.expert_intermediate, experts);
         let (_, _, down) = gemm_size(rows, m.expert_intermediate, hid, experts);
-        self.cost.gemm_us += self.c.gemm.fit.us(bytes, flops, up + down);
+        let bf16 = self.c.gemm.fit.us(bytes, flops, up + down);
+        self.cost.gemm_us += match self.t.fp8_weights {
+            true => {
+                bf16 * self.fp8_ratio((bytes, flops, up + down), (active * 3.0 * h * i) as usize)
+            }
+            false => bf16,
+        };
         self.convert(tokens * hid);
     }
 
     fn lm_head(&mut self, rows: usize) {
         let d = &self.t.rank_dims;
-        self.gemm(rows, d.hidden_size, d.vocab_size.div_ceil(self.t.tp));
+        // The LM head stays bf16 in an FP8 deployment.
+        self.gemm_weights(rows, d.hidden_size, d.vocab_size.div_ceil(self.t.tp), false);
     }
 }
 

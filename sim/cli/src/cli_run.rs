@@ -238,9 +238,10 @@ pub struct RunArgs {
     /// `gpu-bench --calibrate` wrote) and report the simulated step times and throughput.
     #[arg(long, value_name = "FILE")]
     pub cost_model: Option<std::path::PathBuf>,
-    /// What the cost model prices: `engine` (the run's own model on one device) or
+    /// What the cost model prices: `engine` (the run's own model on one device),
     /// `deepseek-v3:TP` (one rank of full-depth DeepSeek-V3, 61 layers with its MoE, at
-    /// tensor parallelism TP).
+    /// tensor parallelism TP, bf16 weights) or `deepseek-v3-fp8:TP` (the same with FP8
+    /// projection and expert weights, scaled from the bf16 calibration).
     #[arg(
         long,
         value_name = "TARGET",

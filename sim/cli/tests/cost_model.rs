@@ -130,6 +130,14 @@ fn a_deepseek_v3_rank_costs_more_and_all_reduces() {
     assert!(tp8["comm_us"].as_f64().unwrap() > 0.0);
     // Half the heads and experts per rank: a tp 16 rank's step is cheaper.
     assert!(total(&tp16) < total(&tp8));
+    // FP8 weights halve the weight bytes of the projections and experts, not the LM
+    // head, the attention or the all-reduces: cheaper, but by less than half.
+    let fp8 = json(&["--cost-target", "deepseek-v3-fp8:8"]);
+    assert!(fp8["target"].as_str().unwrap().contains("FP8 weights"));
+    let gemm = |v: &serde_json::Value| v["gemm_us"].as_f64().unwrap();
+    assert!(gemm(&fp8) < 0.9 * gemm(&tp8) && gemm(&fp8) > 0.4 * gemm(&tp8));
+    assert_eq!(fp8["attention_us"], tp8["attention_us"]);
+    assert_eq!(fp8["comm_us"], tp8["comm_us"]);
 }
 
 #[test]
