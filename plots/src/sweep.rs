@@ -155,8 +155,10 @@ pub fn load(path: &std::path::Path) -> Result<Vec<Point>, PlotError> {
             let shares = match source {
                 Source::Simulated => shares_of(&r, &simulated_at)
                     .map(|[att, gemm, comm, over]| [att, gemm, 0.0, comm, over]),
-                Source::Measured => shares_of(&r, &measured_at)
-                    .map(|[att, gemm, graph]| [att, gemm, graph, 0.0, 1.0 - att - gemm - graph]),
+                // Overlapping timed regions can sum past 1: the rest is never negative.
+                Source::Measured => shares_of(&r, &measured_at).map(|[att, gemm, graph]| {
+                    [att, gemm, graph, 0.0, (1.0 - att - gemm - graph).max(0.0)]
+                }),
             };
             let mean_acceptance_length = length_at
                 .and_then(|a| r.get(a))

@@ -48,7 +48,8 @@ pub struct SimulatedTime {
     pub comm_us: f64,
     pub host_us: f64,
     /// The decode-only steps: their simulated time and the tokens they emitted (1 +
-    /// accepted per row), the steady state that published speedups (TPOT) measure.
+    /// accepted per verifying row), the steady state that published speedups (TPOT)
+    /// measure.
     pub decode_us: f64,
     pub decode_tokens: u64,
     pub kinds: Vec<SimulatedKind>,
@@ -164,7 +165,11 @@ impl StepSink for CostSink {
             let cost = step_cost(&self.calibration, &self.target, o);
             if kind.starts_with("decode-only") {
                 self.decode_us += cost.total_us();
-                self.decode_tokens += o.outcomes.iter().map(|r| r.valid as u64).sum::<u64>();
+                // What the requests emitted (as `generated_tokens` counts it), not what
+                // the rows committed: a recomputed prompt after preemption commits tokens
+                // in a step that looks like a decode but emits nothing new.
+                let emitted = o.verifies.iter().flatten().map(|v| v.new_tokens.len());
+                self.decode_tokens += emitted.sum::<usize>() as u64;
             }
             self.steps.push((kind, cost));
             self.measured_us.push(None);

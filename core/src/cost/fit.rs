@@ -1,8 +1,10 @@
 //! The additive roofline every measured kernel class is fitted to:
 //! `t_us = overhead_us + gb * us_per_gb + tflop * us_per_tflop + kcta * us_per_kcta`, the
-//! coefficients non-negative (the CTA term counts a split-KV decode's work units, whose
-//! number its split policy sets apart from its bytes and flops), chosen to minimize the sum of squared *relative* errors over the
-//! samples (so a 5 µs launch weighs as much as a 5 ms one).
+//! coefficients non-negative (the CTA term counts a launch's serial work units: a split-KV
+//! decode's row groups times splits, a prefill's or a GEMM's waves times the steps each
+//! CTA walks, which bytes and flops alone do not tell), chosen to minimize the sum of
+//! squared *relative* errors over the samples (so a 5 µs launch weighs as much as a 5 ms
+//! one).
 
 use serde::{Deserialize, Serialize};
 

@@ -53,7 +53,8 @@ impl KernelClass {
     /// its tiles fit one wave, then grows with the waves, which one additive fit cannot
     /// follow across shapes: it misses narrow GEMMs by 40%). Below the smallest M timed,
     /// that M's time; above the largest, its time scaled by the fit's ratio. `None` where
-    /// the calibration did not time the shape: the caller falls back on the fit.
+    /// the calibration did not time the shape: the caller falls back on the fit. An M
+    /// timed twice keeps its smaller time.
     pub fn gemm_table_us(&self, m: usize, k: usize, n: usize) -> Option<f64> {
         let mut pts: Vec<(usize, f64)> = self
             .samples

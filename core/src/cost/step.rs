@@ -78,8 +78,9 @@ pub fn decode_size(heads: usize, rows: &[(usize, usize, usize)]) -> (f64, f64, f
         })
 }
 
-/// The bytes and flops of one prefill launch over rows of `(queries, keys)` at `heads`
-/// (query and key width 192, value width 128); `causal` counts the lower triangle.
+/// The bytes, flops and serial work units ([`prefill_units`]) of one prefill launch over
+/// rows of `(queries, keys)` at `heads` (query and key width 192, value width 128);
+/// `causal` counts the lower triangle.
 pub fn prefill_size(heads: usize, rows: &[(usize, usize)], causal: bool) -> (f64, f64, f64) {
     let h = heads as f64;
     let (bytes, flops) = rows.iter().fold((0.0, 0.0), |(b, f), &(m, n)| {
@@ -280,7 +281,8 @@ impl Pricer<'_> {
         if tokens == 0 {
             return;
         }
-        self.gemm(tokens, hid, m.routed_experts);
+        // The router's gate stays bf16 in DeepSeek-V3's FP8 release.
+        self.gemm_weights(tokens, hid, m.routed_experts, false);
         let shared = (m.shared_experts * m.expert_intermediate).div_ceil(tp);
         self.gemm(tokens, hid, 2 * shared);
         self.gemm(tokens, shared, hid);
