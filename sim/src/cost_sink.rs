@@ -21,7 +21,7 @@ pub struct CostSink {
     steps: Vec<(&'static str, StepCost)>,
     /// Per priced step (same order), its measured wall time where the backend timed it.
     measured_us: Vec<Option<f64>>,
-    decode_us: f64,
+    /// Tokens the decode-only steps emitted.
     decode_tokens: u64,
 }
 
@@ -94,7 +94,6 @@ impl CostSink {
             target,
             steps: Vec::new(),
             measured_us: Vec::new(),
-            decode_us: 0.0,
             decode_tokens: 0,
         }
     }
@@ -137,7 +136,10 @@ impl CostSink {
             gemm_us: total.gemm_us,
             comm_us: total.comm_us,
             host_us: total.host_us,
-            decode_us: self.decode_us,
+            decode_us: (self.steps.iter())
+                .filter(|(kind, _)| kind.starts_with("decode-only"))
+                .map(|(_, c)| c.total_us())
+                .sum(),
             decode_tokens: self.decode_tokens,
             kinds: kinds
                 .into_iter()
@@ -164,7 +166,6 @@ impl StepSink for CostSink {
         if let Some(kind) = step_kind(&o.plan) {
             let cost = step_cost(&self.calibration, &self.target, o);
             if kind.starts_with("decode-only") {
-                self.decode_us += cost.total_us();
                 // What the requests emitted (as `generated_tokens` counts it), not what
                 // the rows committed: a recomputed prompt after preemption commits tokens
                 // in a step that looks like a decode but emits nothing new.

@@ -137,10 +137,7 @@ impl Pricer<'_> {
     fn gemm_weights(&mut self, m: usize, k: usize, n: usize, fp8: bool) {
         if m > 0 && n > 0 {
             let bf16 = self.gemm_bf16_us(m, k, n);
-            self.cost.gemm_us += match fp8 {
-                true => bf16 * self.fp8_ratio(gemm_size(m, k, n, 1), k * n),
-                false => bf16,
-            };
+            self.cost.gemm_us += self.weights_us(bf16, gemm_size(m, k, n, 1), k * n, fp8);
             self.convert(m * k);
         }
     }
@@ -151,12 +148,22 @@ impl Pricer<'_> {
         (self.c.gemm.gemm_table_us(m, k, n)).unwrap_or_else(|| self.c.gemm.fit.us(b, f, u))
     }
 
-    /// The fit's time with FP8 weights (`weights` values at 1 byte, not 2) and FP8 flops
-    /// (twice as fast) over its time in bf16, for a launch of `(bytes, flops, units)`.
-    fn fp8_ratio(&self, (b, f, u): (f64, f64, f64), weights: usize) -> f64 {
+    /// A launch of `(bytes, flops, units)` priced `bf16_us` with bf16 weights, priced
+    /// with its `weights` values in FP8 where `fp8`: scaled by the fit's time at 1 byte
+    /// a weight and FP8 flops (twice as fast) over its time in bf16.
+    fn weights_us(
+        &self,
+        bf16_us: f64,
+        (b, f, u): (f64, f64, f64),
+        weights: usize,
+        fp8: bool,
+    ) -> f64 {
+        if !fp8 {
+            return bf16_us;
+        }
         let fit = &self.c.gemm.fit;
-        let fp8 = fit.us(b - weights as f64 * (BF16 - FP8), f / 2.0, u);
-        fp8 / fit.us(b, f, u)
+        let fp8_us = fit.us(b - weights as f64 * (BF16 - FP8), f / 2.0, u);
+        bf16_us * fp8_us / fit.us(b, f, u)
     }
 
     /// The f32-to-bf16 conversion of `values` GEMM inputs, where the target has f32
@@ -300,12 +307,9 @@ impl Pricer<'_> {
         let (_, _, up) = gemm_size(rows, hid, 2 * m.expert_intermediate, experts);
         let (_, _, down) = gemm_size(rows, m.expert_intermediate, hid, experts);
         let bf16 = self.c.gemm.fit.us(bytes, flops, up + down);
-        self.cost.gemm_us += match self.t.fp8_weights {
-            true => {
-                bf16 * self.fp8_ratio((bytes, flops, up + down), (active * 3.0 * h * i) as usize)
-            }
-            false => bf16,
-        };
+        let weights = (active * 3.0 * h * i) as usize;
+        let launch = (bytes, flops, up + down);
+        self.cost.gemm_us += self.weights_us(bf16, launch, weights, self.t.fp8_weights);
         self.convert(tokens * hid);
     }
 
