@@ -37,6 +37,14 @@ struct Cli {
     /// Context length in tokens (repeatable; default 4096, 8192, 16384).
     #[arg(long, value_parser = positive)]
     context: Vec<usize>,
+    /// A decode shape `HEADS,Q_LEN,BATCH,CONTEXT` (repeatable): these shapes instead of the
+    /// product of `--heads`, `--q-len`, `--batch` and `--context`.
+    #[arg(long, value_name = "H,Q,B,L")]
+    shape: Vec<String>,
+    /// Only the decode kernels: no prefill and no spec-step comparison, with the full
+    /// repetitions and ceilings (`--quick` cuts both).
+    #[arg(long)]
+    decode_only: bool,
     /// Page size in tokens.
     #[arg(long, default_value_t = 64, value_parser = positive)]
     page: usize,
@@ -112,7 +120,14 @@ fn main() -> ExitCode {
     if let Some(path) = &cli.calibrate {
         return calibrate(&cli, path);
     }
-    match run(&cli) {
+    let shapes = match shapes(&cli) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(&cli, shapes) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {e}");
@@ -235,7 +250,35 @@ fn or(v: &[usize], d: &[usize]) -> Vec<usize> {
     }
 }
 
-fn shapes(cli: &Cli) -> Vec<BenchShape> {
+/// `--shape` as `H,Q,B,L`, four whole numbers of at least 1.
+fn parse_shape(v: &str, page: usize) -> Result<BenchShape, String> {
+    let parts: Vec<&str> = v.split(',').map(str::trim).collect();
+    let nums: Vec<usize> = parts
+        .iter()
+        .map(|p| positive(p))
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--shape {v:?}: {e}"))?;
+    match nums[..] {
+        [heads, q_len, batch, context] => Ok(BenchShape {
+            heads,
+            q_len,
+            batch,
+            context,
+            page,
+        }),
+        _ => Err(format!(
+            "--shape {v:?}: expected HEADS,Q_LEN,BATCH,CONTEXT (four numbers), got {}",
+            nums.len()
+        )),
+    }
+}
+
+/// The decode shapes: `--shape` when given, else the product of the per-axis flags (or
+/// their defaults).
+fn shapes(cli: &Cli) -> Result<Vec<BenchShape>, String> {
+    if !cli.shape.is_empty() {
+        return cli.shape.iter().map(|v| parse_shape(v, cli.page)).collect();
+    }
     let q = if cli.quick { vec![128] } else { vec![128, 16] };
     let heads = or(&cli.heads, &q);
     let q_lens = or(&cli.q_len, &[1, 2, 4]);
@@ -264,10 +307,10 @@ fn shapes(cli: &Cli) -> Vec<BenchShape> {
             }
         }
     }
-    out
+    Ok(out)
 }
 
-fn run(cli: &Cli) -> Result<(), GpuError> {
+fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     let dev = Arc::new(GpuDevice::open(0)?);
 
     let sms = dev.sms;
@@ -310,7 +353,10 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
         cli.reps
     };
     let invariant = |s: &BenchShape| invariant_split_plan(s.q_len * s.heads, FLASH_ROWS).into();
-    if cli.prefill || cli.prefill_only || (!cli.quick && !cli.sweep_splits) {
+    // The extra comparisons a full run adds (prefill shapes, the spec step) unless the
+    // run asks for less.
+    let extras = !cli.quick && !cli.sweep_splits && !cli.decode_only;
+    if cli.prefill || cli.prefill_only || extras {
         for heads in or(&cli.heads, &[128, 16]) {
             let cases = PrefillCase::standard(heads).into_iter();
             for case in cases.chain(PrefillCase::sweep(heads)) {
@@ -324,7 +370,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
     let decode_shapes = if cli.prefill_only {
         Vec::new()
     } else {
-        shapes(cli)
+        decode_shapes
     };
     for s in decode_shapes {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
@@ -356,7 +402,7 @@ fn run(cli: &Cli) -> Result<(), GpuError> {
             rows.push(m);
         }
     }
-    if !cli.prefill_only && (cli.spec || (!cli.quick && !cli.sweep_splits)) {
+    if !cli.prefill_only && (cli.spec || extras) {
         // The decode path against the prefill paths a SingleOnly backend would take: the
         // bf16 one (gather, up-projection, flash_prefill) at both shapes, our f32 one at
         // the small shape only (it takes seconds at the large one).
