@@ -289,6 +289,14 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     };
     // Every thread of this warpgroup past its wait: the blocks it read are free.
     auto group_done = [&]() { fs_sync(FS_BAR_GROUP + wg, 128); };
+    // Before a copy into blocks this warpgroup's products read: the issuing thread's own
+    // wait suffices, as a wgmma is one warpgroup-wide operation (FlashMLA's sm90 decode,
+    // commit 9241ae3, issues its copies the same way), so no warpgroup barrier.
+#ifdef FS_GROUP_BARRIERS
+    auto products_done = group_done;
+#else
+    auto products_done = [&]() {};
+#endif
     // Block orders: a tile's left blocks free up first in stage 0, its right ones in stage 1.
     const unsigned long long order_a = 0x876543210ull, order_b = 0x832107654ull;
     const unsigned left = 0x00F, right_rope = 0x1F0, right = 0x0F0, left_rope = 0x10F;
@@ -343,7 +351,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int n = 0; n < 128; ++n) fw_pin(o[n]);
 #pragma unroll
             for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
-            group_done();
+            products_done();
             if (tid == 0 && ta + 2 < more) issue(ta + 2, left);
             rescale(a_b);
 #pragma unroll
@@ -357,7 +365,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 fw_wait();
 #pragma unroll
                 for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-                group_done();
+                products_done();
                 if (tid == 0 && tb + 2 < more) issue(tb + 2, left_rope);
             }
         } else {
@@ -399,13 +407,13 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 fs_wait1();  // P_B V_B done; (P_A a_B) V_A may still run
 #pragma unroll
                 for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
-                group_done();
+                products_done();
                 if (tid == 128 && tb + 2 < more) issue(tb + 2, right);
             }
             fw_wait();
 #pragma unroll
             for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-            group_done();
+            products_done();
             if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
         }
     }

@@ -191,7 +191,9 @@ impl FlashConfig {
 /// tuning and diagnosis only. On the wgmma kernel `FW_NO_LOAD` drops the loads after the
 /// first two tiles, `FW_NO_MMA` all tensor-core work, `FW_NO_QK` / `FW_NO_PV` one of the
 /// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
-/// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same.
+/// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same,
+/// and `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each copy into blocks the
+/// warpgroup's products read (the issuing thread's own wait is the default).
 /// On both, `FW_NO_MERGE` leaves every split's partial unmerged.
 fn diagnostic_defines() -> Result<String, GpuError> {
     match std::env::var("SPECMLA_FLASH_DEFINES") {
@@ -202,8 +204,9 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 9] = [
+const DIAGNOSTIC_DEFINES: [&str; 10] = [
     "FW_NO_LOAD",
+    "FS_GROUP_BARRIERS",
     "FW_NO_MMA",
     "FW_NO_QK",
     "FW_NO_PV",
