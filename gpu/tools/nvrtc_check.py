@@ -2,14 +2,19 @@
 """Compiles the flash kernels as the GPU backend does (NVRTC, sm_90a, C++17), then runs
 ptxas -v on the PTX: compile errors, registers and spills per kernel, and ptxas's wgmma
 warning C7520 (wgmmas serialized: a performance bug), all without a GPU. Exits 1 on an
-error or a C7520.
+error or a C7520. With --sass KERNEL it also disassembles that kernel and prints the shape
+of its main loop (the instructions from its first tensor-core product to its last, and the
+synchronization among them); --sass-out FILE keeps the whole listing.
 
 Setup, once (the CUDA 13.0 NVRTC and nvcc wheels from PyPI, into /tmp/cuda):
     pip download --no-deps -d /tmp/cuda "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-nvcc==13.0.*"
+    pip download --no-deps -d /tmp/cuda nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm   # --sass only
     for f in /tmp/cuda/*.whl; do unzip -qo "$f" -d /tmp/cuda/x; done
 Run, from the repository root (-DNAME defines a diagnostic switch):
-    LD_LIBRARY_PATH=/tmp/cuda/x/nvidia/cu13/lib python3 gpu/tools/nvrtc_check.py [-DFW_NO_LOAD]
+    LD_LIBRARY_PATH=/tmp/cuda/x/nvidia/cu13/lib python3 gpu/tools/nvrtc_check.py [-DFW_NO_LOAD] \
+        [--sass flash_decode_seesaw [--sass-out FILE]]
 """
+import collections
 import ctypes
 import os
 import re
@@ -45,8 +50,37 @@ def nvrtc_ptx(src: str) -> bytes:
     return ptx.value
 
 
+def sass_summary(cubin: str, kernel: str, keep: str | None) -> None:
+    """Disassembles `kernel` and prints its main loop's size and synchronization."""
+    tool = os.path.join(ROOT, "bin", "cuobjdump")
+    env = dict(os.environ, PATH=os.path.join(ROOT, "bin") + os.pathsep + os.environ.get("PATH", ""))
+    out = subprocess.run([tool, "-sass", "-fun", kernel, cubin], capture_output=True, text=True, env=env)
+    if out.returncode:
+        sys.exit(f"cuobjdump: {out.stderr.strip()}")
+    if keep:
+        open(keep, "w").write(out.stdout)
+    # Instruction lines look like "/*0a10*/  HGMMA.64x64x16.F32.BF16 R152, ... ;"
+    pat = r"/\*[0-9a-f]{4,}\*/\s+(@!?U?P\w+\s+)?([^;]*);"
+    ins = [m.group(2) for m in re.finditer(pat, out.stdout)]
+    mma = [i for i, t in enumerate(ins) if t.startswith("HGMMA")]
+    if not mma:
+        print(f"{kernel}: {len(ins)} instructions, no HGMMA")
+        return
+    loop = ins[mma[0]:mma[-1] + 1]
+    ops = collections.Counter(t.split()[0] for t in loop)
+    sync = {k: v for k, v in ops.items() if re.match(r"(WARPGROUP|BAR|SYNCS|DEPBAR|MEMBAR|UTMALDG)", k)}
+    uniform = sum(v for k, v in ops.items() if k.startswith("U") and not k.startswith("UTMA"))
+    print(f"{kernel}: {len(ins)} instructions; first to last HGMMA {len(loop)} "
+          f"({len(mma)} HGMMA, {uniform} uniform-datapath)")
+    for k in sorted(sync):
+        print(f"  {k}: {sync[k]}")
+
+
 def main() -> int:
     defines = [a[2:] for a in sys.argv[1:] if a.startswith("-D")]
+    args = sys.argv[1:]
+    sass = args[args.index("--sass") + 1] if "--sass" in args else None
+    keep = args[args.index("--sass-out") + 1] if "--sass-out" in args else None
     kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
     src = "".join(f"#define {d} 1\n" for d in defines)
     src += "\n".join(open(os.path.join(kernels, f)).read() for f in SOURCES)
@@ -56,6 +90,8 @@ def main() -> int:
         out = subprocess.run(
             [os.path.join(ROOT, "bin", "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "f.cubin")],
             capture_output=True, text=True)
+        if sass and not out.returncode:
+            sass_summary(os.path.join(tmp, "f.cubin"), sass, keep)
     bad = 0
     for line in (out.stdout + out.stderr).splitlines():
         # C7519 (a fence ptxas adds before a wgmma) is routine; C7520 serializes them.

@@ -38,6 +38,11 @@ pub const FLASH_PREFILL_KERNEL: &str = "prefill_flash";
 /// Its peer at the same shapes, PyTorch SDPA on cuDNN (`gpu/tools/sdpa_peer.py BENCH_CSV --csv FILE`).
 pub const PREFILL_PEER_KERNEL: &str = "prefill_sdpa_cudnn";
 
+/// The decode peer, DeepSeek's FlashMLA (its sm90 dense split-KV kernel and combine), timed
+/// at `gpu-bench`'s decode shapes in the same device call and written in this CSV format
+/// (mode `splitkv`). Nothing here builds or runs it: a user appends its rows.
+pub const DECODE_PEER_KERNEL: &str = "flashmla";
+
 /// Whether `kernel` is a prefill path or the prefill attention: not decode-like work.
 pub fn is_prefill(kernel: &str) -> bool {
     [

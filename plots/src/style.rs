@@ -6,7 +6,10 @@ use plotters::element::DashedPathElement;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-use crate::data::{DECODE_KERNEL, FLASH_PREFILL_PATH_KERNEL, PREFILL_KERNEL, PREFILL_PEER_KERNEL};
+use crate::data::{
+    DECODE_KERNEL, DECODE_PEER_KERNEL, FLASH_PREFILL_PATH_KERNEL, PREFILL_KERNEL,
+    PREFILL_PEER_KERNEL,
+};
 use crate::font::FAMILY;
 use crate::render::DrawResult;
 
@@ -74,7 +77,9 @@ pub fn kernel_marker(kernel: &str) -> Marker {
     match kernel {
         DECODE_KERNEL => Marker::Circle,
         PREFILL_KERNEL | FLASH_PREFILL_PATH_KERNEL => Marker::Square,
-        k if k.contains("peer") || k == PREFILL_PEER_KERNEL => Marker::Triangle,
+        k if k.contains("peer") || k == PREFILL_PEER_KERNEL || k == DECODE_PEER_KERNEL => {
+            Marker::Triangle
+        }
         _ => Marker::Cross,
     }
 }

@@ -598,6 +598,27 @@ triton_peer,,128,1,64,0,64,10,1,1,400,40,0,0
         );
     }
 
+    /// The decode peer draws like the prefill one: its own series beside ours in every
+    /// decode picture, a triangle, a color of its own.
+    #[test]
+    fn flashmla_rows_are_a_decode_peer_series() {
+        use crate::data::DECODE_PEER_KERNEL;
+        let csv = format!("{CSV}flashmla,splitkv,128,4,64,4096,64,8,1,1,1200,120,0,0\n");
+        let bench = Bench::parse(csv.as_bytes(), "t.csv").unwrap();
+        let series = context_series(&bench, Metric::Tflops);
+        let peer: Vec<&ContextSeries> = series
+            .iter()
+            .filter(|s| s.key.kernel == DECODE_PEER_KERNEL)
+            .collect();
+        assert_eq!(peer.len(), 1);
+        assert_eq!(peer[0].points, vec![(4096.0, 120.0)]);
+        let facets = Facets::of(&series);
+        let ours = facets.style(&series[0].key);
+        let theirs = facets.style(&peer[0].key);
+        assert_eq!(theirs.marker, Some(style::Marker::Triangle));
+        assert_ne!(theirs.color, ours.color);
+    }
+
     /// Postmortem (issue 22, item 7): a sweep's 27 series shared 10 colors, so two
     /// kernels could look the same. Colors now follow kernels only; modes, heads and
     /// batches are told apart by dash, panel row and width, each named once.
