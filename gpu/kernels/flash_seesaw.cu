@@ -42,14 +42,6 @@ __device__ __forceinline__ void fs_arrive(int id, int threads) {
 }
 __device__ __forceinline__ void fs_wait1() { asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory"); }
 __device__ __forceinline__ void fs_pin_u(unsigned& x) { asm volatile("" : "+r"(x)::"memory"); }
-// The descriptor of the matrix `bytes` past the one `d` describes (same strides and
-// swizzle). The start address is the low 14 bits, in 16-byte units, and shared memory ends
-// below 2^18 bytes, so the sum never carries out of the low word: one add in the uniform
-// datapath instead of rebuilding the descriptor (about ten instructions a wgmma, on the
-// issue slots the softmax needs).
-__device__ __forceinline__ unsigned long long fs_desc_at(unsigned long long d, unsigned bytes) {
-    return (d & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)d + (bytes >> 4));
-}
 #define FS_S8(i)                                                                                  \
     "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
         "+f"(d[i + 6]), "+f"(d[i + 7])
@@ -159,7 +151,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     auto scores = [&](int t, unsigned long long order, int use) {
         const int stage = t % 2, t0 = kv_start + t * 64;
         const unsigned bar0 = bars + stage * 9 * 8;
-        const unsigned long long desc_kt = fs_desc_at(desc_k, stage * FW_TILE_BYTES);
+        const unsigned long long desc_kt = fw_desc_at(desc_k, stage * FW_TILE_BYTES);
         const unsigned parity = use & 1;
 #ifdef FW_NO_LOAD
         const bool wait = use == 0;  // no later tile is ever issued: time the math
@@ -188,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #pragma unroll
             for (int kk = 0; kk < 4; ++kk) {
                 const unsigned off = c * FW_BLOCK_BYTES + kk * 32;
-                fs_qk(s, fs_desc_at(desc_q, off), fs_desc_at(desc_kt, off));
+                fs_qk(s, fw_desc_at(desc_q, off), fw_desc_at(desc_kt, off));
             }
         }
         fw_commit();
@@ -271,20 +263,20 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         for (int n = 0; n < 16; ++n) pr[n] = pack_bf16(s[2 * n], s[2 * n + 1]);
     };
     // O += P V over this warpgroup's 256 columns of stage `stage`'s V.
-    const unsigned long long desc_v_own = fs_desc_at(desc_v, 4 * wg * FW_BLOCK_BYTES);
+    const unsigned long long desc_v_own = fw_desc_at(desc_v, 4 * wg * FW_BLOCK_BYTES);
     auto pv_own = [&](int stage) {
-        const unsigned long long dv = fs_desc_at(desc_v_own, stage * FW_TILE_BYTES);
+        const unsigned long long dv = fw_desc_at(desc_v_own, stage * FW_TILE_BYTES);
         fw_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) fs_pv_rs(o, pr + 4 * kk, fs_desc_at(dv, kk * 16 * 128));
+        for (int kk = 0; kk < 4; ++kk) fs_pv_rs(o, pr + 4 * kk, fw_desc_at(dv, kk * 16 * 128));
         fw_commit();
     };
     auto pv_other = [&](int stage) {
-        const unsigned long long dv = fs_desc_at(desc_v_own, stage * FW_TILE_BYTES);
-        const unsigned long long dp = fs_desc_at(desc_k, stage * FW_TILE_BYTES + 8 * FW_BLOCK_BYTES);
+        const unsigned long long dv = fw_desc_at(desc_v_own, stage * FW_TILE_BYTES);
+        const unsigned long long dp = fw_desc_at(desc_k, stage * FW_TILE_BYTES + 8 * FW_BLOCK_BYTES);
         fw_fence();
 #pragma unroll
-        for (int kk = 0; kk < 4; ++kk) fw_pv(o, fs_desc_at(dp, kk * 32), fs_desc_at(dv, kk * 16 * 128));
+        for (int kk = 0; kk < 4; ++kk) fw_pv(o, fw_desc_at(dp, kk * 32), fw_desc_at(dv, kk * 16 * 128));
         fw_commit();
     };
     // Every thread of this warpgroup past its wait: the blocks it read are free.
