@@ -31,6 +31,25 @@
 #define FS_BAR_P_B 4
 #define FS_BAR_GROUP 5
 
+// FS_TRACE (diagnostic): the CTA of block (0, 0, 0) writes its timeline over o_part, as
+// clock64 readings by each warpgroup's first thread: FS_TRACE_EVENTS per warpgroup and pair
+// iteration (the first FS_TRACE_ITERS), [iteration][warpgroup][event], then the CTA's start
+// and end. A launch whose merge reads o_part comes out wrong; one split per request does
+// not. gpu-lab's trace module reads it; without FS_TRACE the marks compile to nothing.
+#ifdef FS_TRACE
+#define FS_TRACE_ITERS 64
+#define FS_TRACE_EVENTS 10
+#define FS_MARK(iter, e)                                                                         \
+    do {                                                                                         \
+        if (trace != nullptr && tid % 128 == 0 && (iter) < FS_TRACE_ITERS)                       \
+            trace[((iter) * 2 + wg) * FS_TRACE_EVENTS + (e)] = clock64();                        \
+    } while (0)
+#else
+#define FS_MARK(iter, e) \
+    do {                 \
+    } while (0)
+#endif
+
 #ifdef FW_HAVE_WGMMA
 __device__ __forceinline__ void fs_sync(int id, int threads) {
     asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
@@ -97,6 +116,11 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     // treats each warpgroup's branch as divergent and serializes the wgmmas inside.
     const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
     const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
+#ifdef FS_TRACE
+    unsigned long long* const trace =
+        blockIdx.x + blockIdx.y + blockIdx.z == 0 ? (unsigned long long*)o_part : nullptr;
+    if (trace != nullptr && tid == 0) trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS] = clock64();
+#endif
     const int seq_len = seq_lens[b];
     const FdSplit sched = fd_schedule(split_lens, num_splits, b, max_splits);
     if (sp >= sched.count) return;  // the request takes fewer splits: nothing reads this one
@@ -183,6 +207,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 fs_qk(s, fw_desc_at(desc_q, off), fw_desc_at(desc_kt, off));
             }
         }
+        FS_MARK(use, 1);  // every block in and its products issued
         fw_commit();
         fw_wait();
 #pragma unroll
@@ -303,7 +328,9 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         const int more = tiles;
 #endif
         if (wg == 0) {
+            FS_MARK(it, 0);
             scores(ta, order_a, it);
+            FS_MARK(it, 2);
             float mx[2], m_a[2], a_a[2], sum[2];
             row_max(ta, mx);
 #pragma unroll
@@ -312,6 +339,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 if (lane % 4 == 0) max_a[lrow[i]] = m_a[i];
             }
             fs_arrive(FS_BAR_MAX_A, 256);
+            FS_MARK(it, 3);
             exponentiate(m_a, sum);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -321,12 +349,14 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             rescale(a_a);
             pack_p();
             pv_own(0);
+            FS_MARK(it, 4);
             // Tile B's maxima give the factor that moves P_A and O_L to the new maximum.
             float m_b[2], a_b[2] = {1.f, 1.f};
 #pragma unroll
             for (int i = 0; i < 2; ++i) m_b[i] = m_a[i];
             if (has_b) {
                 fs_sync(FS_BAR_MAX_B, 256);
+                FS_MARK(it, 5);
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     m_b[i] = max_b[lrow[i]];
@@ -343,6 +373,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int n = 0; n < 128; ++n) fw_pin(o[n]);
 #pragma unroll
             for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
+            FS_MARK(it, 6);
             products_done();
             if (tid == 0 && ta + 2 < more) issue(ta + 2, left);
             rescale(a_b);
@@ -353,20 +384,25 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             }
             if (has_b) {
                 fs_sync(FS_BAR_P_B, 256);
+                FS_MARK(it, 7);
                 pv_other(1);
                 fw_wait();
 #pragma unroll
                 for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+                FS_MARK(it, 8);
                 products_done();
                 if (tid == 0 && tb + 2 < more) issue(tb + 2, left_rope);
             }
         } else {
             float mx[2] = {NEG_INF, NEG_INF};
+            FS_MARK(it, 0);
             if (has_b) {
                 scores(tb, order_b, it);
+                FS_MARK(it, 2);
                 row_max(tb, mx);
             }
             fs_sync(FS_BAR_MAX_A, 256);
+            FS_MARK(it, 3);
             float m_b[2], a_ab[2], sum[2];
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -378,6 +414,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 for (int i = 0; i < 2; ++i)
                     if (lane % 4 == 0) max_b[lrow[i]] = m_b[i];
                 fs_arrive(FS_BAR_MAX_B, 256);
+                FS_MARK(it, 4);
                 exponentiate(m_b, sum);
             }
             rescale(a_ab);
@@ -389,22 +426,27 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             if (has_b) {
                 pack_p();
                 pv_own(1);
+                FS_MARK(it, 5);
                 const float one[2] = {1.f, 1.f};
                 store_p(1, one);
                 fs_arrive(FS_BAR_P_B, 256);
+                FS_MARK(it, 6);
             }
             fs_sync(FS_BAR_P_A, 256);
+            FS_MARK(it, 7);
             pv_other(0);
             if (has_b) {
                 fs_wait1();  // P_B V_B done; (P_A a_B) V_A may still run
 #pragma unroll
                 for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
+                FS_MARK(it, 8);
                 products_done();
                 if (tid == 128 && tb + 2 < more) issue(tb + 2, right);
             }
             fw_wait();
 #pragma unroll
             for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+            FS_MARK(it, 9);
             products_done();
             if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
         }
@@ -412,5 +454,8 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     __syncthreads();
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
                 mapped, o_part, lse_part, out, lse, done);
+#ifdef FS_TRACE
+    if (trace != nullptr && tid == 0) trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 1] = clock64();
+#endif
 #endif
 }

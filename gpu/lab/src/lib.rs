@@ -14,3 +14,4 @@ pub mod checks_prefill;
 pub mod checks_weights;
 pub mod invariance;
 pub mod reference;
+pub mod trace;

@@ -192,8 +192,10 @@ impl FlashConfig {
 /// first two tiles, `FW_NO_MMA` all tensor-core work, `FW_NO_QK` / `FW_NO_PV` one of the
 /// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
 /// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same,
-/// and `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each copy into blocks the
-/// warpgroup's products read (the issuing thread's own wait is the default).
+/// `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each copy into blocks the
+/// warpgroup's products read (the issuing thread's own wait is the default), and
+/// `FS_TRACE` has one CTA write its timeline over the split partials (`gpu-bench
+/// --timeline`).
 /// On both, `FW_NO_MERGE` leaves every split's partial unmerged.
 fn diagnostic_defines() -> Result<String, GpuError> {
     match std::env::var("SPECMLA_FLASH_DEFINES") {
@@ -204,9 +206,10 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 10] = [
+const DIAGNOSTIC_DEFINES: [&str; 11] = [
     "FW_NO_LOAD",
     "FS_GROUP_BARRIERS",
+    "FS_TRACE",
     "FW_NO_MMA",
     "FW_NO_QK",
     "FW_NO_PV",
@@ -416,6 +419,11 @@ impl SplitMerge {
 /// Compile-time checks appended to the flash module: each kernel's own shared-memory
 /// formula must equal the size the host launches it with, or the module does not build
 /// (NVRTC compares the values every time the kernels are compiled).
+/// Pair iterations and marks per warpgroup of the seesaw kernel's `FS_TRACE` timeline
+/// (`FS_TRACE_ITERS`, `FS_TRACE_EVENTS`; the compiled source asserts they agree).
+pub const SEESAW_TRACE_ITERS: usize = 64;
+pub const SEESAW_TRACE_EVENTS: usize = 10;
+
 fn smem_asserts() -> String {
     use super::PrefillTile;
     [
@@ -430,6 +438,13 @@ fn smem_asserts() -> String {
         format!("static_assert({kernel} == {host}, \"{kernel}: the host launches with {host} bytes\");\n")
     })
     .collect()
+}
+
+/// The timeline's sizes as the host reads them, asserted where `FS_TRACE` compiles them.
+fn trace_asserts() -> String {
+    format!(
+        "#ifdef FS_TRACE\nstatic_assert(FS_TRACE_ITERS == {SEESAW_TRACE_ITERS} && FS_TRACE_EVENTS == {SEESAW_TRACE_EVENTS}, \"the host reads the timeline with other sizes\");\n#endif\n"
+    )
 }
 
 /// The compiled tensor-core decode kernels.
@@ -502,11 +517,12 @@ impl FlashKernels {
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let flash_src = format!(
-            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}\n{}",
+            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}\n{}{}",
             flash.defines(),
             build.defines,
             super::FLASH_PREFILL_SRC,
-            smem_asserts()
+            smem_asserts(),
+            trace_asserts()
         );
         let module = dev.compile("flash_decode.cu", &flash_src)?;
         let mut fns = BTreeMap::new();
@@ -831,6 +847,12 @@ mod tests {
             assert!(asserts.contains(&line), "{line} missing from {asserts}");
         }
         assert_eq!(asserts.lines().count(), 5);
+        // The timeline's sizes, checked only where the kernel records one.
+        let t = super::trace_asserts();
+        assert!(
+            t.starts_with("#ifdef FS_TRACE\n") && t.contains("FS_TRACE_EVENTS == 10"),
+            "{t}"
+        );
     }
 
     #[test]

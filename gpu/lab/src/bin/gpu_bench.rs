@@ -16,6 +16,7 @@ use specmla_gpu_lab::bench::{
 };
 use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, bench_prefill_spec_step, PrefillCase};
 use specmla_gpu_lab::bench_step::{bench_prefill_step, bench_verify_step};
+use specmla_gpu_lab::trace::seesaw_timeline;
 use specmla_sim::step_bench::VerifyBench;
 
 /// Benchmarks of the MLA decode kernels against measured ceilings.
@@ -45,6 +46,11 @@ struct Cli {
     /// repetitions and ceilings (`--quick` cuts both).
     #[arg(long)]
     decode_only: bool,
+    /// Instead of timing, record the default decode kernel's timeline at each shape (fast
+    /// plan; needs `SPECMLA_FLASH_DEFINES=FS_TRACE`): where one CTA's steady iteration goes,
+    /// per warpgroup, printed, and `timeline-H-Q-B-L.csv` under this directory.
+    #[arg(long, value_name = "DIR")]
+    timeline: Option<std::path::PathBuf>,
     /// Page size in tokens.
     #[arg(long, default_value_t = 64, value_parser = positive)]
     page: usize,
@@ -341,6 +347,14 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let fast_plan = |s: &BenchShape| -> (usize, usize) {
+        let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
+        let resident = |n: usize| resident[n.min(resident.len() - 1)];
+        fast_split_plan(groups, s.context, &resident, 64).into()
+    };
+    if let Some(dir) = &cli.timeline {
+        return timelines(&dev, (&k, &fk), &decode_shapes, &fast_plan, dir);
+    }
     let scrub = L2Scrub::new(&dev, &k)?;
     let mut rows: Vec<Measurement> = Vec::new();
     println!(
@@ -384,9 +398,7 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                 }
             }
         } else {
-            let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
-            let resident = |n: usize| resident[n.min(resident.len() - 1)];
-            let fast: (usize, usize) = fast_split_plan(groups, s.context, &resident, 64).into();
+            let fast = fast_plan(&s);
             variants.push(v(fk.wide, invariant(&s), "invariant"));
             variants.push(v(fk.wide, fast, "fast"));
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
@@ -475,6 +487,37 @@ fn print_row(m: &Measurement, c: &Ceilings) {
         100.0 * m.gb_per_s() / c.copy_gb_per_s,
         100.0 * m.tflop_per_s() / c.gemm_tflop_per_s
     );
+}
+
+/// `--timeline`: each shape's timeline on the fast plan, printed and written under `dir`.
+fn timelines(
+    dev: &GpuDevice,
+    (k, fk): (&Kernels, &FlashKernels),
+    shapes: &[BenchShape],
+    fast_plan: &dyn Fn(&BenchShape) -> (usize, usize),
+    dir: &std::path::Path,
+) -> Result<(), GpuError> {
+    let io = |e: std::io::Error| GpuError::NoDevice(format!("--timeline {}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    for &s in shapes {
+        let inp = DecodeInputs::new(dev, k, s, 11)?;
+        let Some(t) = seesaw_timeline(dev, fk, &inp, fast_plan(&s))? else {
+            return Err(GpuError::NoDevice(
+                "--timeline: the kernel wrote no timeline (build it with SPECMLA_FLASH_DEFINES=FS_TRACE)"
+                    .into(),
+            ));
+        };
+        println!("H {} q {} B {} L {}:", s.heads, s.q_len, s.batch, s.context);
+        for l in t.report() {
+            println!("  {l}");
+        }
+        let name = format!(
+            "timeline-{}-{}-{}-{}.csv",
+            s.heads, s.q_len, s.batch, s.context
+        );
+        std::fs::write(dir.join(name), t.to_csv()).map_err(io)?;
+    }
+    Ok(())
 }
 
 fn write_csv(path: &std::path::Path, c: &Ceilings, rows: &[Measurement]) -> std::io::Result<()> {

@@ -1,0 +1,282 @@
+//! The seesaw decode's timeline: with `SPECMLA_FLASH_DEFINES=FS_TRACE`, the CTA of block
+//! (0, 0, 0) writes `clock64` readings over the split partials' buffer, one set of marks per
+//! pair iteration and warpgroup (`gpu/kernels/flash_seesaw.cu`, `FS_MARK`). This module
+//! reads them back and says where each warpgroup's time goes in a steady iteration: which
+//! waits are long, and whether the two warpgroups' products overlap.
+
+use specmla_gpu::ops::{
+    FlashKernels, FlashShape, FlashWorkspace, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
+};
+use specmla_gpu::{GpuDevice, GpuError};
+
+use crate::bench::DecodeInputs;
+
+/// Pair iterations the kernel records.
+pub const TRACE_ITERS: usize = SEESAW_TRACE_ITERS;
+/// Marks per warpgroup and iteration.
+pub const TRACE_EVENTS: usize = SEESAW_TRACE_EVENTS;
+/// 64-bit words the kernel writes: the marks, then the CTA's start and end.
+pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 2;
+
+/// What warpgroup 0 does between its marks i and i + 1 (mark 8 ends its iteration).
+pub const WG0_PHASES: [&str; 8] = [
+    "tile A's blocks in, scores issued",
+    "scores drain",
+    "row maxima, handed over",
+    "exp, rescale, own PV issued",
+    "wait for tile B's maxima",
+    "P_A stored, own PV drain",
+    "copies, rescale, wait for P_B",
+    "other PV (P_B V_B left)",
+];
+/// What warpgroup 1 does between its marks i and i + 1 (mark 9 ends its iteration).
+pub const WG1_PHASES: [&str; 9] = [
+    "tile B's blocks in, scores issued",
+    "scores drain",
+    "row maxima, wait for tile A's",
+    "maxima handed over",
+    "exp, rescale, own PV issued",
+    "P_B stored, handed over",
+    "wait for P_A",
+    "own PV drain",
+    "other PV (P_A V_A right)",
+];
+
+/// One pair iteration's marks, `[warpgroup][event]`.
+pub type PairMarks = [[u64; TRACE_EVENTS]; 2];
+
+/// One CTA's marks: `marks[it][wg][event]`, cycles on its SM's clock (0: not recorded,
+/// as for the scores of a missing tile B).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Timeline {
+    pub marks: Vec<PairMarks>,
+    pub cta_start: u64,
+    pub cta_end: u64,
+}
+
+impl Timeline {
+    /// The kernel's words for a CTA of `pairs` pair iterations (at most [`TRACE_ITERS`]
+    /// kept). `None` when the CTA wrote no start mark: a kernel built without `FS_TRACE`.
+    pub fn from_words(words: &[u64], pairs: usize) -> Option<Self> {
+        assert!(words.len() >= TRACE_WORDS, "a trace is {TRACE_WORDS} words");
+        let cta_start = words[TRACE_ITERS * 2 * TRACE_EVENTS];
+        if cta_start == 0 {
+            return None;
+        }
+        let marks = (0..pairs.min(TRACE_ITERS))
+            .map(|it| {
+                let mut m: PairMarks = [[0; TRACE_EVENTS]; 2];
+                for (wg, row) in m.iter_mut().enumerate() {
+                    let at = (it * 2 + wg) * TRACE_EVENTS;
+                    row.copy_from_slice(&words[at..at + TRACE_EVENTS]);
+                }
+                m
+            })
+            .collect();
+        Some(Self {
+            marks,
+            cta_start,
+            cta_end: words[TRACE_ITERS * 2 * TRACE_EVENTS + 1],
+        })
+    }
+
+    /// The iterations away from both ends (the first two fill the pipeline, the last two
+    /// drain it), or all of them when there are too few.
+    fn steady(&self) -> &[PairMarks] {
+        let n = self.marks.len();
+        if n > 6 {
+            &self.marks[2..n - 2]
+        } else {
+            &self.marks
+        }
+    }
+
+    /// Mean cycles of each of warpgroup `wg`'s phases over the steady iterations, then the
+    /// whole iteration (its first mark to the next iteration's). A phase counts only where
+    /// both its marks were recorded.
+    pub fn phase_means(&self, wg: usize) -> Vec<(&'static str, f64)> {
+        let names: &[&'static str] = if wg == 0 { &WG0_PHASES } else { &WG1_PHASES };
+        let steady = self.steady();
+        let mean = |f: &dyn Fn(&PairMarks, usize) -> Option<u64>| {
+            let v: Vec<u64> = steady
+                .iter()
+                .enumerate()
+                .filter_map(|(i, m)| f(m, i))
+                .collect();
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                v.iter().sum::<u64>() as f64 / v.len() as f64
+            }
+        };
+        let gap = |a: u64, b: u64| (a != 0 && b >= a).then(|| b - a);
+        let mut out: Vec<(&'static str, f64)> = names
+            .iter()
+            .enumerate()
+            .map(|(p, &name)| (name, mean(&|m, _| gap(m[wg][p], m[wg][p + 1]))))
+            .collect();
+        let next = |i: usize| steady.get(i + 1).map(|m| m[wg][0]);
+        out.push((
+            "whole iteration",
+            mean(&|m, i| next(i).and_then(|n| gap(m[wg][0], n))),
+        ));
+        out
+    }
+
+    /// The report: each warpgroup's phases in cycles and as a share of its iteration.
+    pub fn report(&self) -> Vec<String> {
+        let mut lines = vec![format!(
+            "timeline of CTA (0, 0, 0): {} pair iterations recorded, {} cycles start to end",
+            self.marks.len(),
+            self.cta_end.saturating_sub(self.cta_start)
+        )];
+        for wg in 0..2 {
+            let phases = self.phase_means(wg);
+            let whole = phases.last().map_or(f64::NAN, |p| p.1);
+            lines.push(format!(
+                "warpgroup {wg}, steady iteration (mean cycles, share):"
+            ));
+            for (name, c) in &phases {
+                lines.push(format!("  {name:<36} {c:>8.0} {:>5.1}%", 100.0 * c / whole));
+            }
+        }
+        lines
+    }
+
+    /// `iteration,warpgroup,event,cycle` rows, cycles counted from the CTA's start (empty
+    /// for a mark not recorded).
+    pub fn to_csv(&self) -> String {
+        let mut out = String::from("iteration,warpgroup,event,cycle\n");
+        for (it, m) in self.marks.iter().enumerate() {
+            for (wg, row) in m.iter().enumerate() {
+                for (e, &c) in row.iter().enumerate() {
+                    let at = if c == 0 {
+                        String::new()
+                    } else {
+                        c.saturating_sub(self.cta_start).to_string()
+                    };
+                    out += &format!("{it},{wg},{e},{at}\n");
+                }
+            }
+        }
+        out
+    }
+}
+
+/// Runs the default decode kernel on `inp` with `plan` (split size, splits) and reads back
+/// CTA (0, 0, 0)'s timeline: `Ok(None)` when the kernels were built without `FS_TRACE`.
+/// The launch's own outputs are not checked (a traced merge through global partials is
+/// wrong by construction).
+pub fn seesaw_timeline(
+    dev: &GpuDevice,
+    k: &FlashKernels,
+    inp: &DecodeInputs,
+    plan: (usize, usize),
+) -> Result<Option<Timeline>, GpuError> {
+    let s = inp.shape;
+    let (split_size_tokens, max_splits) = plan;
+    let shape = FlashShape {
+        batch: s.batch,
+        q_len: s.q_len,
+        heads: s.heads,
+        page: s.page,
+        width: inp.width,
+        split_size_tokens,
+        max_splits,
+    };
+    let mut ws = FlashWorkspace::new(dev, shape, None)?;
+    let policy = specmla_core::split::SplitPolicy {
+        split_size_tokens,
+        max_splits,
+    };
+    let seq = vec![s.context as i32; s.batch];
+    let sched = crate::checks::schedule_of(policy, &seq, &inp.table, inp.width, s.page);
+    let sched_dev = specmla_gpu::ops::FlashSchedule::upload(dev, &sched, split_size_tokens)?;
+    let scale = 1.0 / 192f32.sqrt();
+    for round in 0..3 {
+        if round == 2 {
+            // The traced launch starts from zeros, so a mark it skips reads as missing.
+            ws.o_part.write(dev, &vec![0f32; 2 * TRACE_WORDS])?;
+        }
+        let bufs = ws.bufs(
+            inp.q.ptr(),
+            inp.cache.ptr(),
+            inp.block_table.ptr(),
+            inp.seq_lens.ptr(),
+            &sched_dev,
+        );
+        // SAFETY: DecodeInputs builds a block table with no hole, every entry inside its
+        // cache, and its mapped keys from that table.
+        unsafe { k.flash_decode(dev, shape, bufs, scale) }?;
+    }
+    let raw = ws.o_part.read(dev, 2 * TRACE_WORDS)?;
+    let words: Vec<u64> = raw
+        .chunks_exact(2)
+        .map(|w| w[0].to_bits() as u64 | (w[1].to_bits() as u64) << 32)
+        .collect();
+    // CTA (0, 0, 0) takes split 0 of request 0: its tiles, in pairs.
+    let keys = (sched.split_len_tokens[0] as usize).min(s.context);
+    Ok(Timeline::from_words(&words, keys.div_ceil(64).div_ceil(2)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A synthetic trace: every iteration 1000 cycles, warpgroup 0's marks 100 apart,
+    /// warpgroup 1's 50 apart after a 500-cycle wait in phase 6.
+    fn synthetic(iters: usize) -> Vec<u64> {
+        let mut w = vec![0u64; TRACE_WORDS];
+        w[TRACE_ITERS * 2 * TRACE_EVENTS] = 7;
+        w[TRACE_ITERS * 2 * TRACE_EVENTS + 1] = 7 + 1000 * iters as u64;
+        for it in 0..iters.min(TRACE_ITERS) {
+            let t0 = 10 + 1000 * it as u64;
+            for e in 0..9 {
+                w[(it * 2) * TRACE_EVENTS + e] = t0 + 100 * e as u64;
+            }
+            for e in 0..10 {
+                w[(it * 2 + 1) * TRACE_EVENTS + e] =
+                    t0 + 50 * e as u64 + if e >= 7 { 500 } else { 0 };
+            }
+        }
+        w
+    }
+
+    #[test]
+    fn phases_are_the_gaps_between_marks_over_the_steady_iterations() {
+        let t = Timeline::from_words(&synthetic(10), 10).unwrap();
+        assert_eq!(t.marks.len(), 10);
+        let wg0 = t.phase_means(0);
+        assert_eq!(wg0.len(), WG0_PHASES.len() + 1);
+        assert!(wg0[..8].iter().all(|p| p.1 == 100.0));
+        assert_eq!(wg0[8], ("whole iteration", 1000.0));
+        let wg1 = t.phase_means(1);
+        assert_eq!(wg1[6], ("wait for P_A", 550.0));
+        assert_eq!(wg1[0].1, 50.0);
+        let report = t.report();
+        assert!(report[0].contains("10 pair iterations"), "{report:?}");
+        assert!(report
+            .iter()
+            .any(|l| l.contains("wait for P_A") && l.contains("55.0%")));
+    }
+
+    #[test]
+    fn a_mark_not_recorded_leaves_its_phases_out() {
+        let mut w = synthetic(10);
+        for it in 0..10 {
+            w[(it * 2 + 1) * TRACE_EVENTS + 1] = 0; // no tile B: no scores issued
+        }
+        let t = Timeline::from_words(&w, 10).unwrap();
+        let wg1 = t.phase_means(1);
+        assert!(wg1[0].1.is_nan() && wg1[1].1.is_nan());
+        assert_eq!(wg1[2].1, 50.0);
+        assert!(t.to_csv().contains("3,1,1,\n"));
+    }
+
+    #[test]
+    fn a_kernel_without_the_switch_leaves_no_timeline() {
+        assert!(Timeline::from_words(&vec![0u64; TRACE_WORDS], 4).is_none());
+        let t = Timeline::from_words(&synthetic(80), 200).unwrap();
+        assert_eq!(t.marks.len(), TRACE_ITERS);
+    }
+}
