@@ -503,7 +503,7 @@ fn timelines(
         let inp = DecodeInputs::new(dev, k, s, 11)?;
         let Some(t) = seesaw_timeline(dev, fk, &inp, fast_plan(&s))? else {
             return Err(GpuError::NoDevice(
-                "--timeline: the kernel wrote no timeline (build it with SPECMLA_FLASH_DEFINES=FS_TRACE)"
+                "--timeline: no timeline written (the seesaw kernel records it: sm_90a, SPECMLA_FLASH_DEFINES=FS_TRACE)"
                     .into(),
             ));
         };
