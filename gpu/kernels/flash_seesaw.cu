@@ -34,11 +34,14 @@
 // FS_TRACE (diagnostic): the CTA of block (0, 0, 0) writes its timeline over o_part, as
 // clock64 readings by each warpgroup's first thread: FS_TRACE_EVENTS per warpgroup and pair
 // iteration (the first FS_TRACE_ITERS), [iteration][warpgroup][event], then the CTA's start
-// and end. A launch whose merge reads o_part comes out wrong; one split per request does
-// not. gpu-lab's trace module reads it; without FS_TRACE the marks compile to nothing.
+// and end and FS_TRACE_MAGIC, written last. A launch whose splits merge through o_part
+// (the global merge) overwrites the timeline and gives wrong outputs; one split per request
+// or a cluster merge leaves both intact. gpu-lab's trace module reads it; without FS_TRACE
+// the marks compile to nothing.
 #ifdef FS_TRACE
 #define FS_TRACE_ITERS 64
 #define FS_TRACE_EVENTS 10
+#define FS_TRACE_MAGIC 0x5EE5A77ACE000001ull
 #define FS_MARK(iter, e)                                                                         \
     do {                                                                                         \
         if (trace != nullptr && tid % 128 == 0 && (iter) < FS_TRACE_ITERS)                       \
@@ -306,9 +309,11 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     };
     // Every thread of this warpgroup past its wait: the blocks it read are free.
     auto group_done = [&]() { fs_sync(FS_BAR_GROUP + wg, 128); };
-    // Before a copy into blocks this warpgroup's products read: the issuing thread's own
-    // wait suffices, as a wgmma is one warpgroup-wide operation (FlashMLA's sm90 decode,
-    // commit 9241ae3, issues its copies the same way), so no warpgroup barrier.
+    // Before a copy into blocks this warpgroup's products read (as B, or as A where the
+    // blocks hold the other warpgroup's probabilities): the issuing thread's own wait
+    // suffices, since a wgmma and its group are warpgroup-wide. CUTLASS's sm90 TMA
+    // pipelines free a stage's A and B on one thread's wait per warpgroup the same way,
+    // and FlashMLA's decode (9241ae3) its K tiles. So no warpgroup barrier.
 #ifdef FS_GROUP_BARRIERS
     auto products_done = group_done;
 #else
@@ -455,7 +460,10 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
                 mapped, o_part, lse_part, out, lse, done);
 #ifdef FS_TRACE
-    if (trace != nullptr && tid == 0) trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 1] = clock64();
+    if (trace != nullptr && tid == 0) {
+        trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 1] = clock64();
+        trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 2] = FS_TRACE_MAGIC;
+    }
 #endif
 #endif
 }

@@ -39,10 +39,10 @@ __device__ __forceinline__ unsigned long long fw_desc(unsigned addr, unsigned lb
 }
 
 // The descriptor of the matrix `bytes` past the one `d` describes (same strides and
-// swizzle). The start address is the low 14 bits, in 16-byte units, and shared memory ends
-// below 2^18 bytes, so the sum never carries out of the low word: one add in the uniform
-// datapath instead of rebuilding the descriptor (about ten instructions a wgmma, on the
-// issue slots the softmax needs).
+// swizzle). The start address is the low 14 bits, in 16-byte units, and every operand
+// lies below 2^18 bytes of shared memory, so the field never overflows into the reserved
+// bits 14-15 (or further): one add in the uniform datapath instead of rebuilding the
+// descriptor (about ten instructions a wgmma, on the issue slots the softmax needs).
 __device__ __forceinline__ unsigned long long fw_desc_at(unsigned long long d, unsigned bytes) {
     return (d & 0xFFFFFFFF00000000ull) | (unsigned)((unsigned)d + (bytes >> 4));
 }

@@ -8,7 +8,7 @@ synchronization among them); --sass-out FILE keeps the whole listing.
 
 Setup, once (the CUDA 13.0 NVRTC and nvcc wheels from PyPI, into /tmp/cuda):
     pip download --no-deps -d /tmp/cuda "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-nvcc==13.0.*"
-    pip download --no-deps -d /tmp/cuda nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm   # --sass only
+    pip download --no-deps -d /tmp/cuda "nvidia-cuda-cuobjdump==13.5.*" "nvidia-cuda-nvdisasm==13.5.*"   # --sass only
     for f in /tmp/cuda/*.whl; do unzip -qo "$f" -d /tmp/cuda/x; done
 Run, from the repository root (-DNAME defines a diagnostic switch):
     LD_LIBRARY_PATH=/tmp/cuda/x/nvidia/cu13/lib python3 gpu/tools/nvrtc_check.py [-DFW_NO_LOAD] \
@@ -68,6 +68,7 @@ def sass_summary(cubin: str, kernel: str, keep: str | None) -> None:
         return
     loop = ins[mma[0]:mma[-1] + 1]
     ops = collections.Counter(t.split()[0] for t in loop)
+    # Synchronization, and the copies issued (UTMALDG) among it.
     sync = {k: v for k, v in ops.items() if re.match(r"(WARPGROUP|BAR|SYNCS|DEPBAR|MEMBAR|UTMALDG)", k)}
     uniform = sum(v for k, v in ops.items() if k.startswith("U") and not k.startswith("UTMA"))
     print(f"{kernel}: {len(ins)} instructions; first to last HGMMA {len(loop)} "
@@ -79,8 +80,15 @@ def sass_summary(cubin: str, kernel: str, keep: str | None) -> None:
 def main() -> int:
     defines = [a[2:] for a in sys.argv[1:] if a.startswith("-D")]
     args = sys.argv[1:]
-    sass = args[args.index("--sass") + 1] if "--sass" in args else None
-    keep = args[args.index("--sass-out") + 1] if "--sass-out" in args else None
+    def value(flag: str) -> str | None:
+        if flag not in args:
+            return None
+        at = args.index(flag) + 1
+        if at == len(args):
+            sys.exit(f"{flag} needs a value")
+        return args[at]
+
+    sass, keep = value("--sass"), value("--sass-out")
     kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
     src = "".join(f"#define {d} 1\n" for d in defines)
     src += "\n".join(open(os.path.join(kernels, f)).read() for f in SOURCES)

@@ -5,7 +5,8 @@
 //! waits are long, and whether the two warpgroups' products overlap.
 
 use specmla_gpu::ops::{
-    FlashKernels, FlashShape, FlashWorkspace, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
+    FlashKernels, FlashShape, FlashWorkspace, WideKernel, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
+    SEESAW_TRACE_MAGIC,
 };
 use specmla_gpu::{GpuDevice, GpuError};
 
@@ -15,22 +16,26 @@ use crate::bench::DecodeInputs;
 pub const TRACE_ITERS: usize = SEESAW_TRACE_ITERS;
 /// Marks per warpgroup and iteration.
 pub const TRACE_EVENTS: usize = SEESAW_TRACE_EVENTS;
-/// 64-bit words the kernel writes: the marks, then the CTA's start and end.
-pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 2;
+/// 64-bit words the kernel writes: the marks, then the CTA's start, its end and a magic
+/// word, written last (the timeline is whole only where it reads back).
+pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 3;
 
-/// What warpgroup 0 does between its marks i and i + 1 (mark 8 ends its iteration).
-pub const WG0_PHASES: [&str; 8] = [
+/// What warpgroup 0 does between its marks i and i + 1; the last phase runs from its last
+/// mark (8) to the next iteration's first.
+pub const WG0_PHASES: [&str; 9] = [
     "tile A's blocks in, scores issued",
     "scores drain",
     "row maxima, handed over",
     "exp, rescale, own PV issued",
     "wait for tile B's maxima",
     "P_A stored, own PV drain",
-    "copies, rescale, wait for P_B",
-    "other PV (P_B V_B left)",
+    "copies (left), rescale, wait for P_B",
+    "other PV (P_B V_B left) drain",
+    "copies (left, rope), next iteration",
 ];
-/// What warpgroup 1 does between its marks i and i + 1 (mark 9 ends its iteration).
-pub const WG1_PHASES: [&str; 9] = [
+/// What warpgroup 1 does between its marks i and i + 1; the last phase runs from its last
+/// mark (9) to the next iteration's first.
+pub const WG1_PHASES: [&str; 10] = [
     "tile B's blocks in, scores issued",
     "scores drain",
     "row maxima, wait for tile A's",
@@ -38,8 +43,9 @@ pub const WG1_PHASES: [&str; 9] = [
     "exp, rescale, own PV issued",
     "P_B stored, handed over",
     "wait for P_A",
-    "own PV drain",
-    "other PV (P_A V_A right)",
+    "other PV issued, own PV drain",
+    "copies (right), other PV drain",
+    "copies (right, rope), next iteration",
 ];
 
 /// One pair iteration's marks, `[warpgroup][event]`.
@@ -56,13 +62,15 @@ pub struct Timeline {
 
 impl Timeline {
     /// The kernel's words for a CTA of `pairs` pair iterations (at most [`TRACE_ITERS`]
-    /// kept). `None` when the CTA wrote no start mark: a kernel built without `FS_TRACE`.
+    /// kept). `None` without the magic word: a kernel built without `FS_TRACE`, or a
+    /// timeline the launch's own writes overwrote.
     pub fn from_words(words: &[u64], pairs: usize) -> Option<Self> {
         assert!(words.len() >= TRACE_WORDS, "a trace is {TRACE_WORDS} words");
-        let cta_start = words[TRACE_ITERS * 2 * TRACE_EVENTS];
-        if cta_start == 0 {
+        let tail = TRACE_ITERS * 2 * TRACE_EVENTS;
+        if words[tail + 2] != SEESAW_TRACE_MAGIC {
             return None;
         }
+        let cta_start = words[tail];
         let marks = (0..pairs.min(TRACE_ITERS))
             .map(|it| {
                 let mut m: PairMarks = [[0; TRACE_EVENTS]; 2];
@@ -76,7 +84,7 @@ impl Timeline {
         Some(Self {
             marks,
             cta_start,
-            cta_end: words[TRACE_ITERS * 2 * TRACE_EVENTS + 1],
+            cta_end: words[tail + 1],
         })
     }
 
@@ -93,9 +101,10 @@ impl Timeline {
 
     /// Mean cycles of each of warpgroup `wg`'s phases over the steady iterations, then the
     /// whole iteration (its first mark to the next iteration's). A phase counts only where
-    /// both its marks were recorded.
+    /// both its marks were recorded; the last phase needs a next iteration.
     pub fn phase_means(&self, wg: usize) -> Vec<(&'static str, f64)> {
         let names: &[&'static str] = if wg == 0 { &WG0_PHASES } else { &WG1_PHASES };
+        let last = names.len() - 1; // the phase that ends at the next iteration's mark 0
         let steady = self.steady();
         let mean = |f: &dyn Fn(&PairMarks, usize) -> Option<u64>| {
             let v: Vec<u64> = steady
@@ -110,12 +119,18 @@ impl Timeline {
             }
         };
         let gap = |a: u64, b: u64| (a != 0 && b >= a).then(|| b - a);
+        let next = |i: usize| steady.get(i + 1).map(|m| m[wg][0]);
         let mut out: Vec<(&'static str, f64)> = names
             .iter()
             .enumerate()
-            .map(|(p, &name)| (name, mean(&|m, _| gap(m[wg][p], m[wg][p + 1]))))
+            .map(|(p, &name)| {
+                let phase = |m: &PairMarks, i: usize| match p == last {
+                    true => next(i).and_then(|n| gap(m[wg][p], n)),
+                    false => gap(m[wg][p], m[wg][p + 1]),
+                };
+                (name, mean(&phase))
+            })
             .collect();
-        let next = |i: usize| steady.get(i + 1).map(|m| m[wg][0]);
         out.push((
             "whole iteration",
             mean(&|m, i| next(i).and_then(|n| gap(m[wg][0], n))),
@@ -164,7 +179,9 @@ impl Timeline {
 }
 
 /// Runs the default decode kernel on `inp` with `plan` (split size, splits) and reads back
-/// CTA (0, 0, 0)'s timeline: `Ok(None)` when the kernels were built without `FS_TRACE`.
+/// CTA (0, 0, 0)'s timeline: `Ok(None)` when the kernels were built without `FS_TRACE`,
+/// the default kernel is not the seesaw one, or the plan merges splits through global
+/// partials (which take the timeline's place).
 /// The launch's own outputs are not checked (a traced merge through global partials is
 /// wrong by construction).
 pub fn seesaw_timeline(
@@ -184,7 +201,16 @@ pub fn seesaw_timeline(
         split_size_tokens,
         max_splits,
     };
+    // Only the seesaw kernel records a timeline, and only where no global merge writes
+    // over it (one split per request, or a cluster merge).
+    if k.wide != WideKernel::Seesaw || (max_splits > 1 && !k.merge.in_clusters(max_splits)) {
+        return Ok(None);
+    }
     let mut ws = FlashWorkspace::new(dev, shape, None)?;
+    assert!(
+        ws.o_part.len() >= 2 * TRACE_WORDS,
+        "the split partials hold the timeline"
+    );
     let policy = specmla_core::split::SplitPolicy {
         split_size_tokens,
         max_splits,
@@ -229,6 +255,7 @@ mod tests {
         let mut w = vec![0u64; TRACE_WORDS];
         w[TRACE_ITERS * 2 * TRACE_EVENTS] = 7;
         w[TRACE_ITERS * 2 * TRACE_EVENTS + 1] = 7 + 1000 * iters as u64;
+        w[TRACE_ITERS * 2 * TRACE_EVENTS + 2] = SEESAW_TRACE_MAGIC;
         for it in 0..iters.min(TRACE_ITERS) {
             let t0 = 10 + 1000 * it as u64;
             for e in 0..9 {
@@ -249,10 +276,15 @@ mod tests {
         let wg0 = t.phase_means(0);
         assert_eq!(wg0.len(), WG0_PHASES.len() + 1);
         assert!(wg0[..8].iter().all(|p| p.1 == 100.0));
-        assert_eq!(wg0[8], ("whole iteration", 1000.0));
+        // Mark 8 at 800, the next iteration's mark 0 at 1000.
+        assert_eq!(wg0[8].1, 200.0);
+        assert_eq!(wg0[9], ("whole iteration", 1000.0));
+        // The phases cover the iteration: their sum is its length.
+        assert_eq!(wg0[..9].iter().map(|p| p.1).sum::<f64>(), 1000.0);
         let wg1 = t.phase_means(1);
         assert_eq!(wg1[6], ("wait for P_A", 550.0));
         assert_eq!(wg1[0].1, 50.0);
+        assert_eq!(wg1[..10].iter().map(|p| p.1).sum::<f64>(), 1000.0);
         let report = t.report();
         assert!(report[0].contains("10 pair iterations"), "{report:?}");
         assert!(report
@@ -274,8 +306,16 @@ mod tests {
     }
 
     #[test]
-    fn a_kernel_without_the_switch_leaves_no_timeline() {
+    fn words_without_the_magic_are_no_timeline() {
         assert!(Timeline::from_words(&vec![0u64; TRACE_WORDS], 4).is_none());
+        // Output values where the marks were (a global merge wrote its partials there):
+        // every word set, the magic word not.
+        let mut w: Vec<u64> = (0..TRACE_WORDS as u64)
+            .map(|i| 0x3f80_0000_3f80_0000 + i)
+            .collect();
+        assert!(Timeline::from_words(&w, 4).is_none());
+        w[TRACE_WORDS - 1] = SEESAW_TRACE_MAGIC;
+        assert!(Timeline::from_words(&w, 4).is_some());
         let t = Timeline::from_words(&synthetic(80), 200).unwrap();
         assert_eq!(t.marks.len(), TRACE_ITERS);
     }

@@ -423,6 +423,8 @@ impl SplitMerge {
 /// (`FS_TRACE_ITERS`, `FS_TRACE_EVENTS`; the compiled source asserts they agree).
 pub const SEESAW_TRACE_ITERS: usize = 64;
 pub const SEESAW_TRACE_EVENTS: usize = 10;
+/// The word a traced CTA writes last (`FS_TRACE_MAGIC`): its timeline is whole.
+pub const SEESAW_TRACE_MAGIC: u64 = 0x5EE5_A77A_CE00_0001;
 
 fn smem_asserts() -> String {
     use super::PrefillTile;
@@ -443,7 +445,7 @@ fn smem_asserts() -> String {
 /// The timeline's sizes as the host reads them, asserted where `FS_TRACE` compiles them.
 fn trace_asserts() -> String {
     format!(
-        "#ifdef FS_TRACE\nstatic_assert(FS_TRACE_ITERS == {SEESAW_TRACE_ITERS} && FS_TRACE_EVENTS == {SEESAW_TRACE_EVENTS}, \"the host reads the timeline with other sizes\");\n#endif\n"
+        "#ifdef FS_TRACE\nstatic_assert(FS_TRACE_ITERS == {SEESAW_TRACE_ITERS} && FS_TRACE_EVENTS == {SEESAW_TRACE_EVENTS} && FS_TRACE_MAGIC == {SEESAW_TRACE_MAGIC}ull, \"the host reads the timeline with other sizes\");\n#endif\n"
     )
 }
 
@@ -847,12 +849,24 @@ mod tests {
             assert!(asserts.contains(&line), "{line} missing from {asserts}");
         }
         assert_eq!(asserts.lines().count(), 5);
-        // The timeline's sizes, checked only where the kernel records one.
+        // The timeline's sizes, checked only where the kernel records one, and the
+        // kernel's source defines the ones the host reads.
         let t = super::trace_asserts();
-        assert!(
-            t.starts_with("#ifdef FS_TRACE\n") && t.contains("FS_TRACE_EVENTS == 10"),
-            "{t}"
-        );
+        assert!(t.starts_with("#ifdef FS_TRACE\n"), "{t}");
+        for (name, host) in [
+            ("FS_TRACE_ITERS", super::SEESAW_TRACE_ITERS.to_string()),
+            ("FS_TRACE_EVENTS", super::SEESAW_TRACE_EVENTS.to_string()),
+            (
+                "FS_TRACE_MAGIC",
+                format!("{:#X}ull", super::SEESAW_TRACE_MAGIC).replace("0X", "0x"),
+            ),
+        ] {
+            let line = format!("#define {name} {host}");
+            assert!(
+                super::FLASH_SEESAW_SRC.contains(&line),
+                "{line} not in flash_seesaw.cu"
+            );
+        }
     }
 
     #[test]

@@ -44,7 +44,7 @@ struct Cli {
     shape: Vec<String>,
     /// Only the decode kernels: no prefill and no spec-step comparison, with the full
     /// repetitions and ceilings (`--quick` cuts both).
-    #[arg(long)]
+    #[arg(long, conflicts_with_all = ["prefill", "prefill_only", "spec"])]
     decode_only: bool,
     /// Instead of timing, record the default decode kernel's timeline at each shape (fast
     /// plan; needs `SPECMLA_FLASH_DEFINES=FS_TRACE`): where one CTA's steady iteration goes,
