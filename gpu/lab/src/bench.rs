@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::shuffled_ids;
-use specmla_core::split::{invariant_split_plan, SplitPolicy};
+use specmla_core::split::{invariant_split_plan, SplitPolicy, SplitSchedule};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
@@ -257,6 +257,37 @@ pub struct DecodeInputs {
 }
 
 impl DecodeInputs {
+    /// The launch shape of these inputs under `plan` (split size in tokens, splits).
+    pub fn flash_shape(&self, (split_size_tokens, max_splits): (usize, usize)) -> FlashShape {
+        let s = self.shape;
+        FlashShape {
+            batch: s.batch,
+            q_len: s.q_len,
+            heads: s.heads,
+            page: s.page,
+            width: self.width,
+            split_size_tokens,
+            max_splits,
+        }
+    }
+
+    /// `plan`'s split schedule over these inputs' table (core's policy), and on the device.
+    pub fn schedule(
+        &self,
+        dev: &GpuDevice,
+        (split_size_tokens, max_splits): (usize, usize),
+    ) -> Result<(SplitSchedule, FlashSchedule), GpuError> {
+        let policy = SplitPolicy {
+            split_size_tokens,
+            max_splits,
+        };
+        let seq = vec![self.shape.context as i32; self.shape.batch];
+        let sched =
+            crate::checks::schedule_of(policy, &seq, &self.table, self.width, self.shape.page);
+        let on_device = FlashSchedule::upload(dev, &sched, split_size_tokens)?;
+        Ok((sched, on_device))
+    }
+
     pub fn new(dev: &GpuDevice, k: &Kernels, s: BenchShape, seed: u64) -> Result<Self, GpuError> {
         let width = s.context.div_ceil(s.page);
         let blocks = s.batch * width;
@@ -300,33 +331,15 @@ pub fn bench_flash(
     scrub: &L2Scrub,
 ) -> Result<Vec<Measurement>, GpuError> {
     let s = inp.shape;
-    let shape = |(split_size_tokens, max_splits): (usize, usize)| FlashShape {
-        batch: s.batch,
-        q_len: s.q_len,
-        heads: s.heads,
-        page: s.page,
-        width: inp.width,
-        split_size_tokens,
-        max_splits,
-    };
+    let shape = |plan| inp.flash_shape(plan);
     let outs = variants
         .iter()
         .map(|v| FlashWorkspace::new(dev, shape(v.plan), None))
         .collect::<Result<Vec<_>, _>>()?;
-    // Each variant's schedule, from core's policy over the inputs' table.
-    let seq = vec![s.context as i32; s.batch];
     let schedules = variants
         .iter()
-        .map(|v| {
-            let (split_size_tokens, max_splits) = v.plan;
-            let policy = SplitPolicy {
-                split_size_tokens,
-                max_splits,
-            };
-            let sched = crate::checks::schedule_of(policy, &seq, &inp.table, inp.width, s.page);
-            FlashSchedule::upload(dev, &sched, split_size_tokens)
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+        .map(|v| Ok(inp.schedule(dev, v.plan)?.1))
+        .collect::<Result<Vec<_>, GpuError>>()?;
     let scale = 1.0 / 192f32.sqrt();
     let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = variants
         .iter()

@@ -5,7 +5,7 @@
 //! waits are long, and whether the two warpgroups' products overlap.
 
 use specmla_gpu::ops::{
-    FlashKernels, FlashShape, FlashWorkspace, WideKernel, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
+    FlashKernels, FlashWorkspace, WideKernel, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
     SEESAW_TRACE_MAGIC,
 };
 use specmla_gpu::{GpuDevice, GpuError};
@@ -181,9 +181,7 @@ impl Timeline {
 /// Runs the default decode kernel on `inp` with `plan` (split size, splits) and reads back
 /// CTA (0, 0, 0)'s timeline: `Ok(None)` when the kernels were built without `FS_TRACE`,
 /// the default kernel is not the seesaw one, or the plan merges splits through global
-/// partials (which take the timeline's place).
-/// The launch's own outputs are not checked (a traced merge through global partials is
-/// wrong by construction).
+/// partials (which take the timeline's place). The launch's outputs are not checked.
 pub fn seesaw_timeline(
     dev: &GpuDevice,
     k: &FlashKernels,
@@ -191,16 +189,8 @@ pub fn seesaw_timeline(
     plan: (usize, usize),
 ) -> Result<Option<Timeline>, GpuError> {
     let s = inp.shape;
-    let (split_size_tokens, max_splits) = plan;
-    let shape = FlashShape {
-        batch: s.batch,
-        q_len: s.q_len,
-        heads: s.heads,
-        page: s.page,
-        width: inp.width,
-        split_size_tokens,
-        max_splits,
-    };
+    let max_splits = plan.1;
+    let shape = inp.flash_shape(plan);
     // Only the seesaw kernel records a timeline, and only where no global merge writes
     // over it (one split per request, or a cluster merge).
     if k.wide != WideKernel::Seesaw || (max_splits > 1 && !k.merge.in_clusters(max_splits)) {
@@ -211,13 +201,7 @@ pub fn seesaw_timeline(
         ws.o_part.len() >= 2 * TRACE_WORDS,
         "the split partials hold the timeline"
     );
-    let policy = specmla_core::split::SplitPolicy {
-        split_size_tokens,
-        max_splits,
-    };
-    let seq = vec![s.context as i32; s.batch];
-    let sched = crate::checks::schedule_of(policy, &seq, &inp.table, inp.width, s.page);
-    let sched_dev = specmla_gpu::ops::FlashSchedule::upload(dev, &sched, split_size_tokens)?;
+    let (sched, sched_dev) = inp.schedule(dev, plan)?;
     let scale = 1.0 / 192f32.sqrt();
     for round in 0..3 {
         if round == 2 {

@@ -503,7 +503,7 @@ fn timelines(
         let inp = DecodeInputs::new(dev, k, s, 11)?;
         let Some(t) = seesaw_timeline(dev, fk, &inp, fast_plan(&s))? else {
             return Err(GpuError::NoDevice(
-                "--timeline: no timeline written (the seesaw kernel records it: sm_90a, SPECMLA_FLASH_DEFINES=FS_TRACE)"
+                "--timeline: no timeline (the seesaw kernel records it on sm_90a with SPECMLA_FLASH_DEFINES=FS_TRACE, where no global split merge writes over it)"
                     .into(),
             ));
         };
