@@ -56,6 +56,8 @@ pub type PairMarks = [[u64; TRACE_EVENTS]; 2];
 #[derive(Debug, Clone, PartialEq)]
 pub struct Timeline {
     pub marks: Vec<PairMarks>,
+    /// The CTA's pair iterations, recorded or not.
+    pub pairs: usize,
     pub cta_start: u64,
     pub cta_end: u64,
 }
@@ -83,6 +85,7 @@ impl Timeline {
             .collect();
         Some(Self {
             marks,
+            pairs,
             cta_start,
             cta_end: words[tail + 1],
         })
@@ -138,13 +141,38 @@ impl Timeline {
         out
     }
 
-    /// The report: each warpgroup's phases in cycles and as a share of its iteration.
+    /// Cycles from the CTA's start to its first iteration (the Q tile's and the first
+    /// tiles' loads), and from its last iteration's last mark to its end (the epilogue);
+    /// the second only where every iteration was recorded.
+    pub fn prologue_epilogue(&self) -> (Option<u64>, Option<u64>) {
+        let first = self.marks.first().map(|m| m[0][0]).filter(|&c| c != 0);
+        let prologue = first.and_then(|c| c.checked_sub(self.cta_start));
+        let last = (self.marks.len() == self.pairs)
+            .then(|| self.marks.last())
+            .flatten()
+            .and_then(|m| m.iter().flatten().copied().max());
+        let epilogue = last.and_then(|c| self.cta_end.checked_sub(c));
+        (prologue, epilogue)
+    }
+
+    /// The report: the CTA's start and end, then each warpgroup's phases in cycles and as
+    /// a share of its iteration.
     pub fn report(&self) -> Vec<String> {
-        let mut lines = vec![format!(
-            "timeline of CTA (0, 0, 0): {} pair iterations recorded, {} cycles start to end",
-            self.marks.len(),
-            self.cta_end.saturating_sub(self.cta_start)
-        )];
+        let (prologue, epilogue) = self.prologue_epilogue();
+        let show = |c: Option<u64>| c.map_or("not recorded".into(), |c| format!("{c} cycles"));
+        let mut lines = vec![
+            format!(
+                "timeline of CTA (0, 0, 0): {} of {} pair iterations recorded, {} cycles start to end",
+                self.marks.len(),
+                self.pairs,
+                self.cta_end.saturating_sub(self.cta_start)
+            ),
+            format!(
+                "  before the first iteration (Q, first tiles): {}; after the last (epilogue): {}",
+                show(prologue),
+                show(epilogue)
+            ),
+        ];
         for wg in 0..2 {
             let phases = self.phase_means(wg);
             let whole = phases.last().map_or(f64::NAN, |p| p.1);
@@ -270,7 +298,14 @@ mod tests {
         assert_eq!(wg1[0].1, 50.0);
         assert_eq!(wg1[..10].iter().map(|p| p.1).sum::<f64>(), 1000.0);
         let report = t.report();
-        assert!(report[0].contains("10 pair iterations"), "{report:?}");
+        assert!(report[0].contains("10 of 10 pair iterations"), "{report:?}");
+        // Start 7, first mark 10; the last iteration's last mark is warpgroup 1's at
+        // 9010 + 450 + 500, the end 10007.
+        assert_eq!(t.prologue_epilogue(), (Some(3), Some(47)));
+        assert!(
+            report[1].contains("3 cycles") && report[1].contains("47 cycles"),
+            "{report:?}"
+        );
         assert!(report
             .iter()
             .any(|l| l.contains("wait for P_A") && l.contains("55.0%")));
@@ -302,5 +337,7 @@ mod tests {
         assert!(Timeline::from_words(&w, 4).is_some());
         let t = Timeline::from_words(&synthetic(80), 200).unwrap();
         assert_eq!(t.marks.len(), TRACE_ITERS);
+        // Iterations past the recorded ones: no epilogue to measure.
+        assert_eq!(t.prologue_epilogue().1, None);
     }
 }
