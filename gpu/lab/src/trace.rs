@@ -1,8 +1,10 @@
 //! The seesaw decode's timeline: with `SPECMLA_FLASH_DEFINES=FS_TRACE`, the CTA of block
 //! (0, 0, 0) writes `clock64` readings over the split partials' buffer, one set of marks per
 //! pair iteration and warpgroup (`gpu/kernels/flash_seesaw.cu`, `FS_MARK`). This module
-//! reads them back and says where each warpgroup's time goes in a steady iteration: which
-//! waits are long, and whether the two warpgroups' products overlap.
+//! reads them back and says where each warpgroup's time goes in a steady iteration (which
+//! waits are long, how long each product drains) and how long the CTA spends before its
+//! first iteration and after its last. The marks go out as CSV for anything finer, such as
+//! lining the two warpgroups' phases up against each other.
 
 use specmla_gpu::ops::{
     FlashKernels, FlashWorkspace, WideKernel, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
