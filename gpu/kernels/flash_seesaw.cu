@@ -40,7 +40,7 @@
 // the marks compile to nothing.
 #ifdef FS_TRACE
 #define FS_TRACE_ITERS 64
-#define FS_TRACE_EVENTS 10
+#define FS_TRACE_EVENTS 12
 #define FS_TRACE_MAGIC 0x5EE5A77ACE000001ull
 #define FS_MARK(iter, e)                                                                         \
     do {                                                                                         \
@@ -146,6 +146,41 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         for (int c = 0; c < 9; ++c)
             if (mask >> c & 1) fw_expect(bar0 + c * 8, boxes * box_rows * 128);
         fw_issue_boxes(dst, &cache_map, bt, page, t0, boxes, mask, bar0, 8);
+    };
+    // Pages of 64 keys or more hold a whole tile (tiles start 64-key aligned), so its copies
+    // need one block-table entry, read at the top of the iteration before them: the copies
+    // then wait for no load (timeline: a copy behind its own block-table read took 800-1000
+    // cycles, and its warp, hence its warpgroup's next product, waited with it). The read is
+    // asm volatile so ptxas keeps it where it is written instead of sinking it to its use
+    // under the loop's register pressure. A tile past the split reads its last tile's entry.
+    const bool whole_pages = page >= 64;
+    auto entry_ahead = [&](int t) {
+        int e = 0;
+#ifndef FS_BT_INPLACE
+        if (whole_pages)
+            asm volatile("ld.global.nc.b32 %0, [%1];\n"
+                         : "=r"(e)
+                         : "l"(bt + (kv_start + min(t, tiles - 1) * 64) / page));
+#endif
+        return e;
+    };
+    // issue() with tile t's block-table entry in hand (pages of 64 keys or more).
+    auto issue_at = [&](int t, unsigned mask, int entry) {
+#ifndef FS_BT_INPLACE
+        if (whole_pages) {
+            const int stage = t % 2, t0 = kv_start + t * 64;
+            const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
+            const int slot = entry * page + t0 % page;
+#pragma unroll
+            for (int c = 0; c < 9; ++c)
+                if (mask >> c & 1) {
+                    fw_expect(bar0 + c * 8, 64 * 128);
+                    fw_tma(dst + c * FW_BLOCK_BYTES, &cache_map, c * 64, slot, bar0 + c * 8);
+                }
+            return;
+        }
+#endif
+        issue(t, mask);
     };
     if (tid == 0) {
         for (int i = 0; i < 18; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
@@ -334,6 +369,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #endif
         if (wg == 0) {
             FS_MARK(it, 0);
+            const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
             scores(ta, order_a, it);
             FS_MARK(it, 2);
             float mx[2], m_a[2], a_a[2], sum[2];
@@ -380,7 +416,8 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
             FS_MARK(it, 6);
             products_done();
-            if (tid == 0 && ta + 2 < more) issue(ta + 2, left);
+            if (tid == 0 && ta + 2 < more) issue_at(ta + 2, left, entry_a);
+            FS_MARK(it, 7);
             rescale(a_b);
 #pragma unroll
             for (int i = 0; i < 2; ++i) {
@@ -389,18 +426,20 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             }
             if (has_b) {
                 fs_sync(FS_BAR_P_B, 256);
-                FS_MARK(it, 7);
+                FS_MARK(it, 8);
                 pv_other(1);
                 fw_wait();
 #pragma unroll
                 for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-                FS_MARK(it, 8);
+                FS_MARK(it, 9);
                 products_done();
-                if (tid == 0 && tb + 2 < more) issue(tb + 2, left_rope);
+                if (tid == 0 && tb + 2 < more) issue_at(tb + 2, left_rope, entry_b);
+                FS_MARK(it, 10);
             }
         } else {
             float mx[2] = {NEG_INF, NEG_INF};
             FS_MARK(it, 0);
+            const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
             if (has_b) {
                 scores(tb, order_b, it);
                 FS_MARK(it, 2);
@@ -446,14 +485,16 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
                 FS_MARK(it, 8);
                 products_done();
-                if (tid == 128 && tb + 2 < more) issue(tb + 2, right);
+                if (tid == 128 && tb + 2 < more) issue_at(tb + 2, right, entry_b);
+                FS_MARK(it, 9);
             }
             fw_wait();
 #pragma unroll
             for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-            FS_MARK(it, 9);
+            FS_MARK(it, 10);
             products_done();
-            if (tid == 128 && ta + 2 < more) issue(ta + 2, right_rope);
+            if (tid == 128 && ta + 2 < more) issue_at(ta + 2, right_rope, entry_a);
+            FS_MARK(it, 11);
         }
     }
     __syncthreads();

@@ -23,21 +23,23 @@ pub const TRACE_EVENTS: usize = SEESAW_TRACE_EVENTS;
 pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 3;
 
 /// What warpgroup 0 does between its marks i and i + 1; the last phase runs from its last
-/// mark (8) to the next iteration's first.
-pub const WG0_PHASES: [&str; 9] = [
+/// mark (10) to the next iteration's first.
+pub const WG0_PHASES: [&str; 11] = [
     "tile A's blocks in, scores issued",
     "scores drain",
     "row maxima, handed over",
     "exp, rescale, own PV issued",
     "wait for tile B's maxima",
     "P_A stored, own PV drain",
-    "copies (left), rescale, wait for P_B",
+    "copies (left) issued",
+    "rescale, wait for P_B",
     "other PV (P_B V_B left) drain",
-    "copies (left, rope), next iteration",
+    "copies (left, rope) issued",
+    "to the next iteration",
 ];
 /// What warpgroup 1 does between its marks i and i + 1; the last phase runs from its last
-/// mark (9) to the next iteration's first.
-pub const WG1_PHASES: [&str; 10] = [
+/// mark (11) to the next iteration's first.
+pub const WG1_PHASES: [&str; 12] = [
     "tile B's blocks in, scores issued",
     "scores drain",
     "row maxima, wait for tile A's",
@@ -46,8 +48,10 @@ pub const WG1_PHASES: [&str; 10] = [
     "P_B stored, handed over",
     "wait for P_A",
     "other PV issued, own PV drain",
-    "copies (right), other PV drain",
-    "copies (right, rope), next iteration",
+    "copies (right) issued",
+    "other PV drain",
+    "copies (right, rope) issued",
+    "to the next iteration",
 ];
 
 /// One pair iteration's marks, `[warpgroup][event]`.
@@ -263,8 +267,8 @@ pub fn seesaw_timeline(
 mod tests {
     use super::*;
 
-    /// A synthetic trace: every iteration 1000 cycles, warpgroup 0's marks 100 apart,
-    /// warpgroup 1's 50 apart after a 500-cycle wait in phase 6.
+    /// A synthetic trace: every iteration 1000 cycles, warpgroup 0's marks 80 apart,
+    /// warpgroup 1's 50 apart after a 300-cycle wait in phase 6.
     fn synthetic(iters: usize) -> Vec<u64> {
         let mut w = vec![0u64; TRACE_WORDS];
         w[TRACE_ITERS * 2 * TRACE_EVENTS] = 7;
@@ -272,12 +276,12 @@ mod tests {
         w[TRACE_ITERS * 2 * TRACE_EVENTS + 2] = SEESAW_TRACE_MAGIC;
         for it in 0..iters.min(TRACE_ITERS) {
             let t0 = 10 + 1000 * it as u64;
-            for e in 0..9 {
-                w[(it * 2) * TRACE_EVENTS + e] = t0 + 100 * e as u64;
+            for e in 0..WG0_PHASES.len() {
+                w[(it * 2) * TRACE_EVENTS + e] = t0 + 80 * e as u64;
             }
-            for e in 0..10 {
+            for e in 0..WG1_PHASES.len() {
                 w[(it * 2 + 1) * TRACE_EVENTS + e] =
-                    t0 + 50 * e as u64 + if e >= 7 { 500 } else { 0 };
+                    t0 + 50 * e as u64 + if e >= 7 { 300 } else { 0 };
             }
         }
         w
@@ -289,28 +293,28 @@ mod tests {
         assert_eq!(t.marks.len(), 10);
         let wg0 = t.phase_means(0);
         assert_eq!(wg0.len(), WG0_PHASES.len() + 1);
-        assert!(wg0[..8].iter().all(|p| p.1 == 100.0));
-        // Mark 8 at 800, the next iteration's mark 0 at 1000.
-        assert_eq!(wg0[8].1, 200.0);
-        assert_eq!(wg0[9], ("whole iteration", 1000.0));
+        assert!(wg0[..10].iter().all(|p| p.1 == 80.0));
+        // Mark 10 at 800, the next iteration's mark 0 at 1000.
+        assert_eq!(wg0[10].1, 200.0);
+        assert_eq!(wg0[11], ("whole iteration", 1000.0));
         // The phases cover the iteration: their sum is its length.
-        assert_eq!(wg0[..9].iter().map(|p| p.1).sum::<f64>(), 1000.0);
+        assert_eq!(wg0[..11].iter().map(|p| p.1).sum::<f64>(), 1000.0);
         let wg1 = t.phase_means(1);
-        assert_eq!(wg1[6], ("wait for P_A", 550.0));
+        assert_eq!(wg1[6], ("wait for P_A", 350.0));
         assert_eq!(wg1[0].1, 50.0);
-        assert_eq!(wg1[..10].iter().map(|p| p.1).sum::<f64>(), 1000.0);
+        assert_eq!(wg1[..12].iter().map(|p| p.1).sum::<f64>(), 1000.0);
         let report = t.report();
         assert!(report[0].contains("10 of 10 pair iterations"), "{report:?}");
         // Start 7, first mark 10; the last iteration's last mark is warpgroup 1's at
-        // 9010 + 450 + 500, the end 10007.
-        assert_eq!(t.prologue_epilogue(), (Some(3), Some(47)));
+        // 9010 + 550 + 300, the end 10007.
+        assert_eq!(t.prologue_epilogue(), (Some(3), Some(147)));
         assert!(
-            report[1].contains("3 cycles") && report[1].contains("47 cycles"),
+            report[1].contains("3 cycles") && report[1].contains("147 cycles"),
             "{report:?}"
         );
         assert!(report
             .iter()
-            .any(|l| l.contains("wait for P_A") && l.contains("55.0%")));
+            .any(|l| l.contains("wait for P_A") && l.contains("35.0%")));
     }
 
     #[test]

@@ -193,7 +193,8 @@ impl FlashConfig {
 /// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
 /// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same,
 /// `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each copy into blocks the
-/// warpgroup's products read (the issuing thread's own wait is the default), and
+/// warpgroup's products read (the issuing thread's own wait is the default),
+/// `FS_BT_INPLACE` reads each block-table entry at its copy instead of an iteration's top, and
 /// `FS_TRACE` has one CTA write its timeline over the split partials (`gpu-bench
 /// --timeline`).
 /// On both, `FW_NO_MERGE` leaves every split's partial unmerged.
@@ -206,9 +207,10 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 11] = [
+const DIAGNOSTIC_DEFINES: [&str; 12] = [
     "FW_NO_LOAD",
     "FS_GROUP_BARRIERS",
+    "FS_BT_INPLACE",
     "FS_TRACE",
     "FW_NO_MMA",
     "FW_NO_QK",
@@ -422,7 +424,7 @@ impl SplitMerge {
 /// Pair iterations and marks per warpgroup of the seesaw kernel's `FS_TRACE` timeline
 /// (`FS_TRACE_ITERS`, `FS_TRACE_EVENTS`; the compiled source asserts they agree).
 pub const SEESAW_TRACE_ITERS: usize = 64;
-pub const SEESAW_TRACE_EVENTS: usize = 10;
+pub const SEESAW_TRACE_EVENTS: usize = 12;
 /// The word a traced CTA writes last (`FS_TRACE_MAGIC`): its timeline is whole.
 pub const SEESAW_TRACE_MAGIC: u64 = 0x5EE5_A77A_CE00_0001;
 
