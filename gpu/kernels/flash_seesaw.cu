@@ -22,7 +22,12 @@
 // its right blocks and rope when warpgroup 1 has. A warpgroup takes a tile's blocks in the
 // order they free up.
 
-#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 18 * 8 + 16)
+#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 22 * 8 + 16)
+// Two warpgroups of products and softmax, then one that issues the copies (the copy
+// warpgroup), with its registers handed to the other two.
+#define FS_THREADS 384
+#define FS_COPY_REGS 24
+#define FS_MATH_REGS 240
 // Named barriers (0 is __syncthreads): maxima and probabilities handed across warpgroups,
 // then one per warpgroup.
 #define FS_BAR_MAX_A 1
@@ -93,9 +98,9 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
 #endif
 
 // Arguments, layouts, grid and contract as flash_decode_wgmma; FS_SMEM_BYTES of shared
-// memory. Thread 0 issues the loads of a stage's left blocks, thread 128 of its right
-// blocks: each right after its own warpgroup's last read of them.
-extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
+// memory. Warpgroup 0 issues the loads of a stage's left blocks, warpgroup 1 of its right
+// blocks (lane 0 of each warp a share): each right after its own warpgroup's last read.
+extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     flash_decode_seesaw(FW_DECODE_PARAMS) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
@@ -107,7 +112,8 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     float* max_b = max_a + 64;                                         // [64] m after tile B
     float* red = max_b + 64;                                           // [2][64] row sums
     const unsigned bars = smem_addr(red + 2 * 64);                     // [stage][block] mbarriers
-    int* last = (int*)(red + 2 * 64 + 2 * 18);
+    const unsigned empties = bars + 18 * 8;                            // [4] blocks free to reload
+    int* last = (int*)(red + 2 * 64 + 2 * 22);
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks);
     // K-major operands (Q, K, the probabilities) and N-major V, at the start of the Q tile and
     // of stage 0; every product's descriptor is one of these moved by a byte offset.
@@ -132,10 +138,15 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
     const int kv_end = min(min(kv_start + split, seq_len), mapped);  // nothing past a hole
 
-    fw_load_q(qs, q, b, rows, row0);
+    if (tid < FW_THREADS) fw_load_q(qs, q, b, rows, row0);
     const int* bt = block_table + (long long)b * width;
     const int box_rows = min(page, 64);
     const int tiles = kv_end > kv_start ? (kv_end - kv_start + 63) / 64 : 0;
+#ifdef FW_NO_LOAD
+    const int more = 0;  // tiles issued after the first two
+#else
+    const int more = tiles;
+#endif
     // The blocks in `mask` (bit c: columns 64c..64c+63) of tile `t` into its stage, each on
     // its own mbarrier: one box per page part holding keys below kv_end.
     auto issue = [&](int t, unsigned mask) {
@@ -148,13 +159,12 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
         fw_issue_boxes(dst, &cache_map, bt, page, t0, boxes, mask, bar0, 8);
     };
     // Pages of 64 keys or more hold a whole tile (tiles start 64-key aligned), so its copies
-    // need one block-table entry, read at the top of the iteration before them: the copies
-    // then wait for no load (timeline: a copy behind its own block-table read took 800-1000
-    // cycles, and its warp, hence its warpgroup's next product, waited with it). The read is
-    // asm volatile so ptxas keeps it where it is written instead of sinking it to its use
-    // under the loop's register pressure. A tile past the split reads its last tile's entry.
+    // need one block-table entry, read before it is needed: asm volatile, so ptxas keeps the
+    // read where it is written instead of sinking it to its use (a copy behind its own
+    // block-table read took 800-1000 cycles in the timeline). A tile past the split reads
+    // its last tile's entry.
     const bool whole_pages = page >= 64;
-    auto entry_ahead = [&](int t) {
+    auto entry_of = [&](int t) {
         int e = 0;
 #ifndef FS_BT_INPLACE
         if (whole_pages)
@@ -164,14 +174,14 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #endif
         return e;
     };
-    // issue() with tile t's block-table entry in hand (pages of 64 keys or more).
-    auto issue_at = [&](int t, unsigned mask, int entry) {
+    // The copies of `mask`'s blocks of tile t, issued by the calling thread alone, with the
+    // tile's block-table entry in hand where pages are whole.
+    auto copies = [&](int t, unsigned mask, int entry) {
 #ifndef FS_BT_INPLACE
         if (whole_pages) {
             const int stage = t % 2, t0 = kv_start + t * 64;
             const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
             const int slot = entry * page + t0 % page;
-#pragma unroll
             for (int c = 0; c < 9; ++c)
                 if (mask >> c & 1) {
                     fw_expect(bar0 + c * 8, 64 * 128);
@@ -182,8 +192,57 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
 #endif
         issue(t, mask);
     };
+    // Block orders: a tile's left blocks free up first in stage 0, its right ones in stage 1.
+    const unsigned long long order_a = 0x876543210ull, order_b = 0x832107654ull;
+    const unsigned left = 0x00F, right_rope = 0x1F0, right = 0x0F0, left_rope = 0x10F;
+    // The four reloads of a pair iteration, each the moment its blocks' last reader is done
+    // (empties[e] completes a phase per iteration): stage 0's left blocks after warpgroup
+    // 0's own P V, its right blocks and rope after warpgroup 1's P_A V_A, stage 1's right
+    // blocks after warpgroup 1's own P V, its left blocks and rope after warpgroup 0's
+    // P_B V_B. Stage 0 takes tiles 2, 4, ..., stage 1 tiles 3, 5, ...
+    auto reload_mask = [&](int e) { return e == 0 ? left : e == 1 ? right_rope : e == 2 ? right : left_rope; };
+    // A warpgroup's products are done with blocks: its first thread, past its own wait (a
+    // wgmma and its group are warpgroup-wide; CUTLASS's sm90 TMA pipelines free a stage's A
+    // and B on one thread's wait per warpgroup the same way, and FlashMLA's decode
+    // (9241ae3) its K tiles), arrives on empties[e] and the copy warpgroup reloads them.
+    // Under FS_NO_COPY_GROUP that thread issues the copies itself, as the kernel did before
+    // (the timeline: 500-650 cycles a reload, its warpgroup's next product waiting).
+    auto release = [&](int e, int t, int entry) {
+#ifdef FS_NO_COPY_GROUP
+        (void)empties;
+        if (tid % 128 == 0) copies(t, reload_mask(e), entry);
+#else
+        if (tid % 128 == 0)
+            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empties + e * 8) : "memory");
+#endif
+    };
+    // The consumer side's block-table reads, where it issues the copies itself.
+    auto entry_ahead = [&](int t) {
+#ifdef FS_NO_COPY_GROUP
+        return entry_of(t);
+#else
+        return 0 * t;
+#endif
+    };
+    // The copy warpgroup: lane 0 of warp w reloads blocks reload_mask[w] of each tile it
+    // owns, reading the entry before it waits for the blocks to free up. The TMA engine
+    // takes a copy about every 130 cycles and the issuing thread waits until it does, so
+    // the issue costs this warpgroup, not the products'. It hands its registers to theirs.
+    auto copy_warpgroup = [&]() {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FS_COPY_REGS));
+#ifndef FS_NO_COPY_GROUP
+        const int w = __shfl_sync(0xffffffff, (tid / 32) % 4, 0);
+        if (lane != 0) return;
+        int k = 0;
+        for (int t = 2 + w / 2; t < more; t += 2, ++k) {
+            const int entry = entry_of(t);
+            fw_bar_wait(empties + w * 8, k & 1);
+            copies(t, reload_mask(w), entry);
+        }
+#endif
+    };
     if (tid == 0) {
-        for (int i = 0; i < 18; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
+        for (int i = 0; i < 22; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -195,6 +254,11 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     cp_wait_0();  // Q
     fw_proxy_fence();
     __syncthreads();
+    if (wg == 2) {
+        copy_warpgroup();
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(FS_MATH_REGS));
 
     int lrow[2], limit[2];
     bool live[2];
@@ -344,29 +408,18 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     };
     // Every thread of this warpgroup past its wait: the blocks it read are free.
     auto group_done = [&]() { fs_sync(FS_BAR_GROUP + wg, 128); };
-    // Before a copy into blocks this warpgroup's products read (as B, or as A where the
-    // blocks hold the other warpgroup's probabilities): the issuing thread's own wait
-    // suffices, since a wgmma and its group are warpgroup-wide. CUTLASS's sm90 TMA
-    // pipelines free a stage's A and B on one thread's wait per warpgroup the same way,
-    // and FlashMLA's decode (9241ae3) its K tiles. So no warpgroup barrier.
+    // Before blocks this warpgroup's products read (as B, or as A where they hold the other
+    // warpgroup's probabilities) are released: no warpgroup barrier (see release above);
+    // FS_GROUP_BARRIERS puts one back.
 #ifdef FS_GROUP_BARRIERS
     auto products_done = group_done;
 #else
     auto products_done = [&]() {};
 #endif
-    // Block orders: a tile's left blocks free up first in stage 0, its right ones in stage 1.
-    const unsigned long long order_a = 0x876543210ull, order_b = 0x832107654ull;
-    const unsigned left = 0x00F, right_rope = 0x1F0, right = 0x0F0, left_rope = 0x10F;
-
     const int pairs = (tiles + 1) / 2;
     for (int it = 0; it < pairs; ++it) {
         const int ta = 2 * it, tb = ta + 1;
         const bool has_b = tb < tiles;
-#ifdef FW_NO_LOAD
-        const int more = 0;  // tiles issued after the first two
-#else
-        const int more = tiles;
-#endif
         if (wg == 0) {
             FS_MARK(it, 0);
             const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
@@ -416,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
             FS_MARK(it, 6);
             products_done();
-            if (tid == 0 && ta + 2 < more) issue_at(ta + 2, left, entry_a);
+            if (ta + 2 < more) release(0, ta + 2, entry_a);
             FS_MARK(it, 7);
             rescale(a_b);
 #pragma unroll
@@ -433,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 for (int n = 0; n < 128; ++n) fw_pin(o[n]);
                 FS_MARK(it, 9);
                 products_done();
-                if (tid == 0 && tb + 2 < more) issue_at(tb + 2, left_rope, entry_b);
+                if (tb + 2 < more) release(3, tb + 2, entry_b);
                 FS_MARK(it, 10);
             }
         } else {
@@ -485,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
                 for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
                 FS_MARK(it, 8);
                 products_done();
-                if (tid == 128 && tb + 2 < more) issue_at(tb + 2, right, entry_b);
+                if (tb + 2 < more) release(2, tb + 2, entry_b);
                 FS_MARK(it, 9);
             }
             fw_wait();
@@ -493,7 +546,7 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
             for (int n = 0; n < 128; ++n) fw_pin(o[n]);
             FS_MARK(it, 10);
             products_done();
-            if (tid == 128 && ta + 2 < more) issue_at(ta + 2, right_rope, entry_a);
+            if (ta + 2 < more) release(1, ta + 2, entry_a);
             FS_MARK(it, 11);
         }
     }

@@ -37,7 +37,9 @@ const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 
 /// Shared memory of `flash_decode_seesaw` (its FS_SMEM_BYTES): the same tiles without the P
 /// tile (probabilities go to a tile's rope block), two maxima and two row-sum rows, one
 /// mbarrier per stage and 64-column block, the last-split flag.
-const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 18 * 8 + 16;
+const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 22 * 8 + 16;
+/// Threads of a `flash_decode_seesaw` CTA: two warpgroups of products, one of copies.
+const SEESAW_THREADS: u32 = 384;
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -76,6 +78,15 @@ impl WideKernel {
             Self::Seesaw => "decode_seesaw",
             Self::Wgmma => "decode_wgmma",
             Self::Mma => "decode_mma",
+        }
+    }
+
+    /// Threads of a CTA of this family's Hopper kernel: the seesaw kernel's third
+    /// warpgroup issues its copies (`FS_THREADS`).
+    fn hopper_threads(self) -> u32 {
+        match self {
+            Self::Seesaw => SEESAW_THREADS,
+            _ => 256,
         }
     }
 
@@ -194,7 +205,9 @@ impl FlashConfig {
 /// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same,
 /// `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each copy into blocks the
 /// warpgroup's products read (the issuing thread's own wait is the default),
-/// `FS_BT_INPLACE` reads each block-table entry at its copy instead of an iteration's top, and
+/// `FS_BT_INPLACE` reads each block-table entry at its copy instead of an iteration's top,
+/// `FS_NO_COPY_GROUP` has each warpgroup's first thread issue its copies (the copy
+/// warpgroup idle), and
 /// `FS_TRACE` has one CTA write its timeline over the split partials (`gpu-bench
 /// --timeline`).
 /// On both, `FW_NO_MERGE` leaves every split's partial unmerged.
@@ -207,10 +220,11 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 12] = [
+const DIAGNOSTIC_DEFINES: [&str; 13] = [
     "FW_NO_LOAD",
     "FS_GROUP_BARRIERS",
     "FS_BT_INPLACE",
+    "FS_NO_COPY_GROUP",
     "FS_TRACE",
     "FW_NO_MMA",
     "FW_NO_QK",
@@ -433,6 +447,7 @@ fn smem_asserts() -> String {
     [
         ("FW_SMEM_BYTES", WGMMA_SMEM_BYTES),
         ("FS_SMEM_BYTES", SEESAW_SMEM_BYTES),
+        ("FS_THREADS", SEESAW_THREADS as usize),
         ("FP_SMEM_BYTES(64)", PrefillTile::Rows64.smem_bytes()),
         ("FP_SMEM_BYTES(128)", PrefillTile::Rows128.smem_bytes()),
         ("FT_SMEM_BYTES", PrefillTile::Tma128.smem_bytes()),
@@ -628,7 +643,13 @@ impl FlashKernels {
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
                 let f = &self.fns[self.wide.function()];
-                max_active_clusters(dev, f, 256, bytes as u32, splits as u32)
+                max_active_clusters(
+                    dev,
+                    f,
+                    self.wide.hopper_threads(),
+                    bytes as u32,
+                    splits as u32,
+                )
             }
             None => Ok(sms / splits.max(1)),
         }
@@ -759,7 +780,7 @@ impl FlashKernels {
             args.push(Arg::Map(map));
         }
         let (threads, smem) = if let Some(bytes) = wide.smem_bytes().filter(|_| hopper) {
-            (256, bytes)
+            (wide.hopper_threads(), bytes)
         } else {
             (self.flash.threads(), self.flash.smem_bytes())
         };
@@ -832,11 +853,12 @@ mod tests {
         const { assert!(super::SEESAW_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         const { assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         assert_eq!(super::WGMMA_SMEM_BYTES, 230_944);
-        assert_eq!(super::SEESAW_SMEM_BYTES, 223_392);
+        assert_eq!(super::SEESAW_SMEM_BYTES, 223_424);
     }
 
     /// The module checks every kernel's shared-memory formula against the host's size at
-    /// compile time: one static_assert per kernel, each naming the host's value.
+    /// compile time (one static_assert per kernel, each naming the host's value), and the
+    /// seesaw kernel's thread count against the host's launch.
     #[test]
     fn the_module_asserts_every_shared_memory_size() {
         let asserts = super::smem_asserts();
@@ -846,11 +868,12 @@ mod tests {
             ("FP_SMEM_BYTES(64)", 106_496),
             ("FP_SMEM_BYTES(128)", 131_072),
             ("FT_SMEM_BYTES", 214_144),
+            ("FS_THREADS", 384),
         ] {
             let line = format!("static_assert({kernel} == {host}, ");
             assert!(asserts.contains(&line), "{line} missing from {asserts}");
         }
-        assert_eq!(asserts.lines().count(), 5);
+        assert_eq!(asserts.lines().count(), 6);
         // The timeline's sizes, checked only where the kernel records one, and the
         // kernel's source defines the ones the host reads.
         let t = super::trace_asserts();
