@@ -233,11 +233,12 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
 #ifndef FS_NO_COPY_GROUP
         const int w = __shfl_sync(0xffffffff, (tid / 32) % 4, 0);
         if (lane != 0) return;
-        int k = 0;
+        int k = 0, entry = entry_of(2 + w / 2);
         for (int t = 2 + w / 2; t < more; t += 2, ++k) {
-            const int entry = entry_of(t);
+            const int entry_next = entry_of(t + 2);  // read a wait ahead of its copy
             fw_bar_wait(empties + w * 8, k & 1);
             copies(t, reload_mask(w), entry);
+            entry = entry_next;
         }
 #endif
     };
