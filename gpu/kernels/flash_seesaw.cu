@@ -162,12 +162,12 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     // need one block-table entry, read before it is needed: asm volatile, so ptxas keeps the
     // read where it is written instead of sinking it to its use (a copy behind its own
     // block-table read took 800-1000 cycles in the timeline). A tile past the split reads
-    // its last tile's entry.
+    // its last tile's entry; a split without tiles reads none.
     const bool whole_pages = page >= 64;
     auto entry_of = [&](int t) {
         int e = 0;
 #ifndef FS_BT_INPLACE
-        if (whole_pages)
+        if (whole_pages && tiles > 0)
             asm volatile("ld.global.nc.b32 %0, [%1];\n"
                          : "=r"(e)
                          : "l"(bt + (kv_start + min(t, tiles - 1) * 64) / page));
