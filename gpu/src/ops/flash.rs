@@ -39,6 +39,7 @@ const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 
 /// mbarrier per stage and 64-column block, the last-split flag.
 const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 22 * 8 + 16;
 /// Threads of a `flash_decode_seesaw` CTA: two warpgroups of products, one of copies.
+/// `flash_decode_seesaw_splits` (several splits a request) has the first two only.
 const SEESAW_THREADS: u32 = 384;
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
@@ -81,11 +82,21 @@ impl WideKernel {
         }
     }
 
-    /// Threads of a CTA of this family's Hopper kernel: the seesaw kernel's third
-    /// warpgroup issues its copies (`FS_THREADS`).
-    fn hopper_threads(self) -> u32 {
+    /// The CUDA function that runs a launch of up to `max_splits` splits a request: the
+    /// seesaw family has a kernel with a copy warpgroup for one split and one without for
+    /// several (split CTAs are short and merge; run 64 measured each faster in its place).
+    pub fn launch_function(self, max_splits: usize) -> &'static str {
         match self {
-            Self::Seesaw => SEESAW_THREADS,
+            Self::Seesaw if max_splits > 1 => "flash_decode_seesaw_splits",
+            _ => self.function(),
+        }
+    }
+
+    /// Threads of a CTA of this family's Hopper kernel at `max_splits` splits a request:
+    /// the one-split seesaw kernel's third warpgroup issues its copies (`FS_THREADS`).
+    fn hopper_threads(self, max_splits: usize) -> u32 {
+        match self {
+            Self::Seesaw if max_splits == 1 => SEESAW_THREADS,
             _ => 256,
         }
     }
@@ -550,6 +561,7 @@ impl FlashKernels {
             "flash_decode_narrow",
             "flash_decode_wgmma",
             "flash_decode_seesaw",
+            "flash_decode_seesaw_splits",
             "flash_combine",
             "flash_prefill",
             "flash_prefill_wide",
@@ -571,6 +583,7 @@ impl FlashKernels {
             ("flash_decode_narrow", flash.smem_bytes()),
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
             ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
+            ("flash_decode_seesaw_splits", SEESAW_SMEM_BYTES),
             ("flash_prefill", super::PrefillTile::Rows64.smem_bytes()),
             (
                 "flash_prefill_wide",
@@ -580,7 +593,7 @@ impl FlashKernels {
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()
-                .any(|w| w.function() == name)
+                .any(|w| w.function() == name || w.launch_function(2) == name)
                 || super::PrefillTile::ALL
                     .iter()
                     .any(|t| t.hopper() && t.function() == name);
@@ -642,11 +655,11 @@ impl FlashKernels {
         let clustered = self.wide.hopper() && self.merge.in_clusters(splits);
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
-                let f = &self.fns[self.wide.function()];
+                let f = &self.fns[self.wide.launch_function(splits)];
                 max_active_clusters(
                     dev,
                     f,
-                    self.wide.hopper_threads(),
+                    self.wide.hopper_threads(splits),
                     bytes as u32,
                     splits as u32,
                 )
@@ -721,9 +734,13 @@ impl FlashKernels {
             scale.is_finite() && scale > 0.0,
             "the softmax scale must be positive, got {scale}"
         );
-        let name = self.decode_function(rows, s.page, wide);
+        let family = self.decode_function(rows, s.page, wide);
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
-        let hopper = wide.hopper() && name == wide.function();
+        let hopper = wide.hopper() && family == wide.function();
+        let name = match hopper {
+            true => wide.launch_function(s.max_splits),
+            false => family,
+        };
         // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
         let keys = if hopper { 64 } else { self.flash.keys };
         assert!(
@@ -780,7 +797,7 @@ impl FlashKernels {
             args.push(Arg::Map(map));
         }
         let (threads, smem) = if let Some(bytes) = wide.smem_bytes().filter(|_| hopper) {
-            (wide.hopper_threads(), bytes)
+            (wide.hopper_threads(s.max_splits), bytes)
         } else {
             (self.flash.threads(), self.flash.smem_bytes())
         };
