@@ -585,13 +585,12 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #endif
 }
 
-// One split per request: the copy warpgroup issues the reloads.
+// The copy warpgroup issues the reloads: the host's pick for one split a request and at
+// least four 64-row blocks (WideKernel::launch_function says why).
 extern "C" __global__ void __launch_bounds__(FS_THREADS, 1) flash_decode_seesaw(FW_DECODE_PARAMS) {
     fs_decode<true>(FS_ARGS);
 }
-// Several splits per request (split CTAs of 16-32 pairs, a merge): 256 threads, the product
-// warpgroups issuing their own reloads, measured 1-7% faster there than with the copy
-// warpgroup (run 64), which is 2-3% faster at one split.
-extern "C" __global__ void __launch_bounds__(FW_THREADS, 1) flash_decode_seesaw_splits(FW_DECODE_PARAMS) {
+// 256 threads, the product warpgroups issuing their own reloads: the host's pick otherwise.
+extern "C" __global__ void __launch_bounds__(FW_THREADS, 1) flash_decode_seesaw_2wg(FW_DECODE_PARAMS) {
     fs_decode<false>(FS_ARGS);
 }

@@ -39,7 +39,7 @@ const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 
 /// mbarrier per stage and 64-column block, the last-split flag.
 const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 22 * 8 + 16;
 /// Threads of a `flash_decode_seesaw` CTA: two warpgroups of products, one of copies.
-/// `flash_decode_seesaw_splits` (several splits a request) has the first two only.
+/// `flash_decode_seesaw_2wg` has the first two only (256 threads).
 const SEESAW_THREADS: u32 = 384;
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
@@ -82,22 +82,18 @@ impl WideKernel {
         }
     }
 
-    /// The CUDA function that runs a launch of up to `max_splits` splits a request: the
-    /// seesaw family has a kernel with a copy warpgroup for one split and one without for
-    /// several (split CTAs are short and merge; run 64 measured each faster in its place).
-    pub fn launch_function(self, max_splits: usize) -> &'static str {
+    /// The CUDA function and threads a CTA for a launch of `row_blocks` 64-row blocks and
+    /// up to `max_splits` splits a request. The seesaw family has a kernel with a copy
+    /// warpgroup (384 threads) and one whose product warpgroups issue their own copies
+    /// (`_2wg`, 256). H100 run 65, three rounds in one call: the copy warpgroup is 2-5%
+    /// faster at one split and four or more row blocks (q 2 and 4 at 128 heads), 1-3% slower
+    /// at two (q 1); at several splits (short split CTAs, a merge) run 64 measured it 1-7%
+    /// slower.
+    pub fn launch_function(self, max_splits: usize, row_blocks: usize) -> (&'static str, u32) {
         match self {
-            Self::Seesaw if max_splits > 1 => "flash_decode_seesaw_splits",
-            _ => self.function(),
-        }
-    }
-
-    /// Threads of a CTA of this family's Hopper kernel at `max_splits` splits a request:
-    /// the one-split seesaw kernel's third warpgroup issues its copies (`FS_THREADS`).
-    fn hopper_threads(self, max_splits: usize) -> u32 {
-        match self {
-            Self::Seesaw if max_splits == 1 => SEESAW_THREADS,
-            _ => 256,
+            Self::Seesaw if max_splits == 1 && row_blocks >= 4 => (self.function(), SEESAW_THREADS),
+            Self::Seesaw => ("flash_decode_seesaw_2wg", 256),
+            _ => (self.function(), 256),
         }
     }
 
@@ -561,7 +557,7 @@ impl FlashKernels {
             "flash_decode_narrow",
             "flash_decode_wgmma",
             "flash_decode_seesaw",
-            "flash_decode_seesaw_splits",
+            "flash_decode_seesaw_2wg",
             "flash_combine",
             "flash_prefill",
             "flash_prefill_wide",
@@ -583,7 +579,7 @@ impl FlashKernels {
             ("flash_decode_narrow", flash.smem_bytes()),
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
             ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
-            ("flash_decode_seesaw_splits", SEESAW_SMEM_BYTES),
+            ("flash_decode_seesaw_2wg", SEESAW_SMEM_BYTES),
             ("flash_prefill", super::PrefillTile::Rows64.smem_bytes()),
             (
                 "flash_prefill_wide",
@@ -593,7 +589,7 @@ impl FlashKernels {
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()
-                .any(|w| w.function() == name || w.launch_function(2) == name)
+                .any(|w| w.function() == name || w.launch_function(2, 0).0 == name)
                 || super::PrefillTile::ALL
                     .iter()
                     .any(|t| t.hopper() && t.function() == name);
@@ -655,14 +651,9 @@ impl FlashKernels {
         let clustered = self.wide.hopper() && self.merge.in_clusters(splits);
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
-                let f = &self.fns[self.wide.launch_function(splits)];
-                max_active_clusters(
-                    dev,
-                    f,
-                    self.wide.hopper_threads(splits),
-                    bytes as u32,
-                    splits as u32,
-                )
+                // Split launches: the row blocks do not change the kernel.
+                let (name, threads) = self.wide.launch_function(splits, 0);
+                max_active_clusters(dev, &self.fns[name], threads, bytes as u32, splits as u32)
             }
             None => Ok(sms / splits.max(1)),
         }
@@ -738,7 +729,10 @@ impl FlashKernels {
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
         let hopper = wide.hopper() && family == wide.function();
         let name = match hopper {
-            true => wide.launch_function(s.max_splits),
+            true => {
+                wide.launch_function(s.max_splits, rows.div_ceil(FLASH_ROWS))
+                    .0
+            }
             false => family,
         };
         // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
@@ -797,7 +791,11 @@ impl FlashKernels {
             args.push(Arg::Map(map));
         }
         let (threads, smem) = if let Some(bytes) = wide.smem_bytes().filter(|_| hopper) {
-            (wide.hopper_threads(s.max_splits), bytes)
+            (
+                wide.launch_function(s.max_splits, rows.div_ceil(FLASH_ROWS))
+                    .1,
+                bytes,
+            )
         } else {
             (self.flash.threads(), self.flash.smem_bytes())
         };
@@ -863,6 +861,29 @@ mod tests {
         // A layout macro would desynchronize the host's shared-memory size.
         assert!(parse_defines("FD_KEYS").unwrap_err().contains("FD_KEYS"));
         assert!(parse_defines("FW_NO_LOAD,x;y").is_err());
+    }
+
+    /// The seesaw family's kernel per launch shape (run 65's measurements), the others'
+    /// one kernel whatever the shape.
+    #[test]
+    fn the_seesaw_copy_warpgroup_takes_one_split_of_four_or_more_row_blocks() {
+        use super::WideKernel::{Mma, Seesaw, Wgmma};
+        for (wide, splits, blocks, want) in [
+            (Seesaw, 1, 8, ("flash_decode_seesaw", 384)),
+            (Seesaw, 1, 4, ("flash_decode_seesaw", 384)),
+            (Seesaw, 1, 2, ("flash_decode_seesaw_2wg", 256)),
+            (Seesaw, 1, 1, ("flash_decode_seesaw_2wg", 256)),
+            (Seesaw, 2, 8, ("flash_decode_seesaw_2wg", 256)),
+            (Seesaw, 2, 0, ("flash_decode_seesaw_2wg", 256)),
+            (Wgmma, 1, 8, ("flash_decode_wgmma", 256)),
+            (Mma, 1, 8, ("flash_decode", 256)),
+        ] {
+            assert_eq!(
+                wide.launch_function(splits, blocks),
+                want,
+                "{wide:?} {splits} {blocks}"
+            );
+        }
     }
 
     #[test]
