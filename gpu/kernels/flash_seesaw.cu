@@ -99,15 +99,7 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
 
 // FW_DECODE_PARAMS with the tensor map by reference: a copy would leave the parameter
 // space the copy engine reads it from.
-#define FS_BODY_PARAMS                                                                                 \
-    const unsigned short *__restrict__ q, const unsigned short *__restrict__ cache,                   \
-        const int *__restrict__ block_table, const int *__restrict__ seq_lens,                        \
-        const int *__restrict__ mapped_kv_tokens, const int *__restrict__ split_lens,                  \
-        const int *__restrict__ num_splits,                                                           \
-        float *__restrict__ o_part, float *__restrict__ lse_part, int batch, int rows, int heads,      \
-        int q_len, int page, int width, int max_splits, float scale_log2,                             \
-        float *__restrict__ out, float *__restrict__ lse, int *__restrict__ done,                      \
-        const FwTensorMap &cache_map
+#define FS_BODY_PARAMS FW_DECODE_PARAMS_HEAD, const FwTensorMap &cache_map
 #define FS_ARGS                                                                                    \
     q, cache, block_table, seq_lens, mapped_kv_tokens, split_lens, num_splits, o_part, lse_part, batch, \
         rows, heads, q_len, page, width, max_splits, scale_log2, out, lse, done, cache_map

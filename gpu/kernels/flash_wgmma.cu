@@ -127,15 +127,17 @@ __device__ __forceinline__ float fw_lse_of(float m, float total) {
 }
 
 // The parameter list both Hopper decode kernels take (see flash_decode_wgmma).
-#define FW_DECODE_PARAMS                                                                              \
+// The decode kernels' parameters before the tensor map (the seesaw kernels' body takes
+// the map by reference instead).
+#define FW_DECODE_PARAMS_HEAD                                                                         \
     const unsigned short *__restrict__ q, const unsigned short *__restrict__ cache,                   \
         const int *__restrict__ block_table, const int *__restrict__ seq_lens,                        \
         const int *__restrict__ mapped_kv_tokens, const int *__restrict__ split_lens,                  \
         const int *__restrict__ num_splits,                                                           \
         float *__restrict__ o_part, float *__restrict__ lse_part, int batch, int rows, int heads,      \
         int q_len, int page, int width, int max_splits, float scale_log2,                             \
-        float *__restrict__ out, float *__restrict__ lse, int *__restrict__ done,                      \
-        const __grid_constant__ FwTensorMap cache_map
+        float *__restrict__ out, float *__restrict__ lse, int *__restrict__ done
+#define FW_DECODE_PARAMS FW_DECODE_PARAMS_HEAD, const __grid_constant__ FwTensorMap cache_map
 
 // The swizzle pattern is anchored at 1024-byte boundaries: the carve-out's aligned start.
 __device__ __forceinline__ unsigned char* fw_align(unsigned char* smem) {
