@@ -28,6 +28,9 @@
 #define FS_THREADS 384
 #define FS_COPY_REGS 24
 #define FS_MATH_REGS 240
+// What setmaxnreg moves must fit what __launch_bounds__(FS_THREADS, 1) allocates.
+static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 * 8 * FS_THREADS,
+              "the copy warpgroup's registers do not pay for the products'");
 // Named barriers (0 is __syncthreads): maxima and probabilities handed across warpgroups,
 // then one per warpgroup.
 #define FS_BAR_MAX_A 1
@@ -103,20 +106,12 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
 #define FS_ARGS                                                                                    \
     q, cache, block_table, seq_lens, mapped_kv_tokens, split_lens, num_splits, o_part, lse_part, batch, \
         rows, heads, q_len, page, width, max_splits, scale_log2, out, lse, done, cache_map
-#ifdef FS_NO_COPY_GROUP
-#define FS_COPY_GROUP_ON false
-#else
-#define FS_COPY_GROUP_ON true
-#endif
 
 // The seesaw decode, with (kCopyGroup: FS_THREADS threads) or without (FW_THREADS) the copy
 // warpgroup; the two kernels below. Arguments, layouts, grid and contract as
 // flash_decode_wgmma; FS_SMEM_BYTES of shared memory.
 template <bool kCopyGroup>
 __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
-    // The copy warpgroup issues the reloads; without it (or under FS_NO_COPY_GROUP) each
-    // product warpgroup's first thread does.
-    constexpr bool copy_group = kCopyGroup && FS_COPY_GROUP_ON;
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
 #else
@@ -224,14 +219,14 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // cycles a reload, its warpgroup's next product waiting).
     auto release = [&](int e, int t, int entry) {
         if (tid % 128 != 0) return;
-        if constexpr (copy_group)
+        if constexpr (kCopyGroup)
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empties + e * 8) : "memory");
         else
             copies(t, reload_mask(e), entry);
     };
     // The consumer side's block-table reads, where it issues the copies itself.
     auto entry_ahead = [&](int t) {
-        if constexpr (copy_group)
+        if constexpr (kCopyGroup)
             return 0 * t;
         else
             return entry_of(t);
@@ -242,16 +237,14 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // the issue costs this warpgroup, not the products'. It hands its registers to theirs.
     auto copy_warpgroup = [&]() {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FS_COPY_REGS));
-        if constexpr (copy_group) {
-            const int w = __shfl_sync(0xffffffff, (tid / 32) % 4, 0);
-            if (lane != 0) return;
-            int k = 0, entry = entry_of(2 + w / 2);
-            for (int t = 2 + w / 2; t < more; t += 2, ++k) {
-                const int entry_next = entry_of(t + 2);  // read a wait ahead of its copy
-                fw_bar_wait(empties + w * 8, k & 1);
-                copies(t, reload_mask(w), entry);
-                entry = entry_next;
-            }
+        const int w = __shfl_sync(0xffffffff, (tid / 32) % 4, 0);
+        if (lane != 0) return;
+        int k = 0, entry = entry_of(2 + w / 2);
+        for (int t = 2 + w / 2; t < more; t += 2, ++k) {
+            const int entry_next = entry_of(t + 2);  // read a wait ahead of its copy
+            fw_bar_wait(empties + w * 8, k & 1);
+            copies(t, reload_mask(w), entry);
+            entry = entry_next;
         }
     };
     if (tid == 0) {
@@ -268,6 +261,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     fw_proxy_fence();
     __syncthreads();
     if constexpr (kCopyGroup) {
+        // The copy warpgroup exits after its last copy. The barriers over the whole CTA
+        // after this point (before the epilogue, in the merges) then wait for the product
+        // warpgroups alone: an exited thread holds up no barrier (PTX `exit`).
         if (wg == 2) {
             copy_warpgroup();
             return;

@@ -324,6 +324,10 @@ fn missing_block_checks(
             let shape = (q_len, 16, page, 256);
             let seed = 710 + q_len as u64;
             results.push(check_flash_decode(dev, fk, wide, shape, &ctx, holes, seed)?);
+            // One split of 2 (q 1) and 4 (q 2) 64-row blocks: both seesaw kernels.
+            let shape = (q_len, 128, page, 2048);
+            let seed = 720 + q_len as u64;
+            results.push(check_flash_decode(dev, fk, wide, shape, &ctx, holes, seed)?);
         }
     }
     Ok(())
@@ -615,7 +619,7 @@ fn run_flash_case(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());
     Ok(FlashRun {
-        kernel: k.decode_function(rows, page, wide),
+        kernel: k.decode_launch(rows, page, wide, s.max_splits).0,
         err,
         rearmed,
         finite,
@@ -878,6 +882,11 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         // Pages of 16 (four copy-engine boxes per tile) and of 128 (half a page per tile).
         (2, 64, 16, 256, vec![5, 300]),
         (1, 128, 128, 256, vec![100, 700]),
+        // One split of four or more 64-row blocks: the seesaw kernel with the copy
+        // warpgroup (its reloads of pages of 64, 128 and 16; tiles of 1, 2, 11, 32).
+        (2, 128, 64, 4096, vec![0, 1, 63, 64, 700, 2000]),
+        (4, 128, 128, 4096, vec![5, 129, 1500]),
+        (4, 128, 16, 2048, vec![3, 300]),
         // At most 16 rows: mma.sync takes the narrow kernel (key quarters merged at the end).
         (1, 16, 64, 256, vec![0, 5, 129, 2047]),
         (2, 8, 64, 512, vec![1, 64, 65, 900]),

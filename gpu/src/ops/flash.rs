@@ -39,8 +39,10 @@ const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 
 /// mbarrier per stage and 64-column block, the last-split flag.
 const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 22 * 8 + 16;
 /// Threads of a `flash_decode_seesaw` CTA: two warpgroups of products, one of copies.
-/// `flash_decode_seesaw_2wg` has the first two only (256 threads).
+/// [`SEESAW_2WG`] has the first two only (256 threads).
 const SEESAW_THREADS: u32 = 384;
+/// The seesaw kernel without the copy warpgroup (same body, `fs_decode<false>`).
+const SEESAW_2WG: &str = "flash_decode_seesaw_2wg";
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -68,7 +70,7 @@ impl WideKernel {
     }
 
     /// Whether this family needs sm_90a: warpgroup MMA and the copy engine (TMA), 64-key
-    /// tiles, 256 threads, and its own split merge (no flash_combine).
+    /// tiles, 256 or 384 threads, and its own split merge (no flash_combine).
     pub fn hopper(self) -> bool {
         self != Self::Mma
     }
@@ -83,16 +85,17 @@ impl WideKernel {
     }
 
     /// The CUDA function and threads a CTA for a launch of `row_blocks` 64-row blocks and
-    /// up to `max_splits` splits a request. The seesaw family has a kernel with a copy
-    /// warpgroup (384 threads) and one whose product warpgroups issue their own copies
-    /// (`_2wg`, 256). H100 run 65, three rounds in one call: the copy warpgroup is 2-5%
-    /// faster at one split and four or more row blocks (q 2 and 4 at 128 heads), 1-3% slower
-    /// at two (q 1); at several splits (short split CTAs, a merge) run 64 measured it 1-7%
-    /// slower.
+    /// a grid of `max_splits` splits a request (the launch's `FlashShape::max_splits`: the
+    /// engine sizes it by its policy's cap, at least 2, so it always takes `_2wg`). The
+    /// seesaw family has a kernel with a copy warpgroup (384 threads) and one whose product
+    /// warpgroups issue their own copies ([`SEESAW_2WG`], 256). On the H100 the copy
+    /// warpgroup was 2-5% faster at one split and four or more row blocks (q 2 and 4 at
+    /// 128 heads; runs 55 and 64), 1-3% slower at two (q 1; run 66) and 1-7% slower at
+    /// several splits (short split CTAs and a merge; run 64).
     pub fn launch_function(self, max_splits: usize, row_blocks: usize) -> (&'static str, u32) {
         match self {
             Self::Seesaw if max_splits == 1 && row_blocks >= 4 => (self.function(), SEESAW_THREADS),
-            Self::Seesaw => ("flash_decode_seesaw_2wg", 256),
+            Self::Seesaw => (SEESAW_2WG, 256),
             _ => (self.function(), 256),
         }
     }
@@ -210,12 +213,10 @@ impl FlashConfig {
 /// first two tiles, `FW_NO_MMA` all tensor-core work, `FW_NO_QK` / `FW_NO_PV` one of the
 /// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
 /// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same,
-/// `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each copy into blocks the
-/// warpgroup's products read (the issuing thread's own wait is the default),
-/// `FS_BT_INPLACE` reads each block-table entry at its copy instead of an iteration's top,
-/// `FS_NO_COPY_GROUP` has each warpgroup's first thread issue its copies (the copy
-/// warpgroup idle), and
-/// `FS_TRACE` has one CTA write its timeline over the split partials (`gpu-bench
+/// `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each release of blocks the
+/// warpgroup's products read (the releasing thread's own wait is the default),
+/// `FS_BT_INPLACE` reads each block-table entry right at its copy instead of ahead of it,
+/// and `FS_TRACE` has one CTA write its timeline over the split partials (`gpu-bench
 /// --timeline`).
 /// On both, `FW_NO_MERGE` leaves every split's partial unmerged.
 fn diagnostic_defines() -> Result<String, GpuError> {
@@ -227,11 +228,10 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 13] = [
+const DIAGNOSTIC_DEFINES: [&str; 12] = [
     "FW_NO_LOAD",
     "FS_GROUP_BARRIERS",
     "FS_BT_INPLACE",
-    "FS_NO_COPY_GROUP",
     "FS_TRACE",
     "FW_NO_MMA",
     "FW_NO_QK",
@@ -557,7 +557,7 @@ impl FlashKernels {
             "flash_decode_narrow",
             "flash_decode_wgmma",
             "flash_decode_seesaw",
-            "flash_decode_seesaw_2wg",
+            SEESAW_2WG,
             "flash_combine",
             "flash_prefill",
             "flash_prefill_wide",
@@ -579,7 +579,7 @@ impl FlashKernels {
             ("flash_decode_narrow", flash.smem_bytes()),
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
             ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
-            ("flash_decode_seesaw_2wg", SEESAW_SMEM_BYTES),
+            (SEESAW_2WG, SEESAW_SMEM_BYTES),
             ("flash_prefill", super::PrefillTile::Rows64.smem_bytes()),
             (
                 "flash_prefill_wide",
@@ -589,7 +589,8 @@ impl FlashKernels {
         ] {
             let hopper = [WideKernel::Wgmma, WideKernel::Seesaw]
                 .iter()
-                .any(|w| w.function() == name || w.launch_function(2, 0).0 == name)
+                .any(|w| w.function() == name)
+                || name == SEESAW_2WG
                 || super::PrefillTile::ALL
                     .iter()
                     .any(|t| t.hopper() && t.function() == name);
@@ -619,6 +620,25 @@ impl FlashKernels {
     /// key stages).
     pub fn narrow(&self, rows: usize) -> bool {
         rows <= 16 && self.flash.keys.is_multiple_of(64)
+    }
+
+    /// The CUDA function [`Self::flash_decode_merged`] launches for requests of `rows` query
+    /// rows, pages of `page` keys and a grid of `max_splits` splits a request, with its
+    /// CTA's threads where a Hopper kernel takes it (else the configuration's).
+    pub fn decode_launch(
+        &self,
+        rows: usize,
+        page: usize,
+        wide: WideKernel,
+        max_splits: usize,
+    ) -> (&'static str, Option<u32>) {
+        let family = self.decode_function(rows, page, wide);
+        if wide.hopper() && family == wide.function() {
+            let (name, threads) = wide.launch_function(max_splits, rows.div_ceil(FLASH_ROWS));
+            (name, Some(threads))
+        } else {
+            (family, None)
+        }
     }
 
     /// The kernel that takes requests of `rows` query rows in pages of `page` on the
@@ -725,16 +745,9 @@ impl FlashKernels {
             scale.is_finite() && scale > 0.0,
             "the softmax scale must be positive, got {scale}"
         );
-        let family = self.decode_function(rows, s.page, wide);
+        let (name, hopper_threads) = self.decode_launch(rows, s.page, wide, s.max_splits);
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
-        let hopper = wide.hopper() && family == wide.function();
-        let name = match hopper {
-            true => {
-                wide.launch_function(s.max_splits, rows.div_ceil(FLASH_ROWS))
-                    .0
-            }
-            false => family,
-        };
+        let hopper = hopper_threads.is_some();
         // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
         let keys = if hopper { 64 } else { self.flash.keys };
         assert!(
@@ -790,12 +803,8 @@ impl FlashKernels {
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
         }
-        let (threads, smem) = if let Some(bytes) = wide.smem_bytes().filter(|_| hopper) {
-            (
-                wide.launch_function(s.max_splits, rows.div_ceil(FLASH_ROWS))
-                    .1,
-                bytes,
-            )
+        let (threads, smem) = if let (Some(bytes), Some(t)) = (wide.smem_bytes(), hopper_threads) {
+            (t, bytes)
         } else {
             (self.flash.threads(), self.flash.smem_bytes())
         };
