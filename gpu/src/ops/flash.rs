@@ -86,7 +86,7 @@ impl WideKernel {
 
     /// The CUDA function and threads a CTA for a launch of `row_blocks` 64-row blocks and
     /// a grid of `max_splits` splits a request (the launch's `FlashShape::max_splits`: the
-    /// engine sizes it by its policy's cap, at least 2, so it always takes `_2wg`). The
+    /// engine sizes it by its policy's cap, by default at least 2, so it takes `_2wg`). The
     /// seesaw family has a kernel with a copy warpgroup (384 threads) and one whose product
     /// warpgroups issue their own copies ([`SEESAW_2WG`], 256). On the H100 the copy
     /// warpgroup was 2-5% faster at one split and four or more row blocks (q 2 and 4 at
