@@ -157,25 +157,15 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #else
     const int more = tiles;
 #endif
-    // The blocks in `mask` (bit c: columns 64c..64c+63) of tile `t` into its stage, each on
-    // its own mbarrier: one box per page part holding keys below kv_end.
-    auto issue = [&](int t, unsigned mask) {
-        const int stage = t % 2, t0 = kv_start + t * 64;
-        const int boxes = (min(kv_end - t0, 64) + box_rows - 1) / box_rows;
-        const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
-#pragma unroll
-        for (int c = 0; c < 9; ++c)
-            if (mask >> c & 1) fw_expect(bar0 + c * 8, boxes * box_rows * 128);
-        fw_issue_boxes(dst, &cache_map, bt, page, t0, boxes, mask, bar0, 8);
-    };
     // Pages of 64 keys or more hold a whole tile (tiles start 64-key aligned), so its copies
     // need one block-table entry, read before it is needed: asm volatile, so ptxas keeps the
     // read where it is written instead of sinking it to its use (a copy behind its own
     // block-table read took 800-1000 cycles in the timeline). A tile past the split reads
-    // its last tile's entry; a split without tiles reads none.
+    // its last tile's entry; a split without tiles reads none. -1: no entry read ahead
+    // (smaller pages, a split without tiles, or FS_BT_INPLACE).
     const bool whole_pages = page >= 64;
     auto entry_of = [&](int t) {
-        int e = 0;
+        int e = -1;
 #ifndef FS_BT_INPLACE
         if (whole_pages && tiles > 0)
             asm volatile("ld.global.nc.b32 %0, [%1];\n"
@@ -184,23 +174,22 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #endif
         return e;
     };
-    // The copies of `mask`'s blocks of tile t, issued by the calling thread alone, with the
-    // tile's block-table entry in hand where pages are whole.
-    auto copies = [&](int t, unsigned mask, int entry) {
-#ifndef FS_BT_INPLACE
-        if (whole_pages) {
-            const int stage = t % 2, t0 = kv_start + t * 64;
-            const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
-            const int slot = entry * page + t0 % page;
-            for (int c = 0; c < 9; ++c)
-                if (mask >> c & 1) {
-                    fw_expect(bar0 + c * 8, 64 * 128);
-                    fw_tma(dst + c * FW_BLOCK_BYTES, &cache_map, c * 64, slot, bar0 + c * 8);
-                }
+    // The blocks in `mask` (bit c: columns 64c..64c+63) of tile `t` into its stage, each on
+    // its own mbarrier, issued by the calling thread alone: one box per page part holding
+    // keys below kv_end. With the tile's entry read ahead (`entry`, from entry_of: pages
+    // are whole) that is one box a block at its slot; with -1 each box's entry is read here.
+    auto issue = [&](int t, unsigned mask, int entry) {
+        const int stage = t % 2, t0 = kv_start + t * 64;
+        const int boxes = (min(kv_end - t0, 64) + box_rows - 1) / box_rows;
+        const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
+        if (entry >= 0) {
+            fw_issue_box(dst, &cache_map, entry * page + t0 % page, mask, bar0, 8, 64 * 128);
             return;
         }
-#endif
-        issue(t, mask);
+#pragma unroll
+        for (int c = 0; c < 9; ++c)
+            if (mask >> c & 1) fw_expect(bar0 + c * 8, boxes * box_rows * 128);
+        fw_issue_boxes(dst, &cache_map, bt, page, t0, boxes, mask, bar0, 8);
     };
     // Block orders: a tile's left blocks free up first in stage 0, its right ones in stage 1.
     const unsigned long long order_a = 0x876543210ull, order_b = 0x832107654ull;
@@ -222,7 +211,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         if constexpr (kCopyGroup)
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empties + e * 8) : "memory");
         else
-            copies(t, reload_mask(e), entry);
+            issue(t, reload_mask(e), entry);
     };
     // The consumer side's block-table reads, where it issues the copies itself.
     auto entry_ahead = [&](int t) {
@@ -243,7 +232,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         for (int t = 2 + w / 2; t < more; t += 2, ++k) {
             const int entry_next = entry_of(t + 2);  // read a wait ahead of its copy
             fw_bar_wait(empties + w * 8, k & 1);
-            copies(t, reload_mask(w), entry);
+            issue(t, reload_mask(w), entry);
             entry = entry_next;
         }
     };
@@ -253,8 +242,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     }
     __syncthreads();
     if (tid == 0) {
-        if (tiles > 0) issue(0, 0x1FF);
-        if (tiles > 1) issue(1, 0x1FF);
+        if (tiles > 0) issue(0, 0x1FF, -1);
+        if (tiles > 1) issue(1, 0x1FF, -1);
     }
     cp_commit();
     cp_wait_0();  // Q

@@ -162,16 +162,24 @@ __device__ __forceinline__ void fw_load_q(unsigned char* qs, const unsigned shor
 // on one mbarrier). The caller arms the mbarriers with the bytes. Rows past kv_end may
 // land too; the caller zeroes them (a slot past the sequence may hold NaN, and 0 * NaN
 // would reach the output through P V).
+// One box row of those: the blocks in `mask` of the cache rows from `slot` into `dst`;
+// with `expect_bytes`, each block's mbarrier armed with them just before its copy.
+__device__ __forceinline__ void fw_issue_box(unsigned dst, const FwTensorMap* map, int slot, unsigned mask,
+                                             unsigned bar0, unsigned bar_stride, unsigned expect_bytes = 0) {
+#pragma unroll
+    for (int c = 0; c < 9; ++c)
+        if (mask >> c & 1) {
+            if (expect_bytes) fw_expect(bar0 + c * bar_stride, expect_bytes);
+            fw_tma(dst + c * FW_BLOCK_BYTES, map, c * 64, slot, bar0 + c * bar_stride);
+        }
+}
 __device__ __forceinline__ void fw_issue_boxes(unsigned dst, const FwTensorMap* map, const int* bt, int page,
                                                int t0, int boxes, unsigned mask, unsigned bar0,
                                                unsigned bar_stride) {
     const int box_rows = min(page, 64);
     for (int k = 0; k < boxes * box_rows; k += box_rows) {
         const int pos = t0 + k;
-        const int slot = bt[pos / page] * page + pos % page;
-#pragma unroll
-        for (int c = 0; c < 9; ++c)
-            if (mask >> c & 1) fw_tma(dst + c * FW_BLOCK_BYTES + k * 128, map, c * 64, slot, bar0 + c * bar_stride);
+        fw_issue_box(dst + k * 128, map, bt[pos / page] * page + pos % page, mask, bar0, bar_stride);
     }
 }
 
