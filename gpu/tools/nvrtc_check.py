@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Compiles the flash kernels as the GPU backend does (NVRTC, sm_90a, C++17), then runs
 ptxas -v on the PTX: compile errors, registers and spills per kernel, and ptxas's wgmma
-warning C7520 (wgmmas serialized: a performance bug), all without a GPU. Exits 1 on an
-error or a C7520. With --sass KERNEL it also disassembles that kernel and prints the shape
-of its main loop (the instructions from its first tensor-core product to its last, and the
-synchronization among them); --sass-out FILE keeps the whole listing.
+notes C7520 and C7515 (wgmmas serialized: a performance bug), all without a GPU. Exits 1
+on an error, a C7520 or a C7515. With --sass KERNEL it also disassembles that kernel and
+prints the shape of its main loop (the instructions from its first tensor-core product to
+its last, and the synchronization among them); --sass-out FILE keeps the whole listing,
+--ptx-out FILE the PTX (ptxas's notes name PTX line numbers).
 
 Setup, once (the CUDA 13.0 NVRTC and nvcc wheels from PyPI, into /tmp/cuda):
     pip download --no-deps -d /tmp/cuda "nvidia-cuda-nvrtc==13.0.*" "nvidia-cuda-nvcc==13.0.*"
@@ -12,7 +13,7 @@ Setup, once (the CUDA 13.0 NVRTC and nvcc wheels from PyPI, into /tmp/cuda):
     for f in /tmp/cuda/*.whl; do unzip -qo "$f" -d /tmp/cuda/x; done
 Run, from the repository root (-DNAME defines a diagnostic switch):
     LD_LIBRARY_PATH=/tmp/cuda/x/nvidia/cu13/lib python3 gpu/tools/nvrtc_check.py [-DFW_NO_LOAD] \
-        [--sass flash_decode_seesaw [--sass-out FILE]]
+        [--sass flash_decode_seesaw [--sass-out FILE]] [--ptx-out FILE]
 """
 import collections
 import ctypes
@@ -88,13 +89,15 @@ def main() -> int:
             sys.exit(f"{flag} needs a value")
         return args[at]
 
-    sass, keep = value("--sass"), value("--sass-out")
+    sass, keep, keep_ptx = value("--sass"), value("--sass-out"), value("--ptx-out")
     kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
     src = "".join(f"#define {d} 1\n" for d in defines)
     src += "\n".join(open(os.path.join(kernels, f)).read() for f in SOURCES)
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "flash.ptx")
         open(ptx, "wb").write(nvrtc_ptx(src))
+        if keep_ptx:
+            open(keep_ptx, "wb").write(open(ptx, "rb").read())
         out = subprocess.run(
             [os.path.join(ROOT, "bin", "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "f.cubin")],
             capture_output=True, text=True)
@@ -102,11 +105,14 @@ def main() -> int:
             sass_summary(os.path.join(tmp, "f.cubin"), sass, keep)
     bad = 0
     for line in (out.stdout + out.stderr).splitlines():
-        # C7519 (a fence ptxas adds before a wgmma) is routine; C7520 serializes them.
-        if "C7519" in line or not re.search(r"Compiling entry|registers|spill|error|C7520", line):
+        # C7519 (a fence ptxas adds before a wgmma) is routine. C7520 and C7515 serialize
+        # every wgmma of the kernel (C7515: other instructions write a wgmma's accumulators
+        # while products are in flight); C7517 (a wait ptxas injects where it cannot tell
+        # that accumulators are done) usually comes with C7515.
+        if "C7519" in line or not re.search(r"Compiling entry|registers|spill|error|C75(15|17|20)", line):
             continue
         print(line)
-        bad += bool(re.search(r"error|C7520", line))
+        bad += bool(re.search(r"error|C7520|C7515", line))
     return 1 if out.returncode or bad else 0
 
 

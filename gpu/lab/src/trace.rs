@@ -5,6 +5,13 @@
 //! waits are long, how long each product drains) and how long the CTA spends before its
 //! first iteration and after its last. The marks go out as CSV for anything finer, such as
 //! lining the two warpgroups' phases up against each other.
+//!
+//! A mark right after a named barrier or a wgmma wait does not say when that wait ended:
+//! the clock can be read before the barrier completes (likely because ptxas emits
+//! `BAR.SYNC` with deferred blocking), and the time spent waiting then shows in the phase
+//! after it. On the H100 (run 70) warpgroup 0's mark after tile B's maxima barrier came
+//! 1100-1500 cycles before warpgroup 1 had even passed the barrier before its own arrival
+//! there. Gaps between marks that straddle no wait, and whole iterations, are sound.
 
 use specmla_gpu::ops::{
     FlashKernels, FlashWorkspace, WideKernel, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
