@@ -218,7 +218,9 @@ impl FlashConfig {
 /// `FS_BT_INPLACE` reads each block-table entry right at its copy instead of ahead of it,
 /// and `FS_TRACE` has one CTA write its timeline over the split partials (`gpu-bench
 /// --timeline`).
-/// On both, `FW_NO_MERGE` leaves every split's partial unmerged.
+/// On both, `FW_NO_MERGE` leaves every split's partial unmerged, and `FW_DIRECT_STORE`
+/// writes a one-split request's output straight from registers instead of through shared
+/// memory and bulk copies.
 fn diagnostic_defines() -> Result<String, GpuError> {
     match std::env::var("SPECMLA_FLASH_DEFINES") {
         Ok(v) => parse_defines(&v).map_err(GpuError::NoDevice),
@@ -228,8 +230,9 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 12] = [
+const DIAGNOSTIC_DEFINES: [&str; 13] = [
     "FW_NO_LOAD",
+    "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
     "FS_BT_INPLACE",
     "FS_TRACE",
