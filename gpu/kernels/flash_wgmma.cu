@@ -224,6 +224,21 @@ __device__ __forceinline__ void fw_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+// This thread's rows of O (times inv) into `own`, rows FW_MSTRIDE floats apart (the
+// padding spreads a warp's eight rows over the banks): the cluster merge's and a one-split
+// request's staging.
+__device__ __forceinline__ void fw_stage_rows(const float* o, const float* inv, const int* lrow, float* own) {
+    const int col0 = threadIdx.x / 128 * 256 + (threadIdx.x % 4) * 2;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const int r = lrow[i];
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+            *(float2*)(own + r * FW_MSTRIDE + col0 + j * 8) =
+                make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+    }
+}
+
 // Rows [r_lo, r_hi) of a cluster merge of S splits, float4 columns spread over the CTA:
 // every load a thread needs (about 32 whatever S, as a split merges 64 / S rows) is issued
 // before any is used, since each distributed-shared-memory read waits on the SM-to-SM
@@ -279,16 +294,10 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
     float* own = (float*)scratch;          // [64][FW_MSTRIDE]
     float* lse_s = own + 64 * FW_MSTRIDE;  // [64]
     float* wts = lse_s + 64;               // [64][9]: weights of splits 0..7, then their sum
-    const int col0 = wg * 256 + (lane % 4) * 2;
+    fw_stage_rows(o, inv, lrow, own);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = lrow[i];
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-            *(float2*)(own + r * FW_MSTRIDE + col0 + j * 8) =
-                make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
-        if (wg == 0 && lane % 4 == 0) lse_s[r] = lse_own[i];
-    }
+    for (int i = 0; i < 2; ++i)
+        if (wg == 0 && lane % 4 == 0) lse_s[lrow[i]] = lse_own[i];
     fw_cluster_sync();
     const int r_lo = sp * 64 / splits, r_hi = min((sp + 1) * 64 / splits, live_rows);
     if (tid < r_hi - r_lo) {
@@ -401,16 +410,10 @@ __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, 
                                               int row0, float* __restrict__ out, float* __restrict__ lse) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     float* own = (float*)scratch;
-    const int col0 = wg * 256 + (lane % 4) * 2;
+    fw_stage_rows(o, inv, lrow, own);
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const int r = lrow[i];
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-            *(float2*)(own + r * FW_MSTRIDE + col0 + j * 8) =
-                make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
-        if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(b, row0 + r)] = lse_own[i];
-    }
+    for (int i = 0; i < 2; ++i)
+        if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(b, row0 + lrow[i])] = lse_own[i];
     fw_proxy_fence();  // the rows, visible to the copy engine
     __syncthreads();
     if (tid < live_rows) {
