@@ -546,6 +546,90 @@ pub fn check_flash_stale_schedule(
     })
 }
 
+/// The seesaw family's two kernels on the same one-split launch: `flash_decode_seesaw`
+/// (copy warpgroup) where the grid has one split a request, `flash_decode_seesaw_2wg` where
+/// it has room for two and the schedule gives every request one. They run the same math,
+/// so their outputs must match bit for bit: which one a launch takes (its grid, the
+/// engine's split cap) must not change a trace's bits. Eight 64-row blocks, pages of 64.
+pub fn check_seesaw_kernels_agree(
+    dev: &GpuDevice,
+    k: &FlashKernels,
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    use specmla_gpu::ops::{FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM};
+    let (q_len, heads, page, split) = (4usize, 128usize, 64usize, 2048usize);
+    let ctx = [5usize, 129, 1500, 700];
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
+    let width = split.div_ceil(page);
+    let blocks = shuffled_ids(&mut rng, ctx.len() * width);
+    let (cache_bits, _) = bf16_vec(&mut rng, blocks.len() * page * FLASH_DIM, 1.0);
+    let rows = q_len * heads;
+    let (q_bits, _) = bf16_vec(&mut rng, ctx.len() * rows * FLASH_DIM, 1.0);
+    let shape = |max_splits| FlashShape {
+        batch: ctx.len(),
+        q_len,
+        heads,
+        page,
+        width,
+        split_size_tokens: split,
+        max_splits,
+    };
+    // One workspace and schedule for both: every request fits one split of `split` keys.
+    let ws = FlashWorkspace::new(dev, shape(2), Some(f32::NAN))?;
+    let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
+    let (td, sd) = (upload(dev, &blocks)?, upload(dev, &seq_lens)?);
+    let policy = SplitPolicy {
+        split_size_tokens: split,
+        max_splits: 2,
+    };
+    let sched = schedule_of(policy, &seq_lens, &blocks, width, page);
+    let sched = FlashSchedule::upload(dev, &sched, split)?;
+    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr(), &sched);
+    let mut outputs = Vec::new();
+    let mut names = Vec::new();
+    for max_splits in [1, 2] {
+        let s = shape(max_splits);
+        names.push(
+            k.decode_launch(rows, page, WideKernel::Seesaw, max_splits)
+                .0,
+        );
+        // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
+        unsafe {
+            k.flash_decode_merged(
+                (WideKernel::Seesaw, k.merge),
+                dev,
+                s,
+                bufs,
+                1.0 / 192f32.sqrt(),
+            )
+        }?;
+        let mut v: Vec<u32> = download(dev, &ws.out)?
+            .iter()
+            .map(|x| x.to_bits())
+            .collect();
+        v.extend(download(dev, &ws.lse)?.iter().map(|x| x.to_bits()));
+        outputs.push(v);
+    }
+    let differ = outputs[0]
+        .iter()
+        .zip(&outputs[1])
+        .filter(|(a, b)| a != b)
+        .count();
+    let finite = outputs[0].iter().all(|&b| f32::from_bits(b).is_finite());
+    Ok(CaseResult {
+        kernel: "flash_seesaw_pair",
+        case: format!(
+            "{} vs {} on one launch (q {q_len} heads {heads} ctx {ctx:?}, one split each): {differ} of {} values differ",
+            names[0],
+            names[1],
+            outputs[0].len()
+        ),
+        max_rel_err: differ as f64,
+        passed: differ == 0 && finite && names[0] != names[1],
+    })
+}
+
 /// The seq_lens a case's schedule is built from, given the requests' real ones.
 type ScheduleLens = dyn Fn(&[i32]) -> Vec<i32>;
 
@@ -910,6 +994,9 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     missing_block_checks(dev, &k, &fk, &mut results)?;
     for wide in wide_kernels(&fk) {
         results.push(check_flash_stale_schedule(dev, &fk, wide, 800)?);
+    }
+    if fk.wide.hopper() {
+        results.push(check_seesaw_kernels_agree(dev, &fk, 810)?);
     }
     results.extend(crate::checks_prefill::run_prefill_checks(dev, &k, &fk)?);
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
