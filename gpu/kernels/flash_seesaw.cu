@@ -42,7 +42,8 @@ static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 
 // FS_TRACE (diagnostic): the CTA of block (0, 0, 0) writes its timeline over o_part, as
 // clock64 readings by each warpgroup's first thread: FS_TRACE_EVENTS per warpgroup and pair
 // iteration (the first FS_TRACE_ITERS), [iteration][warpgroup][event], then the CTA's start
-// and end and FS_TRACE_MAGIC, written last. A launch whose splits merge through o_part
+// and end and FS_TRACE_MAGIC, written last, then the epilogue's FW_EPI_MARKS marks
+// (flash_wgmma.cu, written before the magic). A launch whose splits merge through o_part
 // (the global merge) overwrites the timeline and gives wrong outputs; one split per request
 // or a cluster merge leaves both intact. gpu-lab's trace module reads it; without FS_TRACE
 // the marks compile to nothing.
@@ -551,8 +552,12 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         }
     }
     __syncthreads();
+#ifdef FS_TRACE
+    // The epilogue's marks follow the CTA's start, end and magic words.
+    unsigned long long* const epi = trace == nullptr ? nullptr : trace + FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 3;
+#endif
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
-                mapped, o_part, lse_part, out, lse, done);
+                mapped, o_part, lse_part, out, lse, done FW_EPI_ARG);
 #ifdef FS_TRACE
     if (trace != nullptr && tid == 0) {
         trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 1] = clock64();

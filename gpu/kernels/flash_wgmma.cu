@@ -224,6 +224,27 @@ __device__ __forceinline__ void fw_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 
+// FS_TRACE (the seesaw kernel's timeline, flash_seesaw.cu) also marks the steps of a
+// split's end: `epi` points at FW_EPI_MARKS words of the timeline in the traced CTA and
+// is null elsewhere. Without FS_TRACE the parameter and the marks do not exist.
+#ifdef FS_TRACE
+#define FW_EPI_MARKS 4
+#define FW_EPI_PARAM , unsigned long long* epi
+#define FW_EPI_ARG , epi
+#define FW_EPI_NONE , nullptr
+#define FW_EPI_MARK(e)                                                   \
+    do {                                                                 \
+        if (epi != nullptr && threadIdx.x == 0) epi[e] = clock64();      \
+    } while (0)
+#else
+#define FW_EPI_PARAM
+#define FW_EPI_ARG
+#define FW_EPI_NONE
+#define FW_EPI_MARK(e) \
+    do {               \
+    } while (0)
+#endif
+
 // This thread's rows of O (times inv) into `own`, rows FW_MSTRIDE floats apart (the
 // padding spreads a warp's eight rows over the banks): the cluster merge's and a one-split
 // request's staging.
@@ -289,7 +310,7 @@ __device__ __forceinline__ void fw_cluster_rows(const float* own, const float* w
 __device__ void fw_cluster_merge(const float* o, const float* inv, const float* lse_own, const int* lrow,
                                  unsigned char* scratch, int splits, int sp, long long row_at, int live_rows,
                                  FdLseLayout lay, int b, int row0, float* __restrict__ out,
-                                 float* __restrict__ lse) {
+                                 float* __restrict__ lse FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     float* own = (float*)scratch;          // [64][FW_MSTRIDE]
     float* lse_s = own + 64 * FW_MSTRIDE;  // [64]
@@ -299,6 +320,7 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
     for (int i = 0; i < 2; ++i)
         if (wg == 0 && lane % 4 == 0) lse_s[lrow[i]] = lse_own[i];
     fw_cluster_sync();
+    FW_EPI_MARK(1);  // staged, and every split of the cluster too
     const int r_lo = sp * 64 / splits, r_hi = min((sp + 1) * 64 / splits, live_rows);
     if (tid < r_hi - r_lo) {
         const int r = r_lo + tid;
@@ -329,7 +351,9 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
         case 7: fw_cluster_rows<7>(own, wts, sp, r_lo, r_hi, row_at, out); break;
         default: fw_cluster_rows<8>(own, wts, sp, r_lo, r_hi, row_at, out); break;
     }
+    FW_EPI_MARK(2);  // this split's rows merged and written
     fw_cluster_sync();  // no split leaves (freeing its shared memory) while others read it
+    FW_EPI_MARK(3);
 }
 
 // Called by every CTA of a request's split after writing its partial: the request's last
@@ -407,7 +431,8 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
 __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, const float* lse_own,
                                               const int* lrow, const bool* live, unsigned char* scratch,
                                               long long row_at, int live_rows, FdLseLayout lay, int b,
-                                              int row0, float* __restrict__ out, float* __restrict__ lse) {
+                                              int row0, float* __restrict__ out,
+                                              float* __restrict__ lse FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     float* own = (float*)scratch;
     fw_stage_rows(o, inv, lrow, own);
@@ -416,6 +441,7 @@ __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, 
         if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(b, row0 + lrow[i])] = lse_own[i];
     fw_proxy_fence();  // the rows, visible to the copy engine
     __syncthreads();
+    FW_EPI_MARK(1);  // staged
     if (tid < live_rows) {
         asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
                      "cp.async.bulk.commit_group;\n"
@@ -424,6 +450,7 @@ __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, 
                      "n"(FD_DV * 4)
                      : "memory");
     }
+    FW_EPI_MARK(2);  // thread 0's row read by the copy engine
 }
 
 // The end of a split, shared by both wgmma kernels. Warpgroup g holds O[:, 256 g ..] for
@@ -443,7 +470,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
                                             int mapped,
                                             float* __restrict__ o_part, float* __restrict__ lse_part,
                                             float* __restrict__ out, float* __restrict__ lse,
-                                            int* __restrict__ done) {
+                                            int* __restrict__ done FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     float inv[2], lse_own[2];
 #pragma unroll
@@ -453,6 +480,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
         if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
     }
     __syncthreads();
+    FW_EPI_MARK(0);  // both warpgroups here (the later one's last products drained)
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         float total = red[lrow[i]] + red[64 + lrow[i]];
@@ -487,7 +515,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
         write_rows(out, nullptr, (long long)b * rows);
 #else
         fw_store_rows(o, inv, lse_own, lrow, live, scratch, (long long)b * rows + row0, min(64, rows - row0),
-                      lay, b, row0, out, lse);
+                      lay, b, row0, out, lse FW_EPI_ARG);
 #endif
         return;
     }
@@ -499,10 +527,11 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
     asm("mov.u32 %0, %%cluster_nctarank;\n" : "=r"(cluster_ctas));
     if (cluster_ctas > 1) {
         fw_cluster_merge(o, inv, lse_own, lrow, scratch, splits, sp, (long long)b * rows + row0,
-                         min(64, rows - row0), lay, b, row0, out, lse);
+                         min(64, rows - row0), lay, b, row0, out, lse FW_EPI_ARG);
         return;
     }
     write_rows(o_part, lse_part, ((long long)sp * batch + b) * rows);
+    FW_EPI_MARK(1);  // partial written
     merge_splits(o_part, lse_part, out, lse, done + (long long)b * gridDim.x + blockIdx.x, last,
                  (float*)scratch, splits, (long long)b * rows + row0, min(64, rows - row0), split_rows,
                  lay, b, row0);
@@ -759,6 +788,6 @@ extern "C" __global__ void __launch_bounds__(FW_THREADS, 1)
     }
     __syncthreads();  // the maxima buffer becomes the row sums'
     fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
-                mapped, o_part, lse_part, out, lse, done);
+                mapped, o_part, lse_part, out, lse, done FW_EPI_NONE);
 #endif
 }

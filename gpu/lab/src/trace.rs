@@ -14,8 +14,8 @@
 //! there. Gaps between marks that straddle no wait, and whole iterations, are sound.
 
 use specmla_gpu::ops::{
-    FlashKernels, FlashWorkspace, WideKernel, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS,
-    SEESAW_TRACE_MAGIC,
+    FlashKernels, FlashWorkspace, WideKernel, SEESAW_TRACE_EPILOGUE_MARKS, SEESAW_TRACE_EVENTS,
+    SEESAW_TRACE_ITERS, SEESAW_TRACE_MAGIC,
 };
 use specmla_gpu::{GpuDevice, GpuError};
 
@@ -25,9 +25,24 @@ use crate::bench::DecodeInputs;
 pub const TRACE_ITERS: usize = SEESAW_TRACE_ITERS;
 /// Marks per warpgroup and iteration.
 pub const TRACE_EVENTS: usize = SEESAW_TRACE_EVENTS;
+/// Marks of the CTA's epilogue.
+pub const EPILOGUE_MARKS: usize = SEESAW_TRACE_EPILOGUE_MARKS;
 /// 64-bit words the kernel writes: the marks, then the CTA's start, its end and a magic
-/// word, written last (the timeline is whole only where it reads back).
-pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 3;
+/// word, written last (the timeline is whole only where it reads back), then the
+/// epilogue's marks (written before the magic).
+pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 3 + EPILOGUE_MARKS;
+
+/// What the epilogue does up to each of its marks (`fw_epilogue`); the last step runs to
+/// the CTA's end. A one-split CTA stages its rows and writes them (marks 0-2), a cluster
+/// of splits merges them on chip (0-3), a global merge writes its partial and merges
+/// (0-1, then its end).
+pub const EPILOGUE_STEPS: [&str; EPILOGUE_MARKS + 1] = [
+    "last products drained, row sums",
+    "rows staged (cluster: + partners)",
+    "rows merged / written",
+    "cluster's last barrier",
+    "to the CTA's end",
+];
 
 /// What warpgroup 0 does between its marks i and i + 1; the last phase runs from its last
 /// mark (10) to the next iteration's first.
@@ -73,6 +88,8 @@ pub struct Timeline {
     pub pairs: usize,
     pub cta_start: u64,
     pub cta_end: u64,
+    /// The epilogue's marks (0: not recorded, as for the steps a path does not take).
+    pub epilogue: [u64; EPILOGUE_MARKS],
 }
 
 impl Timeline {
@@ -101,6 +118,7 @@ impl Timeline {
             pairs,
             cta_start,
             cta_end: words[tail + 1],
+            epilogue: std::array::from_fn(|i| words[tail + 3 + i]),
         })
     }
 
@@ -168,6 +186,30 @@ impl Timeline {
         (prologue, epilogue)
     }
 
+    /// Cycles of each epilogue step ([`EPILOGUE_STEPS`]) that has both its ends: from the
+    /// last iteration's last mark (every iteration recorded) through the epilogue's marks
+    /// a path records, to the CTA's end.
+    pub fn epilogue_steps(&self) -> Vec<(&'static str, u64)> {
+        let last = (self.marks.len() == self.pairs)
+            .then(|| self.marks.last())
+            .flatten()
+            .and_then(|m| m.iter().flatten().copied().max());
+        let mut out = Vec::new();
+        let mut from = last;
+        for (i, &name) in EPILOGUE_STEPS.iter().enumerate() {
+            let to = match self.epilogue.get(i) {
+                Some(&c) if c != 0 => c,
+                Some(_) => continue,
+                None => self.cta_end,
+            };
+            if let Some(f) = from.filter(|&f| to >= f) {
+                out.push((name, to - f));
+            }
+            from = Some(to);
+        }
+        out
+    }
+
     /// The report: the CTA's start and end, then each warpgroup's phases in cycles and as
     /// a share of its iteration.
     pub fn report(&self) -> Vec<String> {
@@ -186,6 +228,11 @@ impl Timeline {
                 show(epilogue)
             ),
         ];
+        let steps = self.epilogue_steps();
+        if !steps.is_empty() {
+            let steps: Vec<String> = steps.iter().map(|(n, c)| format!("{n} {c}")).collect();
+            lines.push(format!("  epilogue steps (cycles): {}", steps.join("; ")));
+        }
         for wg in 0..2 {
             let phases = self.phase_means(wg);
             let whole = phases.last().map_or(f64::NAN, |p| p.1);
@@ -295,6 +342,32 @@ mod tests {
     }
 
     #[test]
+    fn epilogue_steps_run_from_the_last_mark_through_those_recorded_to_the_end() {
+        // The last iteration's last mark: warpgroup 1's mark 11 of iteration 9 at 9860;
+        // the CTA ends at 10007.
+        let mut w = synthetic(10);
+        let at = TRACE_ITERS * 2 * TRACE_EVENTS + 3;
+        let t = Timeline::from_words(&w, 10).unwrap();
+        assert_eq!(t.epilogue_steps(), vec![("to the CTA's end", 147)]);
+        // A one-split CTA's path: marks 0-2, none at 3.
+        w[at..at + 3].copy_from_slice(&[9900, 9950, 9990]);
+        let t = Timeline::from_words(&w, 10).unwrap();
+        assert_eq!(
+            t.epilogue_steps(),
+            vec![
+                (EPILOGUE_STEPS[0], 40),
+                (EPILOGUE_STEPS[1], 50),
+                (EPILOGUE_STEPS[2], 40),
+                (EPILOGUE_STEPS[4], 17)
+            ]
+        );
+        assert!(t.report().iter().any(|l| l.contains("epilogue steps")));
+        // Not every iteration recorded: no start for the first step.
+        let t = Timeline::from_words(&w, 70).unwrap();
+        assert_eq!(t.epilogue_steps()[0], (EPILOGUE_STEPS[1], 50));
+    }
+
+    #[test]
     fn phases_are_the_gaps_between_marks_over_the_steady_iterations() {
         let t = Timeline::from_words(&synthetic(10), 10).unwrap();
         assert_eq!(t.marks.len(), 10);
@@ -346,7 +419,7 @@ mod tests {
             .map(|i| 0x3f80_0000_3f80_0000 + i)
             .collect();
         assert!(Timeline::from_words(&w, 4).is_none());
-        w[TRACE_WORDS - 1] = SEESAW_TRACE_MAGIC;
+        w[TRACE_ITERS * 2 * TRACE_EVENTS + 2] = SEESAW_TRACE_MAGIC;
         assert!(Timeline::from_words(&w, 4).is_some());
         let t = Timeline::from_words(&synthetic(80), 200).unwrap();
         assert_eq!(t.marks.len(), TRACE_ITERS);

@@ -451,6 +451,9 @@ pub const SEESAW_TRACE_ITERS: usize = 64;
 pub const SEESAW_TRACE_EVENTS: usize = 12;
 /// The word a traced CTA writes last (`FS_TRACE_MAGIC`): its timeline is whole.
 pub const SEESAW_TRACE_MAGIC: u64 = 0x5EE5_A77A_CE00_0001;
+/// Marks of the traced CTA's epilogue, after its start, end and magic words
+/// (`FW_EPI_MARKS`, in `flash_wgmma.cu`).
+pub const SEESAW_TRACE_EPILOGUE_MARKS: usize = 4;
 
 fn smem_asserts() -> String {
     use super::PrefillTile;
@@ -472,7 +475,7 @@ fn smem_asserts() -> String {
 /// The timeline's sizes as the host reads them, asserted where `FS_TRACE` compiles them.
 fn trace_asserts() -> String {
     format!(
-        "#ifdef FS_TRACE\nstatic_assert(FS_TRACE_ITERS == {SEESAW_TRACE_ITERS} && FS_TRACE_EVENTS == {SEESAW_TRACE_EVENTS} && FS_TRACE_MAGIC == {SEESAW_TRACE_MAGIC}ull, \"the host reads the timeline with other sizes\");\n#endif\n"
+        "#ifdef FS_TRACE\nstatic_assert(FS_TRACE_ITERS == {SEESAW_TRACE_ITERS} && FS_TRACE_EVENTS == {SEESAW_TRACE_EVENTS} && FS_TRACE_MAGIC == {SEESAW_TRACE_MAGIC}ull && FW_EPI_MARKS == {SEESAW_TRACE_EPILOGUE_MARKS}, \"the host reads the timeline with other sizes\");\n#endif\n"
     )
 }
 
@@ -942,6 +945,15 @@ mod tests {
                 "{line} not in flash_seesaw.cu"
             );
         }
+        let line = format!(
+            "#define FW_EPI_MARKS {}",
+            super::SEESAW_TRACE_EPILOGUE_MARKS
+        );
+        assert!(
+            super::FLASH_WGMMA_SRC.contains(&line),
+            "{line} not in flash_wgmma.cu"
+        );
+        assert!(t.contains("FW_EPI_MARKS == 4"), "{t}");
     }
 
     #[test]
