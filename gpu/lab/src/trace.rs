@@ -178,24 +178,25 @@ impl Timeline {
     pub fn prologue_epilogue(&self) -> (Option<u64>, Option<u64>) {
         let first = self.marks.first().map(|m| m[0][0]).filter(|&c| c != 0);
         let prologue = first.and_then(|c| c.checked_sub(self.cta_start));
-        let last = (self.marks.len() == self.pairs)
+        let epilogue = self.last_mark().and_then(|c| self.cta_end.checked_sub(c));
+        (prologue, epilogue)
+    }
+
+    /// The last iteration's last mark, where every iteration was recorded: where the
+    /// epilogue starts.
+    fn last_mark(&self) -> Option<u64> {
+        (self.marks.len() == self.pairs)
             .then(|| self.marks.last())
             .flatten()
-            .and_then(|m| m.iter().flatten().copied().max());
-        let epilogue = last.and_then(|c| self.cta_end.checked_sub(c));
-        (prologue, epilogue)
+            .and_then(|m| m.iter().flatten().copied().max())
     }
 
     /// Cycles of each epilogue step ([`EPILOGUE_STEPS`]) that has both its ends: from the
     /// last iteration's last mark (every iteration recorded) through the epilogue's marks
     /// a path records, to the CTA's end.
     pub fn epilogue_steps(&self) -> Vec<(&'static str, u64)> {
-        let last = (self.marks.len() == self.pairs)
-            .then(|| self.marks.last())
-            .flatten()
-            .and_then(|m| m.iter().flatten().copied().max());
         let mut out = Vec::new();
-        let mut from = last;
+        let mut from = self.last_mark();
         for (i, &name) in EPILOGUE_STEPS.iter().enumerate() {
             let to = match self.epilogue.get(i) {
                 Some(&c) if c != 0 => c,
