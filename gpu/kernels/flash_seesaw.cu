@@ -556,7 +556,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // The epilogue's marks follow the CTA's start, end and magic words.
     unsigned long long* const epi = trace == nullptr ? nullptr : trace + FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 3;
 #endif
-    fw_epilogue(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
+    fw_epilogue<kCopyGroup>(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
                 mapped, o_part, lse_part, out, lse, done FW_EPI_ARG);
 #ifdef FS_TRACE
     if (trace != nullptr && tid == 0) {

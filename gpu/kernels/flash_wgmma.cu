@@ -208,17 +208,6 @@ __device__ __forceinline__ unsigned fw_mapa(unsigned addr, unsigned rank) {
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(r) : "r"(addr), "r"(rank));
     return r;
 }
-__device__ __forceinline__ float fw_ld_cluster(unsigned addr) {
-    float v;
-    asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-    return v;
-}
-__device__ __forceinline__ float4 fw_ld_cluster4(unsigned addr) {
-    float4 v;
-    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(addr) : "memory");
-    return v;
-}
 // Every thread of the cluster: this CTA's shared-memory writes before, peers' after.
 __device__ __forceinline__ void fw_cluster_sync() {
     asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
@@ -260,100 +249,120 @@ __device__ __forceinline__ void fw_stage_rows(const float* o, const float* inv, 
     }
 }
 
-// Rows [r_lo, r_hi) of a cluster merge of S splits, float4 columns spread over the CTA:
-// every load a thread needs (about 32 whatever S, as a split merges 64 / S rows) is issued
-// before any is used, since each distributed-shared-memory read waits on the SM-to-SM
-// network. Sums in split order.
+// Stores into a peer CTA's shared memory (an address from fw_mapa).
+__device__ __forceinline__ void fw_st_cluster(unsigned addr, float x) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;\n" ::"r"(addr), "f"(x) : "memory");
+}
+__device__ __forceinline__ void fw_st_cluster4(unsigned addr, float4 v) {
+    asm volatile("st.shared::cluster.v4.f32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "f"(v.x), "f"(v.y), "f"(v.z),
+                 "f"(v.w)
+                 : "memory");
+}
+
+// Rows [0, rows_here) of this split's share of a cluster merge of S splits, from `recv`
+// ([S][per][FW_MSTRIDE]: split t's normalized rows) in this CTA's shared memory, float4
+// columns spread over the CTA, summed in split order.
 template <int S>
-__device__ __forceinline__ void fw_cluster_rows(const float* own, const float* wts, int sp, int r_lo,
-                                                int r_hi, long long row_at, float* __restrict__ out) {
-    constexpr int U = ((64 + S - 1) / S * (FD_DV / 4) + FW_THREADS - 1) / FW_THREADS;
-    const int total = max(r_hi - r_lo, 0) * (FD_DV / 4);
-    float4 v[U][S];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int idx = threadIdx.x + u * FW_THREADS;
-        const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
-        const unsigned at = smem_addr(own + r * FW_MSTRIDE + c);
-#pragma unroll
-        for (int t = 0; t < S; ++t)
-            if (idx < total)
-                v[u][t] = t == sp ? *(const float4*)(own + r * FW_MSTRIDE + c) : fw_ld_cluster4(fw_mapa(at, t));
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-        const int idx = threadIdx.x + u * FW_THREADS;
-        if (idx >= total) break;
-        const int r = r_lo + idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
+__device__ __forceinline__ void fw_merge_rows(const float* recv, const float* wts, int per, int rows_here,
+                                              float* __restrict__ out) {
+    const int total = max(rows_here, 0) * (FD_DV / 4);
+#pragma unroll 4
+    for (int idx = threadIdx.x; idx < total; idx += FW_THREADS) {
+        const int k = idx / (FD_DV / 4), c = (idx % (FD_DV / 4)) * 4;
         float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int t = 0; t < S; ++t) {
-            const float w = wts[r * 9 + t];
-            acc.x += w * v[u][t].x;
-            acc.y += w * v[u][t].y;
-            acc.z += w * v[u][t].z;
-            acc.w += w * v[u][t].w;
+            const float w = wts[k * 9 + t];
+            const float4 v = *(const float4*)(recv + (t * per + k) * FW_MSTRIDE + c);
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
         }
-        const float den = wts[r * 9 + 8];
-        *(float4*)(out + (row_at + r) * FD_DV + c) =
-            den == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
-                       : make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den);
+        const float den = wts[k * 9 + 8];
+        *(float4*)(out + k * FD_DV + c) = den == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                                     : make_float4(acc.x / den, acc.y / den, acc.z / den,
+                                                                   acc.w / den);
     }
 }
 
 // The merge of a request's splits launched as one cluster (split t = cluster rank t, all
-// resident together): each split puts its normalized rows and LSE in its own shared memory
-// (`scratch`, the freed tiles), then merges 64 / splits of the block's rows from all of
-// them through distributed shared memory, in split order, and writes them out. No partial
-// leaves the chip. The arithmetic is the global merge's, so a request's bits depend on
-// its split plan alone.
+// resident together). Split t merges rows [64 t / S, 64 (t + 1) / S) of the block. Once
+// every split's tiles are free, each thread stores its rows (times inv) and their LSE
+// straight into the shared memory of the split that merges them (stores do not wait on
+// the SM-to-SM network the way remote loads do); after the cluster's second barrier each
+// split merges its rows from its own shared memory, in split order, and writes them out.
+// No partial leaves the chip. The arithmetic is the global merge's, so a request's bits
+// depend on its split plan alone. On the H100 (run 81, same binary) pulling the rows with
+// remote loads instead made the invariant launches 1-5% slower (q 1 B 64 L 4k 172 against
+// 167 µs, B 32 91 against 86-88, H 16 q 4 B 128 L 8k 442 against 432), and pushing them
+// as 8-byte stores from the accumulator layout gained about half as much.
 __device__ void fw_cluster_merge(const float* o, const float* inv, const float* lse_own, const int* lrow,
                                  unsigned char* scratch, int splits, int sp, long long row_at, int live_rows,
                                  FdLseLayout lay, int b, int row0, float* __restrict__ out,
                                  float* __restrict__ lse FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
-    float* own = (float*)scratch;          // [64][FW_MSTRIDE]
-    float* lse_s = own + 64 * FW_MSTRIDE;  // [64]
-    float* wts = lse_s + 64;               // [64][9]: weights of splits 0..7, then their sum
-    fw_stage_rows(o, inv, lrow, own);
+    const int per = (64 + splits - 1) / splits;           // the most rows a split merges
+    float* recv = (float*)scratch;                        // [splits][per][FW_MSTRIDE]
+    float* lse_s = recv + splits * per * FW_MSTRIDE;      // [splits][per]
+    float* wts = lse_s + splits * per;                    // [per][9]: weights of splits 0..7, their sum
+    fw_cluster_sync();  // every split's tiles free: its shared memory takes its peers' rows
+    FW_EPI_MARK(1);
+    // Lanes 2p and 2p + 1 swap a column pair so that each holds four adjacent columns of
+    // every other 16: one 16-byte store where two 8-byte ones were.
+    const bool even = lane % 2 == 0;
+    const int col4 = wg * 256 + (lane % 4) * 2 + (even ? 0 : 6);
 #pragma unroll
-    for (int i = 0; i < 2; ++i)
-        if (wg == 0 && lane % 4 == 0) lse_s[lrow[i]] = lse_own[i];
-    fw_cluster_sync();
-    FW_EPI_MARK(1);  // staged, and every split of the cluster too
-    const int r_lo = sp * 64 / splits, r_hi = min((sp + 1) * 64 / splits, live_rows);
-    if (tid < r_hi - r_lo) {
-        const int r = r_lo + tid;
-        const unsigned at = smem_addr(lse_s + r);
+    for (int i = 0; i < 2; ++i) {
+        const int r = lrow[i], t = ((r + 1) * splits - 1) / 64, k = r - t * 64 / splits;
+        float* row = recv + (sp * per + k) * FW_MSTRIDE + col4;
+        const unsigned at = t == sp ? smem_addr(row) : fw_mapa(smem_addr(row), t);
+#pragma unroll
+        for (int m = 0; m < 16; ++m) {
+            const float a0 = o[8 * m + 2 * i] * inv[i], a1 = o[8 * m + 2 * i + 1] * inv[i];
+            const float b0 = o[8 * m + 4 + 2 * i] * inv[i], b1 = o[8 * m + 4 + 2 * i + 1] * inv[i];
+            const float r0 = __shfl_xor_sync(0xffffffff, even ? b0 : a0, 1);
+            const float r1 = __shfl_xor_sync(0xffffffff, even ? b1 : a1, 1);
+            const float4 v = even ? make_float4(a0, a1, r0, r1) : make_float4(r0, r1, b0, b1);
+            if (t == sp) *(float4*)(row + m * 16) = v;
+            else fw_st_cluster4(at + m * 64, v);
+        }
+        if (wg == 0 && lane % 4 == 0) {
+            if (t == sp) lse_s[sp * per + k] = lse_own[i];
+            else fw_st_cluster(fw_mapa(smem_addr(lse_s + sp * per + k), t), lse_own[i]);
+        }
+    }
+    fw_cluster_sync();  // every split's rows where they merge
+    FW_EPI_MARK(2);
+    const int r_lo = sp * 64 / splits, rows_here = min((sp + 1) * 64 / splits, live_rows) - r_lo;
+    if (tid < rows_here) {
         float lt[8], mx = NEG_INF, den = 0.f;
 #pragma unroll
-        for (int t = 0; t < 8; ++t)
-            lt[t] = t >= splits ? NEG_INF : t == sp ? lse_s[r] : fw_ld_cluster(fw_mapa(at, t));
+        for (int t = 0; t < 8; ++t) lt[t] = t >= splits ? NEG_INF : lse_s[t * per + tid];
 #pragma unroll
         for (int t = 0; t < 8; ++t) mx = fd_max(mx, lt[t]);
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
             if (t >= splits) break;
             const float w = mx == NEG_INF ? 0.f : __expf(lt[t] - mx);
-            wts[r * 9 + t] = w;
+            wts[tid * 9 + t] = w;
             den += w;
         }
-        wts[r * 9 + 8] = den;
-        lse[lay.at(b, row0 + r)] = den == 0.f ? NEG_INF : mx + logf(den);
+        wts[tid * 9 + 8] = den;
+        lse[lay.at(b, row0 + r_lo + tid)] = den == 0.f ? NEG_INF : mx + logf(den);
     }
     __syncthreads();
+    float* dst = out + (row_at + r_lo) * FD_DV;
     switch (splits) {
-        case 2: fw_cluster_rows<2>(own, wts, sp, r_lo, r_hi, row_at, out); break;
-        case 3: fw_cluster_rows<3>(own, wts, sp, r_lo, r_hi, row_at, out); break;
-        case 4: fw_cluster_rows<4>(own, wts, sp, r_lo, r_hi, row_at, out); break;
-        case 5: fw_cluster_rows<5>(own, wts, sp, r_lo, r_hi, row_at, out); break;
-        case 6: fw_cluster_rows<6>(own, wts, sp, r_lo, r_hi, row_at, out); break;
-        case 7: fw_cluster_rows<7>(own, wts, sp, r_lo, r_hi, row_at, out); break;
-        default: fw_cluster_rows<8>(own, wts, sp, r_lo, r_hi, row_at, out); break;
+        case 2: fw_merge_rows<2>(recv, wts, per, rows_here, dst); break;
+        case 3: fw_merge_rows<3>(recv, wts, per, rows_here, dst); break;
+        case 4: fw_merge_rows<4>(recv, wts, per, rows_here, dst); break;
+        case 5: fw_merge_rows<5>(recv, wts, per, rows_here, dst); break;
+        case 6: fw_merge_rows<6>(recv, wts, per, rows_here, dst); break;
+        case 7: fw_merge_rows<7>(recv, wts, per, rows_here, dst); break;
+        default: fw_merge_rows<8>(recv, wts, per, rows_here, dst); break;
     }
-    FW_EPI_MARK(2);  // this split's rows merged and written
-    fw_cluster_sync();  // no split leaves (freeing its shared memory) while others read it
-    FW_EPI_MARK(3);
+    FW_EPI_MARK(3);  // this split's rows merged and written
 }
 
 // Called by every CTA of a request's split after writing its partial: the request's last
@@ -462,7 +471,10 @@ __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, 
 // - a request's splits launched as one cluster merge on chip (fw_cluster_merge);
 // - otherwise every split writes its normalized partial and the last to finish merges
 //   them from L2 (merge_splits), in split order either way.
-
+// kOneSplit: the kernel is only launched with one split a request (the seesaw kernel
+// with the copy warpgroup) and compiles the first way alone, so that changes to the
+// merges leave its code as it is (they moved its main loop's schedule by up to 3%).
+template <bool kOneSplit = false>
 __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, int* last,
                                             unsigned char* scratch, int seq_len,
@@ -510,7 +522,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
             }
         }
     };
-    if (final_here) {
+    if (kOneSplit || final_here) {
 #ifdef FW_DIRECT_STORE
         write_rows(out, nullptr, (long long)b * rows);
 #else

@@ -33,14 +33,15 @@ pub const EPILOGUE_MARKS: usize = SEESAW_TRACE_EPILOGUE_MARKS;
 pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 3 + EPILOGUE_MARKS;
 
 /// What the epilogue does up to each of its marks (`fw_epilogue`); the last step runs to
-/// the CTA's end. A one-split CTA stages its rows and writes them (marks 0-2), a cluster
-/// of splits merges them on chip (0-3), a global merge writes its partial and merges
-/// (0-1, then its end).
+/// the CTA's end. A one-split CTA stages its rows and writes them (marks 0-2); a cluster
+/// of splits waits for every split's tiles to be free, pushes its rows to the splits that
+/// merge them, and merges its own share (0-3); a global merge writes its partial and
+/// merges (0-1, then its end).
 pub const EPILOGUE_STEPS: [&str; EPILOGUE_MARKS + 1] = [
     "last products drained, row sums",
-    "rows staged (cluster: + partners)",
-    "rows merged / written",
-    "cluster's last barrier",
+    "rows staged (cluster: every split's tiles free)",
+    "rows written (cluster: rows pushed to their splits)",
+    "cluster: rows merged and written",
     "to the CTA's end",
 ];
 
