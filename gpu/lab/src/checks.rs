@@ -546,6 +546,73 @@ pub fn check_flash_stale_schedule(
     })
 }
 
+/// The softmax scale of the tensor-core decode checks: 1 / sqrt(192), a head of 192.
+fn flash_check_scale() -> f32 {
+    1.0 / 192f32.sqrt()
+}
+
+/// A tensor-core decode check's device side: the workspace for a shape (outputs filled
+/// with NaN, so a row the kernel skips shows), the check's Q, block table and seq_lens,
+/// and the schedule the shape's policy gives for the seq_lens it is planned for.
+struct FlashLaunch {
+    ws: specmla_gpu::ops::FlashWorkspace,
+    q: Buf<u16>,
+    table: Buf<i32>,
+    seq_lens: Buf<i32>,
+    sched: specmla_gpu::ops::FlashSchedule,
+}
+
+impl FlashLaunch {
+    /// `s`'s workspace and policy (`split_size_tokens`, `max_splits`); `planned` is what
+    /// the schedule is built from (the real `seq_lens`, or a stale copy's).
+    fn new(
+        dev: &GpuDevice,
+        s: specmla_gpu::ops::FlashShape,
+        (q_bits, table, seq_lens): (&[u16], &[i32], &[i32]),
+        planned: &[i32],
+    ) -> Result<Self, GpuError> {
+        use specmla_gpu::ops::{FlashSchedule, FlashWorkspace};
+        let policy = SplitPolicy {
+            split_size_tokens: s.split_size_tokens,
+            max_splits: s.max_splits,
+        };
+        let sched = schedule_of(policy, planned, table, s.width, s.page);
+        Ok(Self {
+            ws: FlashWorkspace::new(dev, s, Some(f32::NAN))?,
+            q: upload(dev, q_bits)?,
+            table: upload(dev, table)?,
+            seq_lens: upload(dev, seq_lens)?,
+            sched: FlashSchedule::upload(dev, &sched, s.split_size_tokens)?,
+        })
+    }
+
+    /// One launch of `path` over `cache` with shape `s` (at most the workspace's splits)
+    /// and the checks' softmax scale; the output and the LSE as they come back.
+    ///
+    /// # Safety
+    /// The block table names blocks inside `cache` (or -1) for every key of each seq_len
+    /// below the first -1 of its row.
+    unsafe fn run(
+        &self,
+        dev: &GpuDevice,
+        k: &FlashKernels,
+        path: (WideKernel, SplitMerge),
+        s: specmla_gpu::ops::FlashShape,
+        cache: &Buf<u16>,
+    ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
+        let bufs = self.ws.bufs(
+            self.q.ptr(),
+            cache.ptr(),
+            self.table.ptr(),
+            self.seq_lens.ptr(),
+            &self.sched,
+        );
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { k.flash_decode_merged(path, dev, s, bufs, flash_check_scale()) }?;
+        Ok((download(dev, &self.ws.out)?, download(dev, &self.ws.lse)?))
+    }
+}
+
 /// The seesaw family's two kernels on the same one-split launch: `flash_decode_seesaw`
 /// (copy warpgroup) where the grid has one split a request, `flash_decode_seesaw_2wg` where
 /// it has room for two and the schedule gives every request one. They run the same math,
@@ -556,7 +623,7 @@ pub fn check_seesaw_kernels_agree(
     k: &FlashKernels,
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM};
+    use specmla_gpu::ops::{FlashShape, FLASH_DIM};
     let (q_len, heads, page, split) = (4usize, 128usize, 64usize, 2048usize);
     let ctx = [5usize, 129, 1500, 700];
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
@@ -576,16 +643,9 @@ pub fn check_seesaw_kernels_agree(
         max_splits,
     };
     // One workspace and schedule for both: every request fits one split of `split` keys.
-    let ws = FlashWorkspace::new(dev, shape(2), Some(f32::NAN))?;
-    let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
-    let (td, sd) = (upload(dev, &blocks)?, upload(dev, &seq_lens)?);
-    let policy = SplitPolicy {
-        split_size_tokens: split,
-        max_splits: 2,
-    };
-    let sched = schedule_of(policy, &seq_lens, &blocks, width, page);
-    let sched = FlashSchedule::upload(dev, &sched, split)?;
-    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr(), &sched);
+    let inputs = (&q_bits[..], &blocks[..], &seq_lens[..]);
+    let launch = FlashLaunch::new(dev, shape(2), inputs, &seq_lens)?;
+    let cache = upload(dev, &cache_bits)?;
     let mut outputs = Vec::new();
     let mut names = Vec::new();
     for max_splits in [1, 2] {
@@ -595,21 +655,13 @@ pub fn check_seesaw_kernels_agree(
                 .0,
         );
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
-        unsafe {
-            k.flash_decode_merged(
-                (WideKernel::Seesaw, k.merge),
-                dev,
-                s,
-                bufs,
-                1.0 / 192f32.sqrt(),
-            )
-        }?;
-        let mut v: Vec<u32> = download(dev, &ws.out)?
-            .iter()
-            .map(|x| x.to_bits())
-            .collect();
-        v.extend(download(dev, &ws.lse)?.iter().map(|x| x.to_bits()));
-        outputs.push(v);
+        let (out, lse) = unsafe { launch.run(dev, k, (WideKernel::Seesaw, k.merge), s, &cache) }?;
+        outputs.push(
+            out.iter()
+                .chain(&lse)
+                .map(|x| x.to_bits())
+                .collect::<Vec<u32>>(),
+        );
     }
     let differ = outputs[0]
         .iter()
@@ -654,7 +706,7 @@ fn run_flash_case(
     seed: u64,
     schedule_lens: Option<&ScheduleLens>,
 ) -> Result<FlashRun, GpuError> {
-    use specmla_gpu::ops::{FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{FlashShape, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let batch = ctx.len();
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
@@ -679,24 +731,15 @@ fn run_flash_case(
         // splits (a multiple of `split`).
         max_splits: max_len.div_ceil(split).clamp(1, 4),
     };
-    let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
-    let (qd, cd) = (upload(dev, &q_bits)?, upload(dev, &cache_bits)?);
-    let (td, sd) = (upload(dev, &table)?, upload(dev, &seq_lens)?);
-    let policy = SplitPolicy {
-        split_size_tokens: s.split_size_tokens,
-        max_splits: s.max_splits,
-    };
     let planned = schedule_lens.map_or_else(|| seq_lens.clone(), |f| f(&seq_lens));
-    let sched = schedule_of(policy, &planned, &table, width, page);
-    let sched = FlashSchedule::upload(dev, &sched, split)?;
-    let bufs = ws.bufs(qd.ptr(), cd.ptr(), td.ptr(), sd.ptr(), &sched);
-    let scale = 1.0 / 192f32.sqrt();
+    let launch = FlashLaunch::new(dev, s, (&q_bits, &table, &seq_lens), &planned)?;
+    let cache_d = upload(dev, &cache_bits)?;
     // SAFETY: the check's block table names blocks inside its cache or -1, and its mapped
     // keys stop at the first -1 of each row.
-    unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, scale) }?;
-    let (got_out, got_lse) = (download(dev, &ws.out)?, download(dev, &ws.lse)?);
+    let (got_out, got_lse) = unsafe { launch.run(dev, k, (wide, merge), s, &cache_d) }?;
+    let scale = flash_check_scale();
     // The split counters must be re-armed for the next launch (a CUDA graph replays them).
-    let rearmed = download(dev, &ws.done)?.iter().all(|&c| c == 0);
+    let rearmed = download(dev, &launch.ws.done)?.iter().all(|&c| c == 0);
     let shape = (q_len, heads, FLASH_DIM, FLASH_DV, page, width);
     let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale as f64);
     // The kernel's LSE is the reference's [heads, tokens]: compared as it comes.
@@ -721,7 +764,7 @@ pub fn check_flash_invariance(
     (q_len, heads, page, split): (usize, usize, usize, usize),
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM, FLASH_DV};
+    use specmla_gpu::ops::{FlashShape, FLASH_DIM, FLASH_DV};
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let ctx = [700usize, 1500, 90];
     let rows = q_len * heads;
@@ -748,19 +791,10 @@ pub fn check_flash_invariance(
             split_size_tokens: split,
             max_splits: max_len.div_ceil(split),
         };
-        let ws = FlashWorkspace::new(dev, s, Some(f32::NAN))?;
-        let (qd, td, sd) = (upload(dev, q)?, upload(dev, table)?, upload(dev, seq)?);
-        let policy = SplitPolicy {
-            split_size_tokens: split,
-            max_splits: s.max_splits,
-        };
-        let sched = schedule_of(policy, seq, table, width, page);
-        let sched = FlashSchedule::upload(dev, &sched, split)?;
-        let bufs = ws.bufs(qd.ptr(), cache.ptr(), td.ptr(), sd.ptr(), &sched);
+        let launch = FlashLaunch::new(dev, s, (q, table, seq), seq)?;
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
-        unsafe { k.flash_decode_merged((wide, merge), dev, s, bufs, 1.0 / 192f32.sqrt()) }?;
-        let mut v = download(dev, &ws.out)?;
-        v.extend(download(dev, &ws.lse)?);
+        let (mut v, lse) = unsafe { launch.run(dev, k, (wide, merge), s, &cache) }?;
+        v.extend(lse);
         Ok(v)
     };
     let run = |batch, q: &[u16], table: &[i32], seq: &[i32], split| {
