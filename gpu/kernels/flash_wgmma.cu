@@ -199,8 +199,9 @@ __device__ __forceinline__ void fw_rows(int* lrow, bool* live, int* limit, int r
 }
 
 #ifdef FW_HAVE_WGMMA
-// Row stride (floats) of a split's normalized output in shared memory for the cluster
-// merge: 8 mod 32, so a warp's float2 stores of the accumulator layout hit 32 banks.
+// Row stride (floats) of a split's normalized output in shared memory (a one-split
+// request's staging, the cluster merge's rows): 8 mod 32, so a warp's float2 stores of
+// the accumulator layout hit 32 banks.
 #define FW_MSTRIDE 520
 
 __device__ __forceinline__ unsigned fw_mapa(unsigned addr, unsigned rank) {
@@ -235,8 +236,7 @@ __device__ __forceinline__ void fw_cluster_sync() {
 #endif
 
 // This thread's rows of O (times inv) into `own`, rows FW_MSTRIDE floats apart (the
-// padding spreads a warp's eight rows over the banks): the cluster merge's and a one-split
-// request's staging.
+// padding spreads a warp's eight rows over the banks): a one-split request's staging.
 __device__ __forceinline__ void fw_stage_rows(const float* o, const float* inv, const int* lrow, float* own) {
     const int col0 = threadIdx.x / 128 * 256 + (threadIdx.x % 4) * 2;
 #pragma unroll
