@@ -426,9 +426,10 @@ impl Backend for GpuBackend {
     fn kernels(&self) -> String {
         match &self.flash {
             Some(f) => format!(
-                "{}; bf16 flash decode ({}); cuBLASLt bf16 GEMMs ({})",
+                "{}; bf16 flash decode ({}, {}); cuBLASLt bf16 GEMMs ({})",
                 self.dev.arch,
                 f.fk.wide.function(),
+                f.fk.wide.numerics(),
                 f.gemm.algo.name()
             ),
             None => format!("{}; portable f32", self.dev.arch),

@@ -69,6 +69,18 @@ impl WideKernel {
         }
     }
 
+    /// What in this family's arithmetic a recording's bits depend on beyond its name, for
+    /// the GPU backend's kernel fingerprint: it changes whenever the same inputs would give
+    /// other bits, so a trace recorded before such a change does not replay as a divergence.
+    pub fn numerics(self) -> &'static str {
+        match self {
+            // The running maximum moves only when a tile raises it past 8 (log2 units):
+            // `raise_max` in flash_seesaw.cu.
+            Self::Seesaw => "running max raised past 2^8",
+            Self::Wgmma | Self::Mma => "exact running max",
+        }
+    }
+
     /// Whether this family needs sm_90a: warpgroup MMA and the copy engine (TMA), 64-key
     /// tiles, 256 or 384 threads, and its own split merge (no flash_combine).
     pub fn hopper(self) -> bool {
@@ -230,7 +242,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 13] = [
+const DIAGNOSTIC_DEFINES: [&str; 14] = [
     "FW_NO_LOAD",
     "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
@@ -243,6 +255,7 @@ const DIAGNOSTIC_DEFINES: [&str; 13] = [
     "FW_NO_PFENCE",
     "FW_NO_SYNC2",
     "FW_NO_MERGE",
+    "FS_EXACT_MAX",
     "FT_NO_PINGPONG",
 ];
 
