@@ -38,6 +38,8 @@ static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 
 #define FS_BAR_P_A 3
 #define FS_BAR_P_B 4
 #define FS_BAR_GROUP 5
+// Both product warpgroups (256 threads), where the copy warpgroup still runs: an item's end.
+#define FS_BAR_ALL 7
 
 // FS_TRACE (diagnostic): the CTA of block (0, 0, 0) writes its timeline over o_part, as
 // clock64 readings by each warpgroup's first thread: FS_TRACE_EVENTS per warpgroup and pair
@@ -108,9 +110,67 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
     q, cache, block_table, seq_lens, mapped_kv_tokens, split_lens, num_splits, o_part, lse_part, batch, \
         rows, heads, q_len, page, width, max_splits, scale_log2, out, lse, done, cache_map
 
+// A request's 64-row block of one split: what a CTA of the seesaw decode works on.
+struct FsItem {
+    int b, row0, sp, count, seq_len, mapped, kv_start, kv_end, tiles;
+};
+
+#ifdef FW_HAVE_WGMMA
+// The end of an item of the persistent kernel (the copy warpgroup's, one split a request):
+// the two warpgroups' row sums added in group order, as fw_epilogue does (the same bits);
+// the next item's Q issued into the Q tile, which no product reads any more; then this
+// item's rows (times inv) and LSE stored from registers. fw_epilogue stages a one-split
+// request's rows in the freed tiles and writes them with bulk copies; here the tiles
+// already take the next item's first keys.
+__device__ __forceinline__ void fs_item_end(const float* o, const float* m, float* l, const int* lrow,
+                                            const bool* live, float* red, const FsItem& c, const FsItem& next,
+                                            bool has_next, unsigned char* qs, const unsigned short* __restrict__ q,
+                                            int batch, int rows, int heads, float* __restrict__ out,
+                                            float* __restrict__ lse FW_EPI_PARAM) {
+    const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+        if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
+    }
+    // Both warpgroups past their last products: every score is done with the Q tile.
+    fs_sync(FS_BAR_ALL, FW_THREADS);
+    FW_EPI_MARK(0);
+    if (has_next) {
+        fw_load_q(qs, q, next.b, rows, next.row0);
+        cp_commit();
+    }
+    FW_EPI_MARK(1);
+    const FdLseLayout lay{batch, rows, heads};
+    const int col0 = wg * 256 + (lane % 4) * 2;  // + 8 j: this thread's column pairs
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        const float total = red[lrow[i]] + red[64 + lrow[i]];
+        float inv = total > 0.f ? 1.f / total : 0.f, lse_own = fw_lse_of(m[i], total);
+        // Poisoned: its causal window reaches a missing block (flash_decode.cu).
+        if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) inv = lse_own = NAN_F;
+        if (!live[i]) continue;
+        float* dst = out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0;
+#pragma unroll
+        for (int j = 0; j < 32; ++j)
+            *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
+        if (wg == 0 && lane % 4 == 0) lse[lay.at(c.b, c.row0 + lrow[i])] = lse_own;
+    }
+    FW_EPI_MARK(2);
+}
+#endif
+
 // The seesaw decode, with (kCopyGroup: FS_THREADS threads) or without (FW_THREADS) the copy
-// warpgroup; the two kernels below. Arguments, layouts, grid and contract as
-// flash_decode_wgmma; FS_SMEM_BYTES of shared memory.
+// warpgroup; the two kernels below. Arguments, layouts and contract as flash_decode_wgmma;
+// FS_SMEM_BYTES of shared memory. Without the copy warpgroup the grid is
+// flash_decode_wgmma's, a CTA a work item. With it every request takes one split and the
+// grid is one-dimensional and persistent: CTA x takes items x, x + gridDim.x, ... of the
+// ceil(rows / 64) * batch row blocks (block-major within a request, so a request's row
+// blocks, which read the same keys, run side by side), and an item's prologue runs under
+// the previous one's end: its Q loads once the last scores are done, and each stage's
+// first tile once the previous item's last products have freed it, the copy warpgroup
+// taking the stages' tiles across items as one sequence.
 template <bool kCopyGroup>
 __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #ifndef FW_HAVE_WGMMA
@@ -135,28 +195,46 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // Read through a shuffle so the compiler sees it is uniform across the warp: otherwise it
     // treats each warpgroup's branch as divergent and serializes the wgmmas inside.
     const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
-    const int row0 = blockIdx.x * 64, sp = blockIdx.y, b = blockIdx.z;
 #ifdef FS_TRACE
-    unsigned long long* const trace =
+    // The CTA's first item alone is traced (the pointer is cleared after it).
+    unsigned long long* trace =
         blockIdx.x + blockIdx.y + blockIdx.z == 0 ? (unsigned long long*)o_part : nullptr;
     if (trace != nullptr && tid == 0) trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS] = clock64();
 #endif
-    const int seq_len = seq_lens[b];
-    const FdSplit sched = fd_schedule(split_lens, num_splits, b, max_splits);
-    if (sp >= sched.count) return;  // the request takes fewer splits: nothing reads this one
-    const int split = sched.len;
-    const int kv_start = sp * split;
-    const int mapped = fd_mapped(mapped_kv_tokens, b, width, page);
-    const int kv_end = min(min(kv_start + split, seq_len), mapped);  // nothing past a hole
+    // This CTA's items: one, or every gridDim.x-th of the row blocks (see above).
+    const int row_blocks = (rows + 63) / 64;
+    const int items = kCopyGroup ? (row_blocks * batch - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 1;
+    auto item_at = [&](int i) {
+        FsItem c;
+        if constexpr (kCopyGroup) {
+            const int g = blockIdx.x + i * gridDim.x;
+            c.b = g / row_blocks;
+            c.row0 = g % row_blocks * 64;
+            c.sp = 0;
+        } else {
+            c.b = blockIdx.z;
+            c.row0 = blockIdx.x * 64;
+            c.sp = blockIdx.y;
+        }
+        c.seq_len = seq_lens[c.b];
+        const FdSplit sched = fd_schedule(split_lens, num_splits, c.b, max_splits);
+        c.count = sched.count;
+        c.kv_start = c.sp * sched.len;
+        c.mapped = fd_mapped(mapped_kv_tokens, c.b, width, page);
+        c.kv_end = min(min(c.kv_start + sched.len, c.seq_len), c.mapped);  // nothing past a hole
+        c.tiles = c.kv_end > c.kv_start ? (c.kv_end - c.kv_start + 63) / 64 : 0;
+        return c;
+    };
+    FsItem cur = item_at(0);
+    // The request takes fewer splits than the grid: nothing reads this one.
+    if (items <= 0 || cur.sp >= cur.count) return;
 
-    if (tid < FW_THREADS) fw_load_q(qs, q, b, rows, row0);
-    const int* bt = block_table + (long long)b * width;
+    if (tid < FW_THREADS) fw_load_q(qs, q, cur.b, rows, cur.row0);
     const int box_rows = min(page, 64);
-    const int tiles = kv_end > kv_start ? (kv_end - kv_start + 63) / 64 : 0;
 #ifdef FW_NO_LOAD
-    const int more = 0;  // tiles issued after the first two
+    constexpr bool kLoads = false;  // no tile issued after each stage's first
 #else
-    const int more = tiles;
+    constexpr bool kLoads = true;
 #endif
     // Pages of 64 keys or more hold a whole tile (tiles start 64-key aligned), so its copies
     // need one block-table entry, read before it is needed: asm volatile, so ptxas keeps the
@@ -165,41 +243,50 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // its last tile's entry; a split without tiles reads none. -1: no entry read ahead
     // (smaller pages, a split without tiles, or FS_BT_INPLACE).
     const bool whole_pages = page >= 64;
-    auto entry_of = [&](int t) {
+    auto entry_of = [&](const FsItem& c, int t) {
         int e = -1;
 #ifndef FS_BT_INPLACE
-        if (whole_pages && tiles > 0)
+        if (whole_pages && c.tiles > 0)
             asm volatile("ld.global.nc.b32 %0, [%1];\n"
                          : "=r"(e)
-                         : "l"(bt + (kv_start + min(t, tiles - 1) * 64) / page));
+                         : "l"(block_table + (long long)c.b * width + (c.kv_start + min(t, c.tiles - 1) * 64) / page));
 #endif
         return e;
     };
-    // The blocks in `mask` (bit c: columns 64c..64c+63) of tile `t` into its stage, each on
-    // its own mbarrier, issued by the calling thread alone: one box per page part holding
-    // keys below kv_end. With the tile's entry read ahead (`entry`, from entry_of: pages
-    // are whole) that is one box a block at its slot; with -1 each box's entry is read here.
-    auto issue = [&](int t, unsigned mask, int entry) {
-        const int stage = t % 2, t0 = kv_start + t * 64;
-        const int boxes = (min(kv_end - t0, 64) + box_rows - 1) / box_rows;
+    // The blocks in `mask` (bit c: columns 64c..64c+63) of tile `t` of item `c` into its
+    // stage, each on its own mbarrier, issued by the calling thread alone: one box per page
+    // part holding keys below kv_end. With the tile's entry read ahead (`entry`, from
+    // entry_of: pages are whole) that is one box a block at its slot; with -1 each box's
+    // entry is read here.
+    auto issue = [&](const FsItem& c, int t, unsigned mask, int entry) {
+        const int stage = t % 2, t0 = c.kv_start + t * 64;
+        const int boxes = (min(c.kv_end - t0, 64) + box_rows - 1) / box_rows;
         const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
         if (entry >= 0) {
             fw_issue_box(dst, &cache_map, entry * page + t0 % page, mask, bar0, 8, 64 * 128);
             return;
         }
 #pragma unroll
-        for (int c = 0; c < 9; ++c)
-            if (mask >> c & 1) fw_expect(bar0 + c * 8, boxes * box_rows * 128);
-        fw_issue_boxes(dst, &cache_map, bt, page, t0, boxes, mask, bar0, 8);
+        for (int k = 0; k < 9; ++k)
+            if (mask >> k & 1) fw_expect(bar0 + k * 8, boxes * box_rows * 128);
+        fw_issue_boxes(dst, &cache_map, block_table + (long long)c.b * width, page, t0, boxes, mask, bar0, 8);
+    };
+    // Whether an item after item i takes a tile into stage s (its tile s): then the stage's
+    // last tile of item i is followed by a load, which its release must let through.
+    auto stage_continues = [&](int i, int s) {
+        if (!kLoads) return false;
+        for (int j = i + 1; j < items; ++j)
+            if (item_at(j).tiles > s) return true;
+        return false;
     };
     // Block orders: a tile's left blocks free up first in stage 0, its right ones in stage 1.
     const unsigned long long order_a = 0x876543210ull, order_b = 0x832107654ull;
     const unsigned left = 0x00F, right_rope = 0x1F0, right = 0x0F0, left_rope = 0x10F;
     // The four reloads of a pair iteration, each the moment its blocks' last reader is done
-    // (empties[e] completes a phase per iteration): stage 0's left blocks after warpgroup
+    // (empties[e] completes a phase per reload): stage 0's left blocks after warpgroup
     // 0's own P V, its right blocks and rope after warpgroup 1's P_A V_A, stage 1's right
     // blocks after warpgroup 1's own P V, its left blocks and rope after warpgroup 0's
-    // P_B V_B. Stage 0 takes tiles 2, 4, ..., stage 1 tiles 3, 5, ...
+    // P_B V_B. Stage 0 takes tiles 0, 2, 4, ... of each item, stage 1 tiles 1, 3, 5, ...
     auto reload_mask = [&](int e) { return e == 0 ? left : e == 1 ? right_rope : e == 2 ? right : left_rope; };
     // A warpgroup's products are done with blocks: its first thread, past its own wait (a
     // wgmma and its group are warpgroup-wide; CUTLASS's sm90 TMA pipelines free a stage's A
@@ -212,28 +299,50 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         if constexpr (kCopyGroup)
             asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empties + e * 8) : "memory");
         else
-            issue(t, reload_mask(e), entry);
+            issue(cur, t, reload_mask(e), entry);
     };
     // The consumer side's block-table reads, where it issues the copies itself.
     auto entry_ahead = [&](int t) {
         if constexpr (kCopyGroup)
             return 0 * t;
         else
-            return entry_of(t);
+            return entry_of(cur, t);
     };
-    // The copy warpgroup: lane 0 of warp w reloads blocks reload_mask[w] of each tile it
-    // owns, reading the entry before it waits for the blocks to free up. The TMA engine
-    // takes a copy about every 130 cycles and the issuing thread waits until it does, so
-    // the issue costs this warpgroup, not the products'. It hands its registers to theirs.
+    // The tiles stage s takes, in order, as (item, tile): advance() moves to the next and
+    // says whether there is one (a FsStageWalk starts before the first).
+    struct FsWalk {
+        FsItem c;
+        int i, t;
+    };
+    auto advance = [&](FsWalk& w, int s) {
+        w.t += 2;
+        while (w.t >= w.c.tiles) {
+            if (++w.i >= items) return false;
+            w.c = item_at(w.i);
+            w.t = s;
+        }
+        return true;
+    };
+    // The copy warpgroup: lane 0 of warp w reloads blocks reload_mask[w] of every tile of
+    // stage w / 2 after the stage's first (which thread 0 issues), reading the entry
+    // before it waits for the blocks to free up. The TMA engine takes a copy about every
+    // 130 cycles and the issuing thread waits until it does, so the issue costs this
+    // warpgroup, not the products'. It hands its registers to theirs.
     auto copy_warpgroup = [&]() {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FS_COPY_REGS));
-        const int w = __shfl_sync(0xffffffff, (tid / 32) % 4, 0);
-        if (lane != 0) return;
-        int k = 0, entry = entry_of(2 + w / 2);
-        for (int t = 2 + w / 2; t < more; t += 2, ++k) {
-            const int entry_next = entry_of(t + 2);  // read a wait ahead of its copy
+        const int w = __shfl_sync(0xffffffff, (tid / 32) % 4, 0), s = w / 2;
+        if (lane != 0 || !kLoads) return;
+        FsWalk walk{cur, 0, s - 2};
+        if (!advance(walk, s) || !advance(walk, s)) return;  // none after the first
+        FsWalk now = walk;
+        int entry = entry_of(now.c, now.t);
+        for (int k = 0;; ++k) {
+            const bool more = advance(walk, s);
+            const int entry_next = more ? entry_of(walk.c, walk.t) : -1;  // a wait ahead of its copy
             fw_bar_wait(empties + w * 8, k & 1);
-            issue(t, reload_mask(w), entry);
+            issue(now.c, now.t, reload_mask(w), entry);
+            if (!more) return;
+            now = walk;
             entry = entry_next;
         }
     };
@@ -243,8 +352,11 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     }
     __syncthreads();
     if (tid == 0) {
-        if (tiles > 0) issue(0, 0x1FF, -1);
-        if (tiles > 1) issue(1, 0x1FF, -1);
+        // Each stage's first tile, whichever item it belongs to.
+        for (int s = 0; s < 2; ++s) {
+            FsWalk walk{cur, 0, s - 2};
+            if (advance(walk, s)) issue(walk.c, walk.t, 0x1FF, -1);
+        }
     }
     cp_commit();
     cp_wait_0();  // Q
@@ -252,8 +364,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     __syncthreads();
     if constexpr (kCopyGroup) {
         // The copy warpgroup exits after its last copy. The barriers over the whole CTA
-        // after this point (before the epilogue, in the merges) then wait for the product
-        // warpgroups alone: an exited thread holds up no barrier (PTX `exit`).
+        // after this point then wait for the product warpgroups alone: an exited thread
+        // holds up no barrier (PTX `exit`); the items' own barriers are named, over 256.
         if (wg == 2) {
             copy_warpgroup();
             return;
@@ -263,14 +375,12 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 
     int lrow[2], limit[2];
     bool live[2];
-    fw_rows(lrow, live, limit, row0, rows, heads, q_len, seq_len);
-    const int limit_min = max(seq_len - q_len + row0 / heads + 1, 0);
+    int kv_start, kv_end, tiles, limit_min;
     float o[128];
-#pragma unroll
-    for (int n = 0; n < 128; ++n) o[n] = 0.f;
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.f, 0.f};
+    float m[2], l[2];
     float s[32];
     unsigned pr[16];  // this warpgroup's probabilities, bf16 pairs, the A operand of P V
+
 
     // Scores of tile t (stage t % 2, the stage's use `use`) into s, taking the blocks in
     // `order` (4 bits each). A split's last tile may end inside a box: its rows past kv_end
@@ -431,153 +541,186 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #else
     auto products_done = [&]() {};
 #endif
-    const int pairs = (tiles + 1) / 2;
-    for (int it = 0; it < pairs; ++it) {
-        const int ta = 2 * it, tb = ta + 1;
-        const bool has_b = tb < tiles;
-        if (wg == 0) {
-            FS_MARK(it, 0);
-            const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
-            scores(ta, order_a, it);
-            FS_MARK(it, 2);
-            float mx[2], m_a[2], a_a[2], sum[2];
-            row_max(ta, mx);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                m_a[i] = raise_max(m[i], mx[i] * scale_log2);
-                if (lane % 4 == 0) max_a[lrow[i]] = m_a[i];
-            }
-            fs_arrive(FS_BAR_MAX_A, 256);
-            FS_MARK(it, 3);
-            exponentiate(m_a, sum);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                a_a[i] = factor(m[i], m_a[i]);
-                l[i] = l[i] * a_a[i] + sum[i];
-            }
-            rescale(a_a);
-            pack_p();
-            pv_own(0);
-            FS_MARK(it, 4);
-            // Tile B's maxima give the factor that moves P_A and O_L to the new maximum.
-            float m_b[2], a_b[2] = {1.f, 1.f};
-#pragma unroll
-            for (int i = 0; i < 2; ++i) m_b[i] = m_a[i];
-            if (has_b) {
-                fs_sync(FS_BAR_MAX_B, 256);
-                FS_MARK(it, 5);
-#pragma unroll
-                for (int i = 0; i < 2; ++i) {
-                    m_b[i] = max_b[lrow[i]];
-                    a_b[i] = factor(m_a[i], m_b[i]);
-                }
-            }
-            // P_A goes where tile A's rope was: every warp's scores must be done with it
-            // (the maxima barrier above says so when there is a tile B).
-            if (!has_b) group_done();
-            store_p(0, a_b);
-            fs_arrive(FS_BAR_P_A, 256);
-            fw_wait();
-#pragma unroll
-            for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-#pragma unroll
-            for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
-            FS_MARK(it, 6);
-            products_done();
-            if (ta + 2 < more) release(0, ta + 2, entry_a);
-            FS_MARK(it, 7);
-            rescale(a_b);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                l[i] *= a_b[i];
-                m[i] = m_b[i];
-            }
-            if (has_b) {
-                fs_sync(FS_BAR_P_B, 256);
-                FS_MARK(it, 8);
-                pv_other(1);
-                fw_wait();
-#pragma unroll
-                for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-                FS_MARK(it, 9);
-                products_done();
-                if (tb + 2 < more) release(3, tb + 2, entry_b);
-                FS_MARK(it, 10);
-            }
-        } else {
-            float mx[2] = {NEG_INF, NEG_INF};
-            FS_MARK(it, 0);
-            const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
-            if (has_b) {
-                scores(tb, order_b, it);
-                FS_MARK(it, 2);
-                row_max(tb, mx);
-            }
-            fs_sync(FS_BAR_MAX_A, 256);
-            FS_MARK(it, 3);
-            float m_b[2], a_ab[2], sum[2];
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                m_b[i] = raise_max(max_a[lrow[i]], mx[i] * scale_log2);
-                a_ab[i] = factor(m[i], m_b[i]);
-            }
-            if (has_b) {
-#pragma unroll
-                for (int i = 0; i < 2; ++i)
-                    if (lane % 4 == 0) max_b[lrow[i]] = m_b[i];
-                fs_arrive(FS_BAR_MAX_B, 256);
-                FS_MARK(it, 4);
-                exponentiate(m_b, sum);
-            }
-            rescale(a_ab);
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                l[i] = l[i] * a_ab[i] + (has_b ? sum[i] : 0.f);
-                m[i] = m_b[i];
-            }
-            if (has_b) {
-                pack_p();
-                pv_own(1);
-                FS_MARK(it, 5);
-                const float one[2] = {1.f, 1.f};
-                store_p(1, one);
-                fs_arrive(FS_BAR_P_B, 256);
-                FS_MARK(it, 6);
-            }
-            fs_sync(FS_BAR_P_A, 256);
-            FS_MARK(it, 7);
-            pv_other(0);
-            if (has_b) {
-                fs_wait1();  // P_B V_B done; (P_A a_B) V_A may still run
-#pragma unroll
-                for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
-                FS_MARK(it, 8);
-                products_done();
-                if (tb + 2 < more) release(2, tb + 2, entry_b);
-                FS_MARK(it, 9);
-            }
-            fw_wait();
-#pragma unroll
-            for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-            FS_MARK(it, 10);
-            products_done();
-            if (ta + 2 < more) release(1, ta + 2, entry_a);
-            FS_MARK(it, 11);
+    // Uses of stage 0 and stage 1 by the items before this one (the mbarriers' phases).
+    int uses_a = 0, uses_b = 0;
+    for (int i = 0; i < items; ++i) {
+        if (i > 0) {
+            cur = item_at(i);
+            cp_wait_0();  // this item's Q, issued at the previous item's end
+            fw_proxy_fence();
+            fs_sync(FS_BAR_ALL, FW_THREADS);
         }
-    }
-    __syncthreads();
+        kv_start = cur.kv_start;
+        kv_end = cur.kv_end;
+        tiles = cur.tiles;
+        fw_rows(lrow, live, limit, cur.row0, rows, heads, q_len, cur.seq_len);
+        limit_min = max(cur.seq_len - q_len + cur.row0 / heads + 1, 0);
+#pragma unroll
+        for (int n = 0; n < 128; ++n) o[n] = 0.f;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+            m[k] = NEG_INF;
+            l[k] = 0.f;
+        }
+        const int more = kLoads ? tiles : 0;  // tiles of this item that are loaded
+        // Whether each stage's last tile of this item is followed by a later item's.
+        const bool next_a = kCopyGroup && stage_continues(i, 0), next_b = kCopyGroup && stage_continues(i, 1);
+        const int pairs = (tiles + 1) / 2;
+        for (int it = 0; it < pairs; ++it) {
+            const int ta = 2 * it, tb = ta + 1;
+            const bool has_b = tb < tiles;
+            if (wg == 0) {
+                FS_MARK(it, 0);
+                const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
+                scores(ta, order_a, uses_a + it);
+                FS_MARK(it, 2);
+                float mx[2], m_a[2], a_a[2], sum[2];
+                row_max(ta, mx);
+    #pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    m_a[i] = raise_max(m[i], mx[i] * scale_log2);
+                    if (lane % 4 == 0) max_a[lrow[i]] = m_a[i];
+                }
+                fs_arrive(FS_BAR_MAX_A, 256);
+                FS_MARK(it, 3);
+                exponentiate(m_a, sum);
+    #pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    a_a[i] = factor(m[i], m_a[i]);
+                    l[i] = l[i] * a_a[i] + sum[i];
+                }
+                rescale(a_a);
+                pack_p();
+                pv_own(0);
+                FS_MARK(it, 4);
+                // Tile B's maxima give the factor that moves P_A and O_L to the new maximum.
+                float m_b[2], a_b[2] = {1.f, 1.f};
+    #pragma unroll
+                for (int i = 0; i < 2; ++i) m_b[i] = m_a[i];
+                if (has_b) {
+                    fs_sync(FS_BAR_MAX_B, 256);
+                    FS_MARK(it, 5);
+    #pragma unroll
+                    for (int i = 0; i < 2; ++i) {
+                        m_b[i] = max_b[lrow[i]];
+                        a_b[i] = factor(m_a[i], m_b[i]);
+                    }
+                }
+                // P_A goes where tile A's rope was: every warp's scores must be done with it
+                // (the maxima barrier above says so when there is a tile B).
+                if (!has_b) group_done();
+                store_p(0, a_b);
+                fs_arrive(FS_BAR_P_A, 256);
+                fw_wait();
+    #pragma unroll
+                for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+    #pragma unroll
+                for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
+                FS_MARK(it, 6);
+                products_done();
+                if (ta + 2 < more || next_a) release(0, ta + 2, entry_a);
+                FS_MARK(it, 7);
+                rescale(a_b);
+    #pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    l[i] *= a_b[i];
+                    m[i] = m_b[i];
+                }
+                if (has_b) {
+                    fs_sync(FS_BAR_P_B, 256);
+                    FS_MARK(it, 8);
+                    pv_other(1);
+                    fw_wait();
+    #pragma unroll
+                    for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+                    FS_MARK(it, 9);
+                    products_done();
+                    if (tb + 2 < more || next_b) release(3, tb + 2, entry_b);
+                    FS_MARK(it, 10);
+                }
+            } else {
+                float mx[2] = {NEG_INF, NEG_INF};
+                FS_MARK(it, 0);
+                const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
+                if (has_b) {
+                    scores(tb, order_b, uses_b + it);
+                    FS_MARK(it, 2);
+                    row_max(tb, mx);
+                }
+                fs_sync(FS_BAR_MAX_A, 256);
+                FS_MARK(it, 3);
+                float m_b[2], a_ab[2], sum[2];
+    #pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    m_b[i] = raise_max(max_a[lrow[i]], mx[i] * scale_log2);
+                    a_ab[i] = factor(m[i], m_b[i]);
+                }
+                if (has_b) {
+    #pragma unroll
+                    for (int i = 0; i < 2; ++i)
+                        if (lane % 4 == 0) max_b[lrow[i]] = m_b[i];
+                    fs_arrive(FS_BAR_MAX_B, 256);
+                    FS_MARK(it, 4);
+                    exponentiate(m_b, sum);
+                }
+                rescale(a_ab);
+    #pragma unroll
+                for (int i = 0; i < 2; ++i) {
+                    l[i] = l[i] * a_ab[i] + (has_b ? sum[i] : 0.f);
+                    m[i] = m_b[i];
+                }
+                if (has_b) {
+                    pack_p();
+                    pv_own(1);
+                    FS_MARK(it, 5);
+                    const float one[2] = {1.f, 1.f};
+                    store_p(1, one);
+                    fs_arrive(FS_BAR_P_B, 256);
+                    FS_MARK(it, 6);
+                }
+                fs_sync(FS_BAR_P_A, 256);
+                FS_MARK(it, 7);
+                pv_other(0);
+                if (has_b) {
+                    fs_wait1();  // P_B V_B done; (P_A a_B) V_A may still run
+    #pragma unroll
+                    for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
+                    FS_MARK(it, 8);
+                    products_done();
+                    if (tb + 2 < more || next_b) release(2, tb + 2, entry_b);
+                    FS_MARK(it, 9);
+                }
+                fw_wait();
+    #pragma unroll
+                for (int n = 0; n < 128; ++n) fw_pin(o[n]);
+                FS_MARK(it, 10);
+                products_done();
+                if (ta + 2 < more || next_a) release(1, ta + 2, entry_a);
+                FS_MARK(it, 11);
+            }
+        }
+        uses_a += (tiles + 1) / 2;
+        uses_b += tiles / 2;
 #ifdef FS_TRACE
-    // The epilogue's marks follow the CTA's start, end and magic words.
-    unsigned long long* const epi = trace == nullptr ? nullptr : trace + FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 3;
+        // The epilogue's marks follow the CTA's start, end and magic words.
+        unsigned long long* const epi = trace == nullptr ? nullptr : trace + FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 3;
 #endif
-    fw_epilogue<kCopyGroup>(o, m, l, lrow, live, red, last, qs, seq_len, sched.count, sp, b, batch, rows, heads, row0,
-                mapped, o_part, lse_part, out, lse, done FW_EPI_ARG);
+        if constexpr (kCopyGroup) {
+            fs_item_end(o, m, l, lrow, live, red, cur, i + 1 < items ? item_at(i + 1) : cur, i + 1 < items, qs, q,
+                        batch, rows, heads, out, lse FW_EPI_ARG);
+        } else {
+            __syncthreads();
+            fw_epilogue<false>(o, m, l, lrow, live, red, last, qs, cur.seq_len, cur.count, cur.sp, cur.b, batch,
+                               rows, heads, cur.row0, cur.mapped, o_part, lse_part, out, lse, done FW_EPI_ARG);
+        }
 #ifdef FS_TRACE
-    if (trace != nullptr && tid == 0) {
-        trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 1] = clock64();
-        trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 2] = FS_TRACE_MAGIC;
-    }
+        if (trace != nullptr && tid == 0) {
+            trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 1] = clock64();
+            trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 2] = FS_TRACE_MAGIC;
+        }
+        trace = nullptr;
 #endif
+    }
 #endif
 }
 

@@ -617,15 +617,19 @@ impl FlashLaunch {
 /// (copy warpgroup) where the grid has one split a request, `flash_decode_seesaw_2wg` where
 /// it has room for two and the schedule gives every request one. They run the same math,
 /// so their outputs must match bit for bit: which one a launch takes (its grid, the
-/// engine's split cap) must not change a trace's bits. Eight 64-row blocks, pages of 64.
+/// engine's split cap) must not change a trace's bits. The copy warpgroup's kernel runs
+/// three grids: the engine's (a CTA a multiprocessor, here one row block each), three CTAs
+/// (each taking 13-14 row blocks of requests of 1, 2, 3, 11 and 24 tiles in turn, every
+/// item's first tiles loading under the one before) and a CTA a row block. Eight 64-row
+/// blocks a request, pages of 64.
 pub fn check_seesaw_kernels_agree(
     dev: &GpuDevice,
     k: &FlashKernels,
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
-    use specmla_gpu::ops::{FlashShape, FLASH_DIM};
+    use specmla_gpu::ops::{FlashShape, Persist, FLASH_DIM};
     let (q_len, heads, page, split) = (4usize, 128usize, 64usize, 2048usize);
-    let ctx = [5usize, 129, 1500, 700];
+    let ctx = [5usize, 129, 1500, 700, 124];
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
     let width = split.div_ceil(page);
@@ -642,20 +646,29 @@ pub fn check_seesaw_kernels_agree(
         split_size_tokens: split,
         max_splits,
     };
-    // One workspace and schedule for both: every request fits one split of `split` keys.
+    // One workspace and schedule for all: every request fits one split of `split` keys.
     let inputs = (&q_bits[..], &blocks[..], &seq_lens[..]);
     let launch = FlashLaunch::new(dev, shape(2), inputs, &seq_lens)?;
     let cache = upload(dev, &cache_bits)?;
     let mut outputs = Vec::new();
     let mut names = Vec::new();
-    for max_splits in [1, 2] {
+    let mut functions = Vec::new();
+    for (max_splits, persist) in [
+        (1, Persist::PerMultiprocessor),
+        (1, Persist::Ctas(3)),
+        (1, Persist::Off),
+        (2, Persist::PerMultiprocessor),
+    ] {
         let s = shape(max_splits);
-        names.push(
-            k.decode_launch(rows, page, WideKernel::Seesaw, max_splits)
-                .0,
-        );
+        let mut k = k.clone();
+        k.persist = persist;
+        let name = k
+            .decode_launch(rows, page, WideKernel::Seesaw, max_splits)
+            .0;
+        functions.push(name);
+        names.push(format!("{name} ({persist:?})"));
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
-        let (out, lse) = unsafe { launch.run(dev, k, (WideKernel::Seesaw, k.merge), s, &cache) }?;
+        let (out, lse) = unsafe { launch.run(dev, &k, (WideKernel::Seesaw, k.merge), s, &cache) }?;
         outputs.push(
             out.iter()
                 .chain(&lse)
@@ -663,22 +676,26 @@ pub fn check_seesaw_kernels_agree(
                 .collect::<Vec<u32>>(),
         );
     }
-    let differ = outputs[0]
+    let differ: Vec<usize> = outputs[1..]
         .iter()
-        .zip(&outputs[1])
-        .filter(|(a, b)| a != b)
-        .count();
+        .map(|o| o.iter().zip(&outputs[0]).filter(|(a, b)| a != b).count())
+        .collect();
     let finite = outputs[0].iter().all(|&b| f32::from_bits(b).is_finite());
+    // The copy warpgroup's kernel three times, then the other one.
+    let kernels_differ =
+        functions[..3].iter().all(|&f| f == functions[0]) && functions[3] != functions[0];
     Ok(CaseResult {
         kernel: "flash_seesaw_pair",
         case: format!(
-            "{} vs {} on one launch (q {q_len} heads {heads} ctx {ctx:?}, one split each): {differ} of {} values differ",
+            "{} against {}, {} and {} on one launch (q {q_len} heads {heads} ctx {ctx:?}, one split each): {differ:?} of {} values differ",
             names[0],
             names[1],
+            names[2],
+            names[3],
             outputs[0].len()
         ),
-        max_rel_err: differ as f64,
-        passed: differ == 0 && finite && names[0] != names[1],
+        max_rel_err: differ.iter().sum::<usize>() as f64,
+        passed: differ.iter().all(|&d| d == 0) && finite && kernels_differ,
     })
 }
 
@@ -934,7 +951,10 @@ pub fn check_out_of_memory(dev: &GpuDevice) -> CaseResult {
 /// kernels against the CPU model's f32 blocks.
 pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
     let k = Kernels::load(dev)?;
-    let fk = FlashKernels::load(dev)?;
+    let mut fk = FlashKernels::load(dev)?;
+    // Few CTAs for the persistent seesaw kernel: every case of more than five row blocks
+    // then runs several a CTA, each item's prologue under the previous one's end.
+    fk.persist = specmla_gpu::ops::Persist::Ctas(5);
     let mut results = vec![check_out_of_memory(dev)];
     results.extend(crate::checks_dense::run_dense(dev, &k)?);
     results.extend(crate::checks_weights::run_weights(dev, &k)?);

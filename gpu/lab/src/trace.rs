@@ -32,15 +32,17 @@ pub const EPILOGUE_MARKS: usize = SEESAW_TRACE_EPILOGUE_MARKS;
 /// epilogue's marks (written before the magic).
 pub const TRACE_WORDS: usize = TRACE_ITERS * 2 * TRACE_EVENTS + 3 + EPILOGUE_MARKS;
 
-/// What the epilogue does up to each of its marks (`fw_epilogue`); the last step runs to
-/// the CTA's end. A one-split CTA stages its rows and writes them (marks 0-2); a cluster
+/// What the epilogue does up to each of its marks (`fw_epilogue`, `fs_item_end`); the last
+/// step runs to the CTA's end (the persistent kernel's: its first item's end, the one
+/// traced). A one-split CTA stages its rows and writes them (marks 0-2), the persistent
+/// kernel issues its next item's Q and stores its rows from registers (0-2); a cluster
 /// of splits waits for every split's tiles to be free, pushes its rows to the splits that
 /// merge them, and merges its own share (0-3); a global merge writes its partial and
 /// merges (0-1, then its end).
 pub const EPILOGUE_STEPS: [&str; EPILOGUE_MARKS + 1] = [
     "last products drained, row sums",
-    "rows staged (cluster: every split's tiles free)",
-    "rows written (cluster: rows pushed to their splits)",
+    "rows staged (persistent: next item's Q issued; cluster: every split's tiles free)",
+    "rows written (persistent: stored from registers; cluster: rows pushed to their splits)",
     "cluster: rows merged and written",
     "to the CTA's end",
 ];

@@ -43,6 +43,9 @@ const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 22 * 8 +
 const SEESAW_THREADS: u32 = 384;
 /// The seesaw kernel without the copy warpgroup (same body, `fs_decode<false>`).
 const SEESAW_2WG: &str = "flash_decode_seesaw_2wg";
+/// The seesaw kernel with the copy warpgroup: one split a request, a one-dimensional grid
+/// of CTAs each taking every `gridDim.x`-th row block (`fs_decode<true>`).
+const SEESAW_PERSISTENT: &str = "flash_decode_seesaw";
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -493,6 +496,7 @@ fn trace_asserts() -> String {
 }
 
 /// The compiled tensor-core decode kernels.
+#[derive(Clone)]
 pub struct FlashKernels {
     _module: Arc<CudaModule>,
     pub(super) fns: BTreeMap<&'static str, CudaFunction>,
@@ -503,6 +507,32 @@ pub struct FlashKernels {
     pub wide: WideKernel,
     /// How [`Self::flash_decode`] has the Hopper kernels merge a request's splits.
     pub merge: SplitMerge,
+    /// How many CTAs the persistent seesaw kernel runs.
+    pub persist: Persist,
+}
+
+/// The grid of the persistent seesaw kernel (the copy warpgroup's, [`SEESAW_PERSISTENT`]),
+/// whose CTAs each take every `gridDim.x`-th row block of a launch. Each row block's
+/// arithmetic is the same whatever the grid: so are the bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Persist {
+    /// At most one CTA a multiprocessor (one fits): the engine's.
+    PerMultiprocessor,
+    /// At most this many CTAs: `gpu-test`'s few, so CTAs take many row blocks each.
+    Ctas(usize),
+    /// One CTA a row block (`SPECMLA_NO_PERSIST`), to time what persistence saves.
+    Off,
+}
+
+impl Persist {
+    /// CTAs for a launch of `row_blocks` row blocks on `sms` multiprocessors.
+    pub fn ctas(self, row_blocks: usize, sms: usize) -> usize {
+        match self {
+            Self::PerMultiprocessor => row_blocks.min(sms),
+            Self::Ctas(n) => row_blocks.min(n.max(1)),
+            Self::Off => row_blocks,
+        }
+    }
 }
 
 /// How the flash module is built: the lab's tuning knobs, which an engine never reads.
@@ -513,6 +543,8 @@ pub struct FlashBuild {
     /// Diagnostic `#define`s (`FW_NO_LOAD`, ...).
     pub defines: String,
     pub merge: SplitMerge,
+    /// See [`FlashKernels::persist`].
+    pub persist: Persist,
 }
 
 impl FlashBuild {
@@ -524,12 +556,14 @@ impl FlashBuild {
             config: FlashConfig::default(),
             defines: String::new(),
             merge: SplitMerge::Cluster,
+            persist: Persist::PerMultiprocessor,
         }
     }
 
     /// The lab's build: `SPECMLA_FLASH_CONFIG` (tiles), `SPECMLA_FLASH_DEFINES`
-    /// (diagnostic switches) and `SPECMLA_NO_CLUSTER_MERGE` (the global merge, for A/B
-    /// timing), each defaulting to [`Self::engine`]'s.
+    /// (diagnostic switches), `SPECMLA_NO_CLUSTER_MERGE` (the global merge) and
+    /// `SPECMLA_NO_PERSIST` (a CTA a row block), the last two for A/B timing, each
+    /// defaulting to [`Self::engine`]'s.
     pub fn from_env() -> Result<Self, GpuError> {
         Ok(Self {
             config: FlashConfig::from_env()?,
@@ -538,6 +572,11 @@ impl FlashBuild {
                 SplitMerge::Global
             } else {
                 SplitMerge::Cluster
+            },
+            persist: if std::env::var_os("SPECMLA_NO_PERSIST").is_some() {
+                Persist::Off
+            } else {
+                Persist::PerMultiprocessor
             },
         })
     }
@@ -631,6 +670,7 @@ impl FlashKernels {
             flash,
             wide,
             merge: build.merge,
+            persist: build.persist,
         })
     }
 
@@ -827,12 +867,19 @@ impl FlashKernels {
         } else {
             (self.flash.threads(), self.flash.smem_bytes())
         };
+        let row_blocks = rows.div_ceil(FLASH_ROWS);
+        let grid_dim = if name == SEESAW_PERSISTENT {
+            // The kernel takes one split a request (launch_function picks it only then).
+            (
+                self.persist.ctas(row_blocks * s.batch, dev.sms) as u32,
+                1,
+                1,
+            )
+        } else {
+            (row_blocks as u32, s.max_splits as u32, s.batch as u32)
+        };
         let cfg = LaunchConfig {
-            grid_dim: (
-                rows.div_ceil(FLASH_ROWS) as u32,
-                s.max_splits as u32,
-                s.batch as u32,
-            ),
+            grid_dim,
             block_dim: (threads, 1, 1),
             shared_mem_bytes: smem as u32,
         };
