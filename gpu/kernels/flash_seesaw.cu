@@ -22,7 +22,7 @@
 // its right blocks and rope when warpgroup 1 has. A warpgroup takes a tile's blocks in the
 // order they free up.
 
-#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 22 * 8 + 16)
+#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 23 * 8 + 16)
 // Two warpgroups of products and softmax, then one that issues the copies (the copy
 // warpgroup), with its registers handed to the other two.
 #define FS_THREADS 384
@@ -105,7 +105,7 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
 
 // FW_DECODE_PARAMS with the tensor map by reference: a copy would leave the parameter
 // space the copy engine reads it from.
-#define FS_BODY_PARAMS FW_DECODE_PARAMS_HEAD, const FwTensorMap &cache_map
+#define FS_BODY_PARAMS FW_DECODE_PARAMS_HEAD, const FwTensorMap &cache_map, const FwTensorMap *q_map
 #define FS_ARGS                                                                                    \
     q, cache, block_table, seq_lens, mapped_kv_tokens, split_lens, num_splits, o_part, lse_part, batch, \
         rows, heads, q_len, page, width, max_splits, scale_log2, out, lse, done, cache_map
@@ -124,7 +124,7 @@ struct FsItem {
 // already take the next item's first keys.
 __device__ __forceinline__ void fs_item_end(const float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, const FsItem& c, const FsItem& next,
-                                            bool has_next, unsigned char* qs, const unsigned short* __restrict__ q,
+                                            bool has_next, unsigned qs, const FwTensorMap* q_map, unsigned q_full,
                                             int batch, int rows, int heads, float* __restrict__ out,
                                             float* __restrict__ lse FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
@@ -137,9 +137,12 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
     // Both warpgroups past their last products: every score is done with the Q tile.
     fs_sync(FS_BAR_ALL, FW_THREADS);
     FW_EPI_MARK(0);
-    if (has_next) {
-        fw_load_q(qs, q, next.b, rows, next.row0);
-        cp_commit();
+    if (has_next && threadIdx.x == 0) {
+        // Nine boxes of 64 rows by 64 columns, swizzled as the keys. Rows past the
+        // request's are the next request's (each row's softmax is its own, and only live
+        // rows are written) or zeros past the batch.
+        fw_expect(q_full, 9 * FW_BLOCK_BYTES);
+        fw_issue_box(qs, q_map, next.b * rows + next.row0, 0x1FF, q_full, 0);
     }
     FW_EPI_MARK(1);
     const FdLseLayout lay{batch, rows, heads};
@@ -184,7 +187,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     float* red = max_b + 64;                                           // [2][64] row sums
     const unsigned bars = smem_addr(red + 2 * 64);                     // [stage][block] mbarriers
     const unsigned empties = bars + 18 * 8;                            // [4] blocks free to reload
-    int* last = (int*)(red + 2 * 64 + 2 * 22);
+    const unsigned q_full = empties + 4 * 8;                           // a later item's Q in
+    int* last = (int*)(red + 2 * 64 + 2 * 23);
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks);
     // K-major operands (Q, K, the probabilities) and N-major V, at the start of the Q tile and
     // of stage 0; every product's descriptor is one of these moved by a byte offset.
@@ -347,7 +351,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         }
     };
     if (tid == 0) {
-        for (int i = 0; i < 22; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
+        for (int i = 0; i < 23; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -546,9 +550,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     for (int i = 0; i < items; ++i) {
         if (i > 0) {
             cur = item_at(i);
-            cp_wait_0();  // this item's Q, issued at the previous item's end
-            fw_proxy_fence();
-            fs_sync(FS_BAR_ALL, FW_THREADS);
+            fw_bar_wait(q_full, (i - 1) & 1);  // this item's Q, issued at the previous item's end
+            fs_sync(FS_BAR_ALL, FW_THREADS);   // and every thread past its reads of `red`
         }
         kv_start = cur.kv_start;
         kv_end = cur.kv_end;
@@ -706,8 +709,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         unsigned long long* const epi = trace == nullptr ? nullptr : trace + FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 3;
 #endif
         if constexpr (kCopyGroup) {
-            fs_item_end(o, m, l, lrow, live, red, cur, i + 1 < items ? item_at(i + 1) : cur, i + 1 < items, qs, q,
-                        batch, rows, heads, out, lse FW_EPI_ARG);
+            fs_item_end(o, m, l, lrow, live, red, cur, i + 1 < items ? item_at(i + 1) : cur, i + 1 < items, qs_a,
+                        q_map, q_full, batch, rows, heads, out, lse FW_EPI_ARG);
         } else {
             __syncthreads();
             fw_epilogue<false>(o, m, l, lrow, live, red, last, qs, cur.seq_len, cur.count, cur.sp, cur.b, batch,
@@ -726,10 +729,11 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 
 // The copy warpgroup issues the reloads: the host's pick for one split a request and at
 // least four 64-row blocks (WideKernel::launch_function says why).
-extern "C" __global__ void __launch_bounds__(FS_THREADS, 1) flash_decode_seesaw(FW_DECODE_PARAMS) {
-    fs_decode<true>(FS_ARGS);
+extern "C" __global__ void __launch_bounds__(FS_THREADS, 1) flash_decode_seesaw(FW_DECODE_PARAMS,
+                                                                             const __grid_constant__ FwTensorMap q_map) {
+    fs_decode<true>(FS_ARGS, &q_map);
 }
 // 256 threads, the product warpgroups issuing their own reloads: the host's pick otherwise.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1) flash_decode_seesaw_2wg(FW_DECODE_PARAMS) {
-    fs_decode<false>(FS_ARGS);
+    fs_decode<false>(FS_ARGS, nullptr);
 }

@@ -619,16 +619,20 @@ impl FlashLaunch {
 /// so their outputs must match bit for bit: which one a launch takes (its grid, the
 /// engine's split cap) must not change a trace's bits. The copy warpgroup's kernel runs
 /// three grids: the engine's (a CTA a multiprocessor, here one row block each), three CTAs
-/// (each taking 13-14 row blocks of requests of 1, 2, 3, 11 and 24 tiles in turn, every
-/// item's first tiles loading under the one before) and a CTA a row block. Eight 64-row
-/// blocks a request, pages of 64.
+/// (each taking a third of the row blocks of five requests of 1 to 24 tiles in turn, every
+/// item's Q and first tiles loading under the one before) and a CTA a row block. Pages of 64;
+/// `q_len * heads` rows a request, at least four row blocks (the copy warpgroup's kernel
+/// takes no fewer). Where the rows are not a multiple of 64, a later item's Q rows past
+/// its request's are the next request's (the kernel loads a 64-row box): they must not
+/// reach the live rows.
 pub fn check_seesaw_kernels_agree(
     dev: &GpuDevice,
     k: &FlashKernels,
+    (q_len, heads): (usize, usize),
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
     use specmla_gpu::ops::{FlashShape, Persist, FLASH_DIM};
-    let (q_len, heads, page, split) = (4usize, 128usize, 64usize, 2048usize);
+    let (page, split) = (64usize, 2048usize);
     let ctx = [5usize, 129, 1500, 700, 124];
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
@@ -1050,7 +1054,10 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         results.push(check_flash_stale_schedule(dev, &fk, wide, 800)?);
     }
     if fk.wide.hopper() {
-        results.push(check_seesaw_kernels_agree(dev, &fk, 810)?);
+        // 8 row blocks; 4, the last with 16 live rows (DFlash's 1 + 12 at 16 heads).
+        for (i, shape) in [(4, 128), (13, 16)].into_iter().enumerate() {
+            results.push(check_seesaw_kernels_agree(dev, &fk, shape, 810 + i as u64)?);
+        }
     }
     results.extend(crate::checks_prefill::run_prefill_checks(dev, &k, &fk)?);
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]

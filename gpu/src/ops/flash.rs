@@ -36,8 +36,9 @@ const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 
 
 /// Shared memory of `flash_decode_seesaw` (its FS_SMEM_BYTES): the same tiles without the P
 /// tile (probabilities go to a tile's rope block), two maxima and two row-sum rows, one
-/// mbarrier per stage and 64-column block, the last-split flag.
-const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 22 * 8 + 16;
+/// mbarrier per stage and 64-column block, four for the copy warpgroup's reloads, one for a
+/// persistent CTA's later Q tiles, the last-split flag.
+const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 23 * 8 + 16;
 /// Threads of a `flash_decode_seesaw` CTA: two warpgroups of products, one of copies.
 /// [`SEESAW_2WG`] has the first two only (256 threads).
 const SEESAW_THREADS: u32 = 384;
@@ -861,6 +862,16 @@ impl FlashKernels {
             let slots = b.cache.len() / FLASH_DIM;
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
+            if name == SEESAW_PERSISTENT {
+                // Its later items' Q: 64-row boxes of the [batch * rows, 576] queries.
+                let q_rows = s.batch * rows;
+                args.push(Arg::Map(TensorMap::bf16_rows(
+                    b.q,
+                    FLASH_DIM,
+                    q_rows,
+                    (64, 64),
+                )?));
+            }
         }
         let (threads, smem) = if let (Some(bytes), Some(t)) = (wide.smem_bytes(), hopper_threads) {
             (t, bytes)
