@@ -434,26 +434,42 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // row's causal limit; one value per row in a quad's every lane.
     auto row_max = [&](int t, float* mx) {
         const int t0 = kv_start + t * 64;
-        const bool mask_tile = t0 + 64 > limit_min;
+        // One branch around the whole mask: inside the unrolled loops each element's own
+        // test was speculated (selects), and every tile paid the mask's ~90 compares and
+        // selects; the empty asm keeps the compiler from speculating this one.
+        if (t0 + 64 > limit_min) {
+            asm volatile("");  // a side effect: the block stays a branch, not selects
+#pragma unroll
+            for (int i = 0; i < 2; ++i)
+#pragma unroll
+                for (int j = 0; j < 8; ++j)
+#pragma unroll
+                    for (int e = 0; e < 2; ++e) {
+                        const int pos = t0 + j * 8 + (lane % 4) * 2 + e;
+                        float& v = s[4 * j + 2 * i + e];
+                        v = (live[i] && pos < limit[i]) ? v : NEG_INF;
+                    }
+        }
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
             float v_max = NEG_INF;
 #pragma unroll
-            for (int j = 0; j < 8; ++j) {
+            for (int j = 0; j < 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) {
-                    float v = s[4 * j + 2 * i + e];
-                    if (mask_tile) {
-                        int pos = t0 + j * 8 + (lane % 4) * 2 + e;
-                        v = (live[i] && pos < limit[i]) ? v : NEG_INF;
-                        s[4 * j + 2 * i + e] = v;
-                    }
-                    v_max = fmaxf(v_max, v);
-                }
-            }
+                for (int e = 0; e < 2; ++e) v_max = fmaxf(v_max, s[4 * j + 2 * i + e]);
             v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffff, v_max, 1));
             mx[i] = fmaxf(v_max, __shfl_xor_sync(0xffffffff, v_max, 2));
         }
+    };
+    // The maxima this warpgroup just handed over (`mx`, from its quads' first lanes), read
+    // back after the arrive: the same bits, but the exponentials that take them can no
+    // longer start before it. A barrier arrive orders memory alone, and ptxas moved both
+    // warpgroups' exponentials (34 MUFU.EX2 each) above their hand-over, so the other
+    // warpgroup waited for them to get the maxima it needs.
+    auto reload_max = [&](const float* handed, float* mx) {
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < 2; ++i) mx[i] = *(volatile const float*)(handed + lrow[i]);
     };
     // s := exp2(s * scale - m_new) (log2 units); returns each row's sum over this thread.
     auto exponentiate = [&](const float* m_new, float* sum) {
@@ -585,6 +601,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                     if (lane % 4 == 0) max_a[lrow[i]] = m_a[i];
                 }
                 fs_arrive(FS_BAR_MAX_A, 256);
+                reload_max(max_a, m_a);
                 FS_MARK(it, 3);
                 exponentiate(m_a, sum);
     #pragma unroll
@@ -663,6 +680,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                     for (int i = 0; i < 2; ++i)
                         if (lane % 4 == 0) max_b[lrow[i]] = m_b[i];
                     fs_arrive(FS_BAR_MAX_B, 256);
+                    reload_max(max_b, m_b);
                     FS_MARK(it, 4);
                     exponentiate(m_b, sum);
                 }
