@@ -731,7 +731,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                         q_map, q_full, batch, rows, heads, out, lse FW_EPI_ARG);
         } else {
             __syncthreads();
-            fw_epilogue<false>(o, m, l, lrow, live, red, last, qs, cur.seq_len, cur.count, cur.sp, cur.b, batch,
+            fw_epilogue(o, m, l, lrow, live, red, last, qs, cur.seq_len, cur.count, cur.sp, cur.b, batch,
                                rows, heads, cur.row0, cur.mapped, o_part, lse_part, out, lse, done FW_EPI_ARG);
         }
 #ifdef FS_TRACE

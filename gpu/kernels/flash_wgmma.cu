@@ -471,10 +471,8 @@ __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, 
 // - a request's splits launched as one cluster merge on chip (fw_cluster_merge);
 // - otherwise every split writes its normalized partial and the last to finish merges
 //   them from L2 (merge_splits), in split order either way.
-// kOneSplit: the kernel is only launched with one split a request (the seesaw kernel
-// with the copy warpgroup) and compiles the first way alone, so that changes to the
-// merges leave its code as it is (they moved its main loop's schedule by up to 3%).
-template <bool kOneSplit = false>
+// (The persistent seesaw kernel, one split a request, ends its items with fs_item_end
+// instead: merge code here cannot move its schedule, which it did by up to 3%.)
 __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, int* last,
                                             unsigned char* scratch, int seq_len,
@@ -522,7 +520,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
             }
         }
     };
-    if (kOneSplit || final_here) {
+    if (final_here) {
 #ifdef FW_DIRECT_STORE
         write_rows(out, nullptr, (long long)b * rows);
 #else
