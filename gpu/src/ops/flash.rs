@@ -977,7 +977,7 @@ mod tests {
         const { assert!(super::SEESAW_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         const { assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         assert_eq!(super::WGMMA_SMEM_BYTES, 230_944);
-        assert_eq!(super::SEESAW_SMEM_BYTES, 223_424);
+        assert_eq!(super::SEESAW_SMEM_BYTES, 223_432);
     }
 
     /// The module checks every kernel's shared-memory formula against the host's size at
