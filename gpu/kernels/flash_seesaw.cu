@@ -595,7 +595,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 FS_MARK(it, 2);
                 float mx[2], m_a[2], a_a[2], sum[2];
                 row_max(ta, mx);
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     m_a[i] = raise_max(m[i], mx[i] * scale_log2);
                     if (lane % 4 == 0) max_a[lrow[i]] = m_a[i];
@@ -604,7 +604,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 reload_max(max_a, m_a);
                 FS_MARK(it, 3);
                 exponentiate(m_a, sum);
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     a_a[i] = factor(m[i], m_a[i]);
                     l[i] = l[i] * a_a[i] + sum[i];
@@ -615,12 +615,12 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 FS_MARK(it, 4);
                 // Tile B's maxima give the factor that moves P_A and O_L to the new maximum.
                 float m_b[2], a_b[2] = {1.f, 1.f};
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; ++i) m_b[i] = m_a[i];
                 if (has_b) {
                     fs_sync(FS_BAR_MAX_B, 256);
                     FS_MARK(it, 5);
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < 2; ++i) {
                         m_b[i] = max_b[lrow[i]];
                         a_b[i] = factor(m_a[i], m_b[i]);
@@ -632,16 +632,16 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 store_p(0, a_b);
                 fs_arrive(FS_BAR_P_A, 256);
                 fw_wait();
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 128; ++n) fw_pin(o[n]);
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
                 FS_MARK(it, 6);
                 products_done();
                 if (ta + 2 < more || next_a) release(0, ta + 2, entry_a);
                 FS_MARK(it, 7);
                 rescale(a_b);
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     l[i] *= a_b[i];
                     m[i] = m_b[i];
@@ -651,7 +651,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                     FS_MARK(it, 8);
                     pv_other(1);
                     fw_wait();
-    #pragma unroll
+#pragma unroll
                     for (int n = 0; n < 128; ++n) fw_pin(o[n]);
                     FS_MARK(it, 9);
                     products_done();
@@ -670,13 +670,13 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 fs_sync(FS_BAR_MAX_A, 256);
                 FS_MARK(it, 3);
                 float m_b[2], a_ab[2], sum[2];
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     m_b[i] = raise_max(max_a[lrow[i]], mx[i] * scale_log2);
                     a_ab[i] = factor(m[i], m_b[i]);
                 }
                 if (has_b) {
-    #pragma unroll
+#pragma unroll
                     for (int i = 0; i < 2; ++i)
                         if (lane % 4 == 0) max_b[lrow[i]] = m_b[i];
                     fs_arrive(FS_BAR_MAX_B, 256);
@@ -685,7 +685,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                     exponentiate(m_b, sum);
                 }
                 rescale(a_ab);
-    #pragma unroll
+#pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     l[i] = l[i] * a_ab[i] + (has_b ? sum[i] : 0.f);
                     m[i] = m_b[i];
@@ -704,7 +704,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 pv_other(0);
                 if (has_b) {
                     fs_wait1();  // P_B V_B done; (P_A a_B) V_A may still run
-    #pragma unroll
+#pragma unroll
                     for (int n = 0; n < 16; ++n) fs_pin_u(pr[n]);
                     FS_MARK(it, 8);
                     products_done();
@@ -712,7 +712,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                     FS_MARK(it, 9);
                 }
                 fw_wait();
-    #pragma unroll
+#pragma unroll
                 for (int n = 0; n < 128; ++n) fw_pin(o[n]);
                 FS_MARK(it, 10);
                 products_done();
