@@ -118,7 +118,7 @@ struct FsItem {
 #ifdef FW_HAVE_WGMMA
 // The end of an item of the persistent kernel (the copy warpgroup's, one split a request):
 // the two warpgroups' row sums added in group order, as fw_epilogue does (the same bits);
-// the next item's Q issued into the Q tile, which no product reads any more; then this
+// the next item's Q issued into the Q tile by TMA (no product reads it any more); then this
 // item's rows (times inv) and LSE stored from registers. fw_epilogue stages a one-split
 // request's rows in the freed tiles and writes them with bulk copies; here the tiles
 // already take the next item's first keys.
@@ -171,9 +171,9 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
 // grid is one-dimensional and persistent: CTA x takes items x, x + gridDim.x, ... of the
 // ceil(rows / 64) * batch row blocks (block-major within a request, so a request's row
 // blocks, which read the same keys, run side by side), and an item's prologue runs under
-// the previous one's end: its Q loads once the last scores are done, and each stage's
-// first tile once the previous item's last products have freed it, the copy warpgroup
-// taking the stages' tiles across items as one sequence.
+// the previous one's end: its Q loads by TMA (`q_map`, over the queries) once the last
+// scores are done, and each stage's first tile once the previous item's last products
+// have freed it, the copy warpgroup taking the stages' tiles across items as one sequence.
 template <bool kCopyGroup>
 __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #ifndef FW_HAVE_WGMMA
@@ -313,7 +313,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             return entry_of(cur, t);
     };
     // The tiles stage s takes, in order, as (item, tile): advance() moves to the next and
-    // says whether there is one (a FsStageWalk starts before the first).
+    // says whether there is one (a walk starts before the first: t = s - 2).
     struct FsWalk {
         FsItem c;
         int i, t;
