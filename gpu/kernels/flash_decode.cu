@@ -113,6 +113,36 @@ __device__ __forceinline__ int fd_mapped(const int* mapped_kv_tokens, int b, int
 }
 __device__ __forceinline__ float fd_max(float a, float b) { return a != a || b != b ? NAN_F : fmaxf(a, b); }
 
+// The merged output's element: f32, or bf16 bits where the module is built with
+// FD_OUT_BF16 (an engine's build: its W_UV GEMM reads bf16, as FlashMLA's output is). Only
+// the final rows take it; split partials, LSEs and all arithmetic stay f32, and each value
+// is rounded once, so a bf16 output is the f32 one rounded to nearest even.
+#ifdef FD_OUT_BF16
+typedef unsigned short fd_out;
+#else
+typedef float fd_out;
+#endif
+// a and b as bf16 bits, a in the low half (the lower address): one cvt for both. It
+// rounds as bf16_bits does (nearest even, subnormals kept); a NaN comes out as the
+// canonical one, which is bf16_bits's for the kernels' NaN (NAN_F). bf16_bits costs
+// about five integer instructions a value, which made a one-split launch at 128 heads
+// 2.5% slower on the H100.
+__device__ __forceinline__ unsigned fd_bf16x2(float a, float b) {
+    unsigned d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(b), "f"(a));
+    return d;
+}
+__device__ __forceinline__ void fd_put(float* p, float a) { *p = a; }
+__device__ __forceinline__ void fd_put(unsigned short* p, float a) { *p = (unsigned short)fd_bf16x2(a, 0.f); }
+// Two adjacent columns (p 8-byte aligned in f32).
+__device__ __forceinline__ void fd_put2(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
+__device__ __forceinline__ void fd_put2(unsigned short* p, float a, float b) { *(unsigned*)p = fd_bf16x2(a, b); }
+// Four adjacent columns (p 16-byte aligned in f32).
+__device__ __forceinline__ void fd_put4(float* p, float4 v) { *(float4*)p = v; }
+__device__ __forceinline__ void fd_put4(unsigned short* p, float4 v) {
+    *(uint2*)p = make_uint2(fd_bf16x2(v.x, v.y), fd_bf16x2(v.z, v.w));
+}
+
 // q [B, rows, 576] bf16 with rows = q_len * heads (token-major); cache [slots, 576] bf16;
 // o_part [max_splits, B, rows, 512] f32; lse_part [max_splits, B, rows] f32 (natural log).
 //
@@ -519,12 +549,12 @@ extern "C" __global__ void __launch_bounds__(FD_THREADS, 1)
     }
 }
 
-// Merges the splits of every row in split order, in f32: out [B, rows, 512], lse
+// Merges the splits of every row in split order, in f32: out [B, rows, 512] (fd_out), lse
 // [heads, B * q_len] (FdLseLayout).
 // (flash_decode_wgmma merges its own splits the same way.)
 extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const float* __restrict__ lse_part,
                                          const int* __restrict__ split_lens,
-                                         const int* __restrict__ num_splits, float* __restrict__ out,
+                                         const int* __restrict__ num_splits, fd_out* __restrict__ out,
                                          float* __restrict__ lse, int batch, int rows, int heads,
                                          int max_splits) {
     int r = blockIdx.x, b = blockIdx.y;
@@ -543,7 +573,7 @@ extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const
             float w = mx == NEG_INF ? 0.f : __expf(lse_part[i] - mx);
             acc += w * o_part[i * FD_DV + d];
         }
-        out[((long long)b * rows + r) * FD_DV + d] = denom == 0.f ? 0.f : acc / denom;
+        fd_put(out + ((long long)b * rows + r) * FD_DV + d, denom == 0.f ? 0.f : acc / denom);
     }
     if (threadIdx.x == 0) lse[FdLseLayout{batch, rows, heads}.at(b, r)] = denom == 0.f ? NEG_INF : mx + logf(denom);
 }

@@ -125,7 +125,7 @@ struct FsItem {
 __device__ __forceinline__ void fs_item_end(const float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, const FsItem& c, const FsItem& next,
                                             bool has_next, unsigned qs, const FwTensorMap* q_map, unsigned q_full,
-                                            int batch, int rows, int heads, float* __restrict__ out,
+                                            int batch, int rows, int heads, fd_out* __restrict__ out,
                                             float* __restrict__ lse FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
 #pragma unroll
@@ -153,12 +153,8 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
         float inv = total > 0.f ? 1.f / total : 0.f, lse_own = fw_lse_of(m[i], total);
         // Poisoned: its causal window reaches a missing block (flash_decode.cu).
         if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) inv = lse_own = NAN_F;
-        if (!live[i]) continue;
-        float* dst = out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0;
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-            *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-        if (wg == 0 && lane % 4 == 0) lse[lay.at(c.b, c.row0 + lrow[i])] = lse_own;
+        fw_store_row(out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0, o + 2 * i, inv, lane, live[i]);
+        if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(c.b, c.row0 + lrow[i])] = lse_own;
     }
     FW_EPI_MARK(2);
 }

@@ -136,7 +136,7 @@ __device__ __forceinline__ float fw_lse_of(float m, float total) {
         const int *__restrict__ num_splits,                                                           \
         float *__restrict__ o_part, float *__restrict__ lse_part, int batch, int rows, int heads,      \
         int q_len, int page, int width, int max_splits, float scale_log2,                             \
-        float *__restrict__ out, float *__restrict__ lse, int *__restrict__ done
+        fd_out *__restrict__ out, float *__restrict__ lse, int *__restrict__ done
 #define FW_DECODE_PARAMS FW_DECODE_PARAMS_HEAD, const __grid_constant__ FwTensorMap cache_map
 
 // The swizzle pattern is anchored at 1024-byte boundaries: the carve-out's aligned start.
@@ -235,17 +235,52 @@ __device__ __forceinline__ void fw_cluster_sync() {
     } while (0)
 #endif
 
-// This thread's rows of O (times inv) into `own`, rows FW_MSTRIDE floats apart (the
+// One row of O (times inv) from the accumulator layout, where this thread
+// holds columns 8 j + 2 (lane % 4) and the next of its warpgroup's half (o[4 j], o[4 j + 1];
+// `dst` at the first); a dead row stores nothing. In f32 a warp's store is eight rows of
+// 32 whole bytes.
+__device__ __forceinline__ void fw_store_row(float* dst, const float* o, float inv, int lane, bool live) {
+    if (!live) return;
+#pragma unroll
+    for (int j = 0; j < 32; ++j) *(float2*)(dst + j * 8) = make_float2(o[4 * j] * inv, o[4 * j + 1] * inv);
+}
+// In bf16 a pair is 4 bytes, so the four lanes of a row trade pairs first: two exchanges
+// give lane q columns 4 q .. 4 q + 3 of each 16, and one 8-byte store a lane writes whole
+// 32-byte sectors, as the f32 rows do. (4-byte stores of the pairs as they are, half a
+// sector a row, made q 2 and q 4 at B 64 2-3% slower on the H100.)
+// The lanes of a dead row trade too (the whole warp takes part) and skip the store.
+__device__ __forceinline__ void fw_store_row(unsigned short* dst, const float* o, float inv, int lane, bool live) {
+    const int q = lane % 4;
+    unsigned even = 0;  // pair 2 q of the current group of 16 columns (j even)
+#pragma unroll
+    for (int j = 0; j < 32; ++j) {
+        const unsigned p = fd_bf16x2(o[4 * j] * inv, o[4 * j + 1] * inv);
+        if (j % 2 == 0) {
+            even = p;
+            continue;
+        }
+        // Pairs are numbered by column / 2 within the group: lane q holds pairs q (even)
+        // and q + 4 (p). Lanes 0-1 keep their even pair and trade the other with lane
+        // q ^ 2, lanes 2-3 the reverse; then lanes 0..3 hold pairs {0, 2}, {1, 3}, {4, 6},
+        // {5, 7} (a, b), and trading with lane q ^ 1 gives lane q pairs 2 q and 2 q + 1.
+        const bool low = q < 2, first = q % 2 == 0;
+        const unsigned got = __shfl_xor_sync(0xffffffff, low ? p : even, 2);
+        const unsigned a = low ? even : got, b = low ? got : p;
+        const unsigned other = __shfl_xor_sync(0xffffffff, first ? b : a, 1);
+        if (live) *(uint2*)(dst - 2 * q + (j / 2) * 16 + 4 * q) = first ? make_uint2(a, other) : make_uint2(other, b);
+    }
+}
+
+// This thread's rows of O (times inv) into `own`, rows FW_MSTRIDE values apart (the
 // padding spreads a warp's eight rows over the banks): a one-split request's staging.
-__device__ __forceinline__ void fw_stage_rows(const float* o, const float* inv, const int* lrow, float* own) {
+__device__ __forceinline__ void fw_stage_rows(const float* o, const float* inv, const int* lrow, fd_out* own) {
     const int col0 = threadIdx.x / 128 * 256 + (threadIdx.x % 4) * 2;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int r = lrow[i];
 #pragma unroll
         for (int j = 0; j < 32; ++j)
-            *(float2*)(own + r * FW_MSTRIDE + col0 + j * 8) =
-                make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
+            fd_put2(own + r * FW_MSTRIDE + col0 + j * 8, o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
     }
 }
 
@@ -264,7 +299,7 @@ __device__ __forceinline__ void fw_st_cluster4(unsigned addr, float4 v) {
 // columns spread over the CTA, summed in split order.
 template <int S>
 __device__ __forceinline__ void fw_merge_rows(const float* recv, const float* wts, int per, int rows_here,
-                                              float* __restrict__ out) {
+                                              fd_out* __restrict__ out) {
     const int total = max(rows_here, 0) * (FD_DV / 4);
 #pragma unroll 4
     for (int idx = threadIdx.x; idx < total; idx += FW_THREADS) {
@@ -280,9 +315,8 @@ __device__ __forceinline__ void fw_merge_rows(const float* recv, const float* wt
             acc.w += w * v.w;
         }
         const float den = wts[k * 9 + 8];
-        *(float4*)(out + k * FD_DV + c) = den == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                                     : make_float4(acc.x / den, acc.y / den, acc.z / den,
-                                                                   acc.w / den);
+        fd_put4(out + k * FD_DV + c, den == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                                : make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den));
     }
 }
 
@@ -299,7 +333,7 @@ __device__ __forceinline__ void fw_merge_rows(const float* recv, const float* wt
 // as 8-byte stores from the accumulator layout gained about half as much.
 __device__ void fw_cluster_merge(const float* o, const float* inv, const float* lse_own, const int* lrow,
                                  unsigned char* scratch, int splits, int sp, long long row_at, int live_rows,
-                                 FdLseLayout lay, int b, int row0, float* __restrict__ out,
+                                 FdLseLayout lay, int b, int row0, fd_out* __restrict__ out,
                                  float* __restrict__ lse FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     const int per = (64 + splits - 1) / splits;           // the most rows a split merges
@@ -352,7 +386,7 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
         lse[lay.at(b, row0 + r_lo + tid)] = den == 0.f ? NEG_INF : mx + logf(den);
     }
     __syncthreads();
-    float* dst = out + (row_at + r_lo) * FD_DV;
+    fd_out* dst = out + (row_at + r_lo) * FD_DV;
     switch (splits) {
         case 2: fw_merge_rows<2>(recv, wts, per, rows_here, dst); break;
         case 3: fw_merge_rows<3>(recv, wts, per, rows_here, dst); break;
@@ -370,7 +404,7 @@ __device__ void fw_cluster_merge(const float* o, const float* inv, const float* 
 // arithmetic, so the bits do not depend on which CTA it is) while they are still in L2,
 // then re-arms `counter` for the next launch. `scratch` holds splits x 64 weights.
 __device__ void merge_splits(const float* __restrict__ o_part, const float* __restrict__ lse_part,
-                             float* __restrict__ out, float* __restrict__ lse, int* counter, int* last,
+                             fd_out* __restrict__ out, float* __restrict__ lse, int* counter, int* last,
                              float* scratch, int splits, long long row_at, int live_rows,
                              long long split_rows, FdLseLayout lay, int b, int row0) {
     const int tid = threadIdx.x;
@@ -396,7 +430,7 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
     __syncthreads();
     // 8 float4 per thread in flight per split: the reads are L2 latency bound.
     const float4* src = (const float4*)(o_part + row_at * FD_DV);
-    float4* dst = (float4*)(out + row_at * FD_DV);
+    fd_out* dst = out + row_at * FD_DV;
     const long long stride4 = split_rows * FD_DV / 4;
     const int n4 = live_rows * (FD_DV / 4);
     for (int i0 = tid; i0 < n4; i0 += 8 * FW_THREADS) {
@@ -425,8 +459,8 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
             int i = i0 + u * FW_THREADS;
             if (i >= n4) break;
             float d = den[i / (FD_DV / 4)];
-            dst[i] = d == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
-                              : make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d);
+            fd_put4(dst + 4 * i, d == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
+                                          : make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d));
         }
     }
     if (tid == 0) *counter = 0;
@@ -440,10 +474,10 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
 __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, const float* lse_own,
                                               const int* lrow, const bool* live, unsigned char* scratch,
                                               long long row_at, int live_rows, FdLseLayout lay, int b,
-                                              int row0, float* __restrict__ out,
+                                              int row0, fd_out* __restrict__ out,
                                               float* __restrict__ lse FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
-    float* own = (float*)scratch;
+    fd_out* own = (fd_out*)scratch;
     fw_stage_rows(o, inv, lrow, own);
 #pragma unroll
     for (int i = 0; i < 2; ++i)
@@ -456,7 +490,7 @@ __device__ __forceinline__ void fw_store_rows(const float* o, const float* inv, 
                      "cp.async.bulk.commit_group;\n"
                      "cp.async.bulk.wait_group.read 0;\n"  // shared memory read before the CTA exits
                      ::"l"(out + (row_at + tid) * FD_DV), "r"(smem_addr(own + tid * FW_MSTRIDE)),
-                     "n"(FD_DV * 4)
+                     "n"(FD_DV * sizeof(fd_out))
                      : "memory");
     }
     FW_EPI_MARK(2);  // thread 0's row read by the copy engine
@@ -479,7 +513,7 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
                                             int splits, int sp, int b, int batch, int rows, int heads, int row0,
                                             int mapped,
                                             float* __restrict__ o_part, float* __restrict__ lse_part,
-                                            float* __restrict__ out, float* __restrict__ lse,
+                                            fd_out* __restrict__ out, float* __restrict__ lse,
                                             int* __restrict__ done FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
     float inv[2], lse_own[2];
@@ -508,13 +542,9 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
     auto write_rows = [&](float* obase, float* lbase, long long base) {
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            if (!live[i]) continue;
             const long long r = base + row0 + lrow[i];
-            float* dst = obase + r * FD_DV + col0;
-#pragma unroll
-            for (int j = 0; j < 32; ++j)
-                *(float2*)(dst + j * 8) = make_float2(o[4 * j + 2 * i] * inv[i], o[4 * j + 2 * i + 1] * inv[i]);
-            if (wg == 0 && lane % 4 == 0) {
+            fw_store_row(obase + r * FD_DV + col0, o + 2 * i, inv[i], lane, live[i]);
+            if (live[i] && wg == 0 && lane % 4 == 0) {
                 if (lbase) lbase[r] = lse_own[i];
                 else lse[lay.at(b, row0 + lrow[i])] = lse_own[i];
             }
@@ -522,7 +552,12 @@ __device__ __forceinline__ void fw_epilogue(float* o, const float* m, float* l, 
     };
     if (final_here) {
 #ifdef FW_DIRECT_STORE
-        write_rows(out, nullptr, (long long)b * rows);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const long long r = (long long)b * rows + row0 + lrow[i];
+            fw_store_row(out + r * FD_DV + col0, o + 2 * i, inv[i], lane, live[i]);
+            if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(b, row0 + lrow[i])] = lse_own[i];
+        }
 #else
         fw_store_rows(o, inv, lse_own, lrow, live, scratch, (long long)b * rows + row0, min(64, rows - row0),
                       lay, b, row0, out, lse FW_EPI_ARG);

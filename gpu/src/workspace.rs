@@ -38,9 +38,10 @@ pub struct Workspace {
     /// Latent rows `[cap, kv_lora + rope]`.
     pub latent: Buf<f32>,
     /// Absorbed queries `[cap, heads, kv_lora + rope]` in f32 (none on the flash path, see
-    /// `q_lat_len`).
+    /// `portable_latent_tokens`).
     pub q_lat: Buf<f32>,
-    /// Decode output in the latent space `[cap, heads, kv_lora]`.
+    /// Decode output in the latent space `[cap, heads, kv_lora]` in f32 (none on the flash
+    /// path, as `q_lat`: its rows are bf16, [`FlashScratch::o_lat`]).
     pub o_lat: Buf<f32>,
     /// Decode LSE `[heads, cap]`.
     pub lse: Buf<f32>,
@@ -60,13 +61,14 @@ pub struct Workspace {
     pub digests: Buf<u64>,
 }
 
-/// f32 absorbed queries a workspace holds: none on the flash path where its prefill
-/// takes DFlash's blocks too (the flash decode's queries are bf16, in its scratch); one
-/// row per token where the portable decode or DFlash's portable blocks read them.
-fn q_lat_len(d: &ModelDims, cap: usize, flash_splits: Option<usize>) -> usize {
+/// Tokens of f32 absorbed queries and latent outputs a workspace holds: none on the flash
+/// path where its prefill takes DFlash's blocks too (the flash decode's queries and rows
+/// are bf16, in its scratch); one row per token where the portable decode or DFlash's
+/// portable blocks read and write them.
+fn portable_latent_tokens(d: &ModelDims, cap: usize, flash_splits: Option<usize>) -> usize {
     match flash_splits.is_some() && crate::ops::prefill_widths_fit(d) {
         true => 0,
-        false => cap * d.num_heads * d.latent_dim(),
+        false => cap,
     }
 }
 
@@ -80,6 +82,7 @@ impl Workspace {
         flash_splits: Option<usize>,
     ) -> Result<Self, GpuError> {
         let (hid, heads) = (d.hidden_size, d.num_heads);
+        let portable = portable_latent_tokens(d, cap, flash_splits);
         let f = |len: usize, what: &str| Buf::<f32>::uninit(dev, len, &format!("workspace {what}"));
         let i = |len: usize, what: &str| Buf::<i32>::uninit(dev, len, &format!("workspace {what}"));
         Ok(Self {
@@ -105,8 +108,8 @@ impl Workspace {
             q_a: f(cap * d.q_lora_rank.max(1), "compressed queries")?,
             q: f(cap * heads * d.qk_head_dim(), "queries")?,
             latent: f(cap * d.latent_dim(), "latent rows")?,
-            q_lat: f(q_lat_len(d, cap, flash_splits), "absorbed queries")?,
-            o_lat: f(cap * heads * d.kv_lora_rank, "latent attention output")?,
+            q_lat: f(portable * heads * d.latent_dim(), "absorbed queries")?,
+            o_lat: f(portable * heads * d.kv_lora_rank, "latent attention output")?,
             lse: f(cap * heads, "decode lse")?,
             attn: f(layers * cap * heads * d.v_head_dim, "attention outputs")?,
             gate: f(cap * d.intermediate_size, "mlp gate")?,
@@ -128,6 +131,7 @@ impl Workspace {
         flash_splits: Option<usize>,
     ) -> u64 {
         let (hid, heads, inter) = (d.hidden_size, d.num_heads, d.intermediate_size);
+        let portable = portable_latent_tokens(d, cap, flash_splits);
         // Every buffer's element count, as `new` allocates it (at least one element).
         let i32s = [
             cap,
@@ -146,8 +150,8 @@ impl Workspace {
             cap * d.q_lora_rank.max(1),
             cap * heads * d.qk_head_dim(),
             cap * d.latent_dim(),
-            q_lat_len(d, cap, flash_splits),
-            cap * heads * d.kv_lora_rank,
+            portable * heads * d.latent_dim(),
+            portable * heads * d.kv_lora_rank,
             cap * heads,
             layers * cap * heads * d.v_head_dim,
             cap * inter, // gate
@@ -172,12 +176,14 @@ impl Workspace {
 }
 
 /// What the bf16 path reads and writes beyond the shared activations: the absorbed
-/// queries in bf16, the split partials for up to `max_splits` splits, the split counters
+/// queries and the decode's rows in bf16, the split partials for up to `max_splits` splits, the split counters
 /// (zero; the kernels re-arm them, so a graph replays them as captured) and the GEMMs'
 /// bf16 inputs.
 pub struct FlashScratch {
     /// `[cap, heads, 576]` bf16.
     pub q: Buf<u16>,
+    /// The decode's rows `[cap, heads, 512]` in bf16, what the W_UV GEMM reads.
+    pub o_lat: Buf<u16>,
     pub o_part: Buf<f32>,
     pub lse_part: Buf<f32>,
     pub done: Buf<i32>,
@@ -192,6 +198,7 @@ impl FlashScratch {
         let rows = cap * d.num_heads;
         let one = |n: usize| n.max(1) as u64;
         one(rows * d.latent_dim()) * 2
+            + one(rows * d.kv_lora_rank) * 2
             + one(max_splits * rows * d.kv_lora_rank) * 4
             + one(max_splits * rows) * 4
             + one(rows.div_ceil(64) + rows_cap) * 4
@@ -211,6 +218,7 @@ impl FlashScratch {
                 rows * d.latent_dim(),
                 "workspace bf16 absorbed queries",
             )?,
+            o_lat: Buf::uninit(dev, rows * d.kv_lora_rank, "workspace bf16 decode output")?,
             o_part: Buf::uninit(
                 dev,
                 max_splits * rows * d.kv_lora_rank,

@@ -334,7 +334,7 @@ pub fn bench_flash(
     let shape = |plan| inp.flash_shape(plan);
     let outs = variants
         .iter()
-        .map(|v| FlashWorkspace::new(dev, shape(v.plan), None))
+        .map(|v| FlashWorkspace::new(dev, shape(v.plan), k.out, None))
         .collect::<Result<Vec<_>, _>>()?;
     let schedules = variants
         .iter()

@@ -11,7 +11,7 @@ use specmla_core::split::{SplitPolicy, SplitSchedule};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{
-    ContextChunk, DecodeBufs, DecodeShape, FlashKernels, Kernels, MlaDims, PagedContext,
+    ContextChunk, DecodeBufs, DecodeOut, DecodeShape, FlashKernels, Kernels, MlaDims, PagedContext,
     RowScratch, RowTokens, SplitMerge, State, WideKernel,
 };
 
@@ -502,6 +502,64 @@ pub fn check_flash_decode(
     })
 }
 
+/// The bf16 rows of the engine's build ([`DecodeOut::Bf16`]) against the f32 build's on
+/// the same case: every bf16 value must be the f32 one rounded to nearest even (NaN where
+/// it is NaN) and every LSE the same bits, whatever store path the launch takes (a
+/// persistent CTA's item end, the bulk copies of a one-split block, the cluster or global
+/// merge, `flash_combine`). The f32 run must match the f64 reference, so a row neither
+/// build wrote cannot pass.
+pub fn check_flash_bf16_rows(
+    dev: &GpuDevice,
+    (f32k, bf16k): (&FlashKernels, &FlashKernels),
+    path: (WideKernel, SplitMerge),
+    (q_len, heads, page, split): (usize, usize, usize, usize),
+    ctx: &[usize],
+    holes: Holes,
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    assert_eq!((f32k.out, bf16k.out), (DecodeOut::F32, DecodeOut::Bf16));
+    let shape = (q_len, heads, page, split);
+    let f32_run = run_flash_case(dev, f32k, path, shape, ctx, holes, seed, None)?;
+    let bf16_run = run_flash_case(dev, bf16k, path, shape, ctx, holes, seed, None)?;
+    let rounded = |x: f32| match x.is_nan() {
+        true => u16::MAX, // any NaN
+        false => half::bf16::from_f32(x).to_bits(),
+    };
+    // A bf16 build's value as read_f32 widened it (its low half zero).
+    let as_bf16 = |x: f32| match x.is_nan() {
+        true => u16::MAX,
+        false => (x.to_bits() >> 16) as u16,
+    };
+    let rows_differ = (f32_run.out.iter().zip(&bf16_run.out))
+        .filter(|&(&w, &n)| rounded(w) != as_bf16(n))
+        .count();
+    let lse_differ = (f32_run.lse.iter().zip(&bf16_run.lse))
+        .filter(|(w, n)| w.to_bits() != n.to_bits())
+        .count();
+    let nan_rows = f32_run.out.iter().filter(|v| v.is_nan()).count() / specmla_gpu::ops::FLASH_DV;
+    let (wide_kernel, merge) = path;
+    Ok(CaseResult {
+        kernel: bf16_run.kernel,
+        case: format!(
+            "bf16 rows vs f32 rows rounded, q {q_len} heads {heads} split {split} ctx {ctx:?}{}{}: {rows_differ} of {} values and {lse_differ} of {} LSEs differ ({nan_rows} NaN rows); f32 rows {:.1e} from f64{}",
+            merge_label(wide_kernel, merge),
+            holes.label(),
+            f32_run.out.len(),
+            f32_run.lse.len(),
+            f32_run.err,
+            if f32_run.rearmed && bf16_run.rearmed { "" } else { "; split counters left non-zero" }
+        ),
+        max_rel_err: (rows_differ + lse_differ) as f64,
+        passed: rows_differ == 0
+            && lse_differ == 0
+            && f32_run.out.len() == bf16_run.out.len()
+            && !f32_run.out.is_empty()
+            && f32_run.err <= BF16_TOL
+            && f32_run.rearmed
+            && bf16_run.rearmed,
+    })
+}
+
 /// F12 on the tensor-core decode: the kernel given the schedule a graph's capture wrote
 /// (every request one split of `split` keys, as for `seq_len` 1) instead of this step's.
 /// The kernel reads the schedule as given, so the requests longer than one split lose
@@ -563,10 +621,11 @@ struct FlashLaunch {
 }
 
 impl FlashLaunch {
-    /// `s`'s workspace and policy (`split_size_tokens`, `max_splits`); `planned` is what
-    /// the schedule is built from (the real `seq_lens`, or a stale copy's).
+    /// `s`'s workspace (rows of `k`'s output type) and policy (`split_size_tokens`,
+    /// `max_splits`); `planned` is what the schedule is built from (the real `seq_lens`,
+    /// or a stale copy's).
     fn new(
-        dev: &GpuDevice,
+        (dev, k): (&GpuDevice, &FlashKernels),
         s: specmla_gpu::ops::FlashShape,
         (q_bits, table, seq_lens): (&[u16], &[i32], &[i32]),
         planned: &[i32],
@@ -578,7 +637,7 @@ impl FlashLaunch {
         };
         let sched = schedule_of(policy, planned, table, s.width, s.page);
         Ok(Self {
-            ws: FlashWorkspace::new(dev, s, Some(f32::NAN))?,
+            ws: FlashWorkspace::new(dev, s, k.out, Some(f32::NAN))?,
             q: upload(dev, q_bits)?,
             table: upload(dev, table)?,
             seq_lens: upload(dev, seq_lens)?,
@@ -609,7 +668,7 @@ impl FlashLaunch {
         );
         // SAFETY: the caller's promise, forwarded.
         unsafe { k.flash_decode_merged(path, dev, s, bufs, flash_check_scale()) }?;
-        Ok((download(dev, &self.ws.out)?, download(dev, &self.ws.lse)?))
+        Ok((self.ws.out.read_f32(dev)?, download(dev, &self.ws.lse)?))
     }
 }
 
@@ -652,7 +711,7 @@ pub fn check_seesaw_kernels_agree(
     };
     // One workspace and schedule for all: every request fits one split of `split` keys.
     let inputs = (&q_bits[..], &blocks[..], &seq_lens[..]);
-    let launch = FlashLaunch::new(dev, shape(2), inputs, &seq_lens)?;
+    let launch = FlashLaunch::new((dev, k), shape(2), inputs, &seq_lens)?;
     let cache = upload(dev, &cache_bits)?;
     let mut outputs = Vec::new();
     let mut names = Vec::new();
@@ -712,6 +771,9 @@ struct FlashRun {
     err: f64,
     rearmed: bool,
     finite: bool,
+    /// The merged rows (widened to f32 from a bf16 build) and the LSE, as they came back.
+    out: Vec<f32>,
+    lse: Vec<f32>,
 }
 
 /// Runs one tensor-core decode case against f64: the schedule core's policy gives for
@@ -753,7 +815,7 @@ fn run_flash_case(
         max_splits: max_len.div_ceil(split).clamp(1, 4),
     };
     let planned = schedule_lens.map_or_else(|| seq_lens.clone(), |f| f(&seq_lens));
-    let launch = FlashLaunch::new(dev, s, (&q_bits, &table, &seq_lens), &planned)?;
+    let launch = FlashLaunch::new((dev, k), s, (&q_bits, &table, &seq_lens), &planned)?;
     let cache_d = upload(dev, &cache_bits)?;
     // SAFETY: the check's block table names blocks inside its cache or -1, and its mapped
     // keys stop at the first -1 of each row.
@@ -771,6 +833,8 @@ fn run_flash_case(
         err,
         rearmed,
         finite,
+        out: got_out,
+        lse: got_lse,
     })
 }
 
@@ -812,7 +876,7 @@ pub fn check_flash_invariance(
             split_size_tokens: split,
             max_splits: max_len.div_ceil(split),
         };
-        let launch = FlashLaunch::new(dev, s, (q, table, seq), seq)?;
+        let launch = FlashLaunch::new((dev, k), s, (q, table, seq), seq)?;
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
         let (mut v, lse) = unsafe { launch.run(dev, k, (wide, merge), s, &cache) }?;
         v.extend(lse);
@@ -881,6 +945,39 @@ pub fn check_flash_invariance(
             && in_batch.len() == by_itself.len()
             && across.unwrap_or(0) == 0,
     })
+}
+
+/// The bf16 rows against the f32 ones on every decode path and each way a launch stores
+/// its rows: one split of 8 and of 4 row blocks (a persistent seesaw CTA's item end; the
+/// last block 16 live rows; the other kernels' bulk copies and `flash_combine`), up to
+/// four splits (cluster and global merges beside one-split requests), and missing blocks
+/// (NaN rows) through both.
+fn bf16_row_checks(
+    dev: &GpuDevice,
+    builds: (&FlashKernels, &FlashKernels),
+    results: &mut Vec<CaseResult>,
+) -> Result<(), GpuError> {
+    let holes = Holes {
+        missing: &[(1, 3), (2, 8)],
+        cut_pages: 1,
+    };
+    let ragged = [1023usize, 700, 511, 898];
+    let cases: [(_, &[usize], _); 5] = [
+        ((4, 128, 64, 4096), &[0, 1, 700, 1500], Holes::default()),
+        ((13, 16, 64, 4096), &[5, 129, 1500], Holes::default()),
+        ((2, 128, 64, 256), &[0, 65, 1000, 1100], Holes::default()),
+        ((2, 16, 64, 256), &ragged, holes),
+        ((2, 128, 64, 2048), &ragged, holes),
+    ];
+    for (i, (shape, ctx, holes)) in cases.into_iter().enumerate() {
+        for path in wide_kernels(builds.0) {
+            let seed = 900 + i as u64;
+            results.push(check_flash_bf16_rows(
+                dev, builds, path, shape, ctx, holes, seed,
+            )?);
+        }
+    }
+    Ok(())
 }
 
 /// The decode paths to check: where the device has wgmma, both Hopper kernels with each
@@ -954,11 +1051,23 @@ pub fn check_out_of_memory(dev: &GpuDevice) -> CaseResult {
 /// Every kernel check over the grid of shapes: attention kernels against f64, dense
 /// kernels against the CPU model's f32 blocks.
 pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
+    use specmla_gpu::ops::{FlashBuild, Persist};
     let k = Kernels::load(dev)?;
-    let mut fk = FlashKernels::load(dev)?;
-    // Few CTAs for the persistent seesaw kernel: every case of more than five row blocks
-    // then runs several a CTA, each item's prologue under the previous one's end.
-    fk.persist = specmla_gpu::ops::Persist::Ctas(5);
+    // f32 rows against the f64 reference; the engine's bf16 rows against them
+    // (check_flash_bf16_rows). Few CTAs for the persistent seesaw kernel: every case of
+    // more than five row blocks then runs several a CTA, each item's prologue under the
+    // previous one's end.
+    let build = FlashBuild {
+        persist: Persist::Ctas(5),
+        ..FlashBuild::from_env()?
+    };
+    let fk = FlashKernels::load_build(
+        dev,
+        FlashBuild {
+            out: DecodeOut::F32,
+            ..build.clone()
+        },
+    )?;
     let mut results = vec![check_out_of_memory(dev)];
     results.extend(crate::checks_dense::run_dense(dev, &k)?);
     results.extend(crate::checks_weights::run_weights(dev, &k)?);
@@ -1059,6 +1168,14 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
             results.push(check_seesaw_kernels_agree(dev, &fk, shape, 810 + i as u64)?);
         }
     }
+    let bf16k = FlashKernels::load_build(
+        dev,
+        FlashBuild {
+            out: DecodeOut::Bf16,
+            ..build
+        },
+    )?;
+    bf16_row_checks(dev, (&fk, &bf16k), &mut results)?;
     results.extend(crate::checks_prefill::run_prefill_checks(dev, &k, &fk)?);
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
         .into_iter()

@@ -288,7 +288,7 @@ pub fn seesaw_timeline(
     if k.wide != WideKernel::Seesaw || (max_splits > 1 && !k.merge.in_clusters(max_splits)) {
         return Ok(None);
     }
-    let mut ws = FlashWorkspace::new(dev, shape, None)?;
+    let mut ws = FlashWorkspace::new(dev, shape, k.out, None)?;
     assert!(
         ws.o_part.len() >= 2 * TRACE_WORDS,
         "the split partials hold the timeline"

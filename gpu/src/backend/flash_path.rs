@@ -17,7 +17,9 @@ use specmla_core::split::SplitPolicy;
 use super::{CacheOf, DecodeLaunch, GpuBackend, Result};
 use crate::device::GpuDevice;
 use crate::launch::{Buf, DPtr};
-use crate::ops::{FlashBufs, FlashKernels, FlashShape, Gemm, GemmAlgo, FLASH_DIM, FLASH_DV};
+use crate::ops::{
+    FlashBufs, FlashKernels, FlashOut, FlashShape, Gemm, GemmAlgo, FLASH_DIM, FLASH_DV,
+};
 use crate::workspace::Workspace;
 
 /// The flash kernels and the bf16 caches they read.
@@ -112,13 +114,13 @@ impl FlashPath {
 impl GpuBackend {
     /// One decode launch on the flash kernels: the bf16 absorbed queries `q` (the
     /// launch's tokens), the split schedule and mapped keys the launch's rows were given,
-    /// the output into `o_lat`.
+    /// the output into `o_lat` in bf16 (the engine's build, [`crate::ops::FlashBuild::engine`]).
     pub(super) fn flash_decode(
         &self,
         ws: &Workspace,
         cache: DPtr<u16>,
         dl: DecodeLaunch,
-        (q, o_lat): (DPtr<u16>, DPtr<f32>),
+        (q, o_lat): (DPtr<u16>, DPtr<u16>),
     ) -> Result<()> {
         let fp = self
             .flash
@@ -149,7 +151,7 @@ impl GpuBackend {
             num_splits: dl.num_splits,
             o_part: fs.o_part.ptr(),
             lse_part: fs.lse_part.ptr(),
-            out: o_lat,
+            out: FlashOut::Bf16(o_lat),
             lse: ws.lse.ptr(),
             done: fs.done.ptr(),
         };

@@ -153,7 +153,6 @@ impl GpuBackend {
         let tokens = dl.rows * dl.q_len;
         let s = dl.token_start;
         let q = ws.q.ptr().offset(s * md.heads * md.qk());
-        let o_lat = ws.o_lat.ptr().offset(s * md.heads * md.kv_lora);
         let keep = tokens.min(n_real.saturating_sub(s));
         let out = attn.offset(s * md.heads * md.v);
         match (&self.flash, &w.w_uk_uv_bf16) {
@@ -161,15 +160,19 @@ impl GpuBackend {
                 let gemm = Region::Gemm;
                 let fs = ws.flash.as_ref().expect("a flash backend's workspaces");
                 let qb = fs.q.ptr().range(0, tokens * md.heads * md.latent());
+                // The decode writes its rows in bf16, what the W_UV GEMM reads.
+                let ob = fs.o_lat.ptr().range(0, tokens * md.heads * md.kv_lora);
                 self.timed(gemm, || self.absorb_q_bf16(ws, q, uk.ptr(), qb, tokens))?;
                 self.timed(Region::Attention, || {
-                    self.flash_decode(ws, fp.cache(c), dl, (qb, o_lat))
+                    self.flash_decode(ws, fp.cache(c), dl, (qb, ob))
                 })?;
-                self.timed(gemm, || self.apply_uv_bf16(ws, o_lat, uv.ptr(), out, keep))?;
+                self.timed(gemm, || self.apply_uv_bf16(ob, uv.ptr(), out, keep))?;
             }
             _ => {
-                // f32 absorbed queries exist only off the flash path (`q_lat_len`).
+                // f32 absorbed queries and latent rows exist only off the flash path
+                // (`portable_latent_tokens`).
                 let q_lat = ws.q_lat.ptr().offset(s * md.heads * md.latent());
+                let o_lat = ws.o_lat.ptr().offset(s * md.heads * md.kv_lora);
                 self.timed(Region::Gemm, || {
                     Ok(k.absorb_q(dev, md, q, w.w_uk.ptr(), q_lat, tokens)?)
                 })?;
@@ -274,12 +277,11 @@ impl GpuBackend {
         Ok(())
     }
 
-    /// `out[t, h] = o_lat[t, h] W_UV_h` for `n` tokens: one GEMM per head (batched) over
-    /// bf16 inputs.
+    /// `out[t, h] = o_lat[t, h] W_UV_h` for `n` tokens, `o_lat` in bf16 (the flash
+    /// decode's rows): one GEMM per head (batched).
     fn apply_uv_bf16(
         &self,
-        ws: &Workspace,
-        o_lat: DPtr<f32>,
+        o_lat: DPtr<u16>,
         w_uv: DPtr<u16>,
         out: DPtr<f32>,
         n: usize,
@@ -288,7 +290,7 @@ impl GpuBackend {
         if n == 0 {
             return Ok(());
         }
-        let ob = self.bf16_input(ws, o_lat, n * md.heads * md.kv_lora)?;
+        let ob = o_lat.need(n * md.heads * md.kv_lora);
         let shape = GemmShape {
             m: n,
             n: md.v,

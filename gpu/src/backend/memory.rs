@@ -109,10 +109,10 @@ mod tests {
             .collect();
         assert_eq!(
             describe(&a),
-            "eager workspace 15.68 GiB, prefill scratch 1.90 GiB, drafter graph workspace \
-             0.49 GiB, graph workspace 0.49 GiB, carried hidden states 0.22 GiB"
+            "eager workspace 14.68 GiB, prefill scratch 1.90 GiB, drafter graph workspace \
+             0.46 GiB, graph workspace 0.46 GiB, carried hidden states 0.22 GiB"
         );
-        assert_eq!(gib(total_bytes(&all)), "27.47 GiB");
+        assert_eq!(gib(total_bytes(&all)), "26.41 GiB");
     }
 
     /// A DFlash pass attends every row's context and block at once on the tensor-core

@@ -338,6 +338,130 @@ impl FlashShape {
     }
 }
 
+/// The element type of a decode's merged rows (`out`). Split partials and LSEs are f32
+/// either way, and so is all arithmetic: a bf16 row is the f32 row rounded once, to
+/// nearest even.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeOut {
+    /// f32 rows: what the checks compare against the f64 reference.
+    F32,
+    /// bf16 bits (the module built with `FD_OUT_BF16`): what an engine's W_UV GEMM reads
+    /// and FlashMLA writes, half the bytes of the f32 rows. The engine's build.
+    Bf16,
+}
+
+impl DecodeOut {
+    /// `SPECMLA_FLASH_OUT`: `f32` or `bf16` (the engine's, when unset).
+    pub fn from_env() -> Result<Self, GpuError> {
+        match std::env::var("SPECMLA_FLASH_OUT") {
+            Ok(v) => Self::parse(&v)
+                .map_err(|why| GpuError::NoDevice(format!("SPECMLA_FLASH_OUT={v:?}: {why}"))),
+            Err(_) => Ok(Self::Bf16),
+        }
+    }
+
+    pub fn parse(v: &str) -> Result<Self, String> {
+        match v {
+            "f32" => Ok(Self::F32),
+            "bf16" => Ok(Self::Bf16),
+            _ => Err("expected f32 or bf16".into()),
+        }
+    }
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::F32 => "f32",
+            Self::Bf16 => "bf16",
+        }
+    }
+
+    fn defines(self) -> &'static str {
+        match self {
+            Self::F32 => "",
+            Self::Bf16 => "#define FD_OUT_BF16 1\n",
+        }
+    }
+}
+
+/// Where a decode writes its merged rows, `[batch, rows, 512]` of the build's
+/// [`DecodeOut`].
+#[derive(Clone, Copy, Debug)]
+pub enum FlashOut {
+    F32(DPtr<f32>),
+    Bf16(DPtr<u16>),
+}
+
+impl FlashOut {
+    pub fn dtype(&self) -> DecodeOut {
+        match self {
+            Self::F32(_) => DecodeOut::F32,
+            Self::Bf16(_) => DecodeOut::Bf16,
+        }
+    }
+
+    fn need(self, n: usize) -> Self {
+        match self {
+            Self::F32(p) => Self::F32(p.need(n)),
+            Self::Bf16(p) => Self::Bf16(p.need(n)),
+        }
+    }
+}
+
+impl From<FlashOut> for Arg {
+    fn from(o: FlashOut) -> Self {
+        match o {
+            FlashOut::F32(p) => p.into(),
+            FlashOut::Bf16(p) => p.into(),
+        }
+    }
+}
+
+/// An owned [`FlashOut`].
+pub enum FlashOutBuf {
+    F32(Buf<f32>),
+    Bf16(Buf<u16>),
+}
+
+impl FlashOutBuf {
+    /// `len` values of `dtype`; with `poison`, each starts as that value (rounded to bf16).
+    pub fn new(
+        dev: &GpuDevice,
+        dtype: DecodeOut,
+        len: usize,
+        poison: Option<f32>,
+    ) -> Result<Self, GpuError> {
+        let what = "flash outputs";
+        Ok(match (dtype, poison) {
+            (DecodeOut::F32, Some(v)) => Self::F32(Buf::from_host(dev, &vec![v; len], what)?),
+            (DecodeOut::F32, None) => Self::F32(Buf::uninit(dev, len, what)?),
+            (DecodeOut::Bf16, Some(v)) => {
+                let bits = half::bf16::from_f32(v).to_bits();
+                Self::Bf16(Buf::from_host(dev, &vec![bits; len], what)?)
+            }
+            (DecodeOut::Bf16, None) => Self::Bf16(Buf::uninit(dev, len, what)?),
+        })
+    }
+
+    pub fn ptr(&self) -> FlashOut {
+        match self {
+            Self::F32(b) => FlashOut::F32(b.ptr()),
+            Self::Bf16(b) => FlashOut::Bf16(b.ptr()),
+        }
+    }
+
+    /// The values as f32 (a bf16 value widened exactly).
+    pub fn read_f32(&self, dev: &GpuDevice) -> Result<Vec<f32>, GpuError> {
+        Ok(match self {
+            Self::F32(b) => b.read(dev, b.len())?,
+            Self::Bf16(b) => b
+                .read(dev, b.len())?
+                .into_iter()
+                .map(|x| f32::from_bits((x as u32) << 16))
+                .collect(),
+        })
+    }
+}
+
 /// Device buffers of one tensor-core decode.
 #[derive(Clone, Copy, Debug)]
 pub struct FlashBufs {
@@ -358,8 +482,8 @@ pub struct FlashBufs {
     pub o_part: DPtr<f32>,
     /// `[max_splits, batch, rows]`.
     pub lse_part: DPtr<f32>,
-    /// `[batch, rows, 512]`.
-    pub out: DPtr<f32>,
+    /// `[batch, rows, 512]`, of the kernels' [`DecodeOut`].
+    pub out: FlashOut,
     /// `[heads, batch * q_len]`: the f32 kernels' and the CPU reference's layout.
     pub lse: DPtr<f32>,
     /// `[batch, ceil(rows / 64)]` zeros: where a request's splits merge through global
@@ -375,15 +499,21 @@ pub struct FlashWorkspace {
     pub shape: FlashShape,
     pub o_part: Buf<f32>,
     pub lse_part: Buf<f32>,
-    pub out: Buf<f32>,
+    pub out: FlashOutBuf,
     pub lse: Buf<f32>,
     pub done: Buf<i32>,
 }
 
 impl FlashWorkspace {
-    /// Allocates for `s`; with `poison`, every f32 buffer starts as that value (NaN in the
-    /// checks, so a value the kernel never wrote shows).
-    pub fn new(dev: &GpuDevice, s: FlashShape, poison: Option<f32>) -> Result<Self, GpuError> {
+    /// Allocates for `s`, the merged rows as `out` (the kernels' [`FlashKernels::out`]);
+    /// with `poison`, every output buffer starts as that value (NaN in the checks, so a
+    /// value the kernel never wrote shows).
+    pub fn new(
+        dev: &GpuDevice,
+        s: FlashShape,
+        out: DecodeOut,
+        poison: Option<f32>,
+    ) -> Result<Self, GpuError> {
         let rows = s.batch * s.query_rows();
         let f32_buf = |len: usize, what: &str| match poison {
             Some(v) => Buf::from_host(dev, &vec![v; len], what),
@@ -393,7 +523,7 @@ impl FlashWorkspace {
             shape: s,
             o_part: f32_buf(s.max_splits * rows * FLASH_DV, "flash partial outputs")?,
             lse_part: f32_buf(s.max_splits * rows, "flash partial lse")?,
-            out: f32_buf(rows * FLASH_DV, "flash outputs")?,
+            out: FlashOutBuf::new(dev, out, rows * FLASH_DV, poison)?,
             lse: f32_buf(rows, "flash lse")?,
             done: Buf::from_host(
                 dev,
@@ -510,6 +640,8 @@ pub struct FlashKernels {
     pub merge: SplitMerge,
     /// How many CTAs the persistent seesaw kernel runs.
     pub persist: Persist,
+    /// The element type of the merged rows the kernels write.
+    pub out: DecodeOut,
 }
 
 /// The grid of the persistent seesaw kernel (the copy warpgroup's, [`SEESAW_PERSISTENT`]),
@@ -546,11 +678,13 @@ pub struct FlashBuild {
     pub merge: SplitMerge,
     /// See [`FlashKernels::persist`].
     pub persist: Persist,
+    /// See [`FlashKernels::out`].
+    pub out: DecodeOut,
 }
 
 impl FlashBuild {
     /// The engine's build, whatever the environment says: the default tiles, no
-    /// diagnostic switches, the cluster merge. Its kernels are chosen by configuration
+    /// diagnostic switches, the cluster merge, bf16 rows. Its kernels are chosen by configuration
     /// alone, so the bits a trace records do not depend on a variable someone set.
     pub fn engine() -> Self {
         Self {
@@ -558,13 +692,14 @@ impl FlashBuild {
             defines: String::new(),
             merge: SplitMerge::Cluster,
             persist: Persist::PerMultiprocessor,
+            out: DecodeOut::Bf16,
         }
     }
 
     /// The lab's build: `SPECMLA_FLASH_CONFIG` (tiles), `SPECMLA_FLASH_DEFINES`
-    /// (diagnostic switches), `SPECMLA_NO_CLUSTER_MERGE` (the global merge) and
-    /// `SPECMLA_NO_PERSIST` (a CTA a row block), the last two for A/B timing, each
-    /// defaulting to [`Self::engine`]'s.
+    /// (diagnostic switches), `SPECMLA_NO_CLUSTER_MERGE` (the global merge),
+    /// `SPECMLA_NO_PERSIST` (a CTA a row block) and `SPECMLA_FLASH_OUT` (f32 rows), the
+    /// last three for A/B timing, each defaulting to [`Self::engine`]'s.
     pub fn from_env() -> Result<Self, GpuError> {
         Ok(Self {
             config: FlashConfig::from_env()?,
@@ -579,6 +714,7 @@ impl FlashBuild {
             } else {
                 Persist::PerMultiprocessor
             },
+            out: DecodeOut::from_env()?,
         })
     }
 }
@@ -602,8 +738,9 @@ impl FlashKernels {
             .check()
             .map_err(|why| GpuError::NoDevice(format!("flash config {flash:?}: {why}")))?;
         let flash_src = format!(
-            "{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}\n{}{}",
+            "{}{}{}{FLASH_SRC}\n{FLASH_WGMMA_SRC}\n{FLASH_SEESAW_SRC}\n{}\n{}{}",
             flash.defines(),
+            build.out.defines(),
             build.defines,
             super::FLASH_PREFILL_SRC,
             smem_asserts(),
@@ -672,6 +809,7 @@ impl FlashKernels {
             wide,
             merge: build.merge,
             persist: build.persist,
+            out: build.out,
         })
     }
 
@@ -824,7 +962,12 @@ impl FlashKernels {
         b.num_splits.need(s.batch);
         b.o_part.need(s.max_splits * s.batch * rows * FLASH_DV);
         b.lse_part.need(s.max_splits * s.batch * rows);
-        b.out.need(s.batch * rows * FLASH_DV);
+        assert_eq!(
+            b.out.dtype(),
+            self.out,
+            "the output buffer must be of the kernels' type"
+        );
+        let out = b.out.need(s.batch * rows * FLASH_DV);
         b.lse.need(s.batch * rows);
         let mut args: Vec<Arg> = vec![
             b.q.into(),
@@ -858,7 +1001,7 @@ impl FlashKernels {
                 s.max_splits
             );
             b.done.need(FlashBufs::done_len(&s));
-            args.extend::<[Arg; 3]>([b.out.into(), b.lse.into(), b.done.into()]);
+            args.extend::<[Arg; 3]>([out.into(), b.lse.into(), b.done.into()]);
             let slots = b.cache.len() / FLASH_DIM;
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
@@ -915,7 +1058,7 @@ impl FlashKernels {
             b.lse_part.into(),
             b.split_lens.into(),
             b.num_splits.into(),
-            b.out.into(),
+            out.into(),
             b.lse.into(),
             s.batch.into(),
             rows.into(),

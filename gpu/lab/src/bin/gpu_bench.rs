@@ -324,10 +324,11 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     let fk = FlashKernels::load(&dev)?;
     let c = ceilings(&dev, cli.quick)?;
     println!(
-        "device: {} ({}, {sms} SMs); wide rows on {}; flash_decode {:?}",
+        "device: {} ({}, {sms} SMs); wide rows on {}, decode rows in {} (SPECMLA_FLASH_OUT); flash_decode {:?}",
         dev.name,
         dev.arch,
         fk.wide.function(),
+        fk.out.label(),
         fk.flash
     );
     println!(
