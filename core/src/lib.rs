@@ -22,6 +22,7 @@ pub mod graph_buffers;
 pub mod invariants;
 pub mod memory;
 pub mod metadata;
+pub mod partition;
 pub mod plan;
 pub mod reorder;
 pub mod request;
