@@ -22,7 +22,6 @@ pub mod graph_buffers;
 pub mod invariants;
 pub mod memory;
 pub mod metadata;
-pub mod partition;
 pub mod plan;
 pub mod reorder;
 pub mod request;
