@@ -6,16 +6,6 @@
 #define NAN_F __int_as_float(0x7fffffff)
 #define THREADS 128
 
-// x as bf16 bits, rounded to nearest even (round_bf16's rounding; a NaN stays a NaN). The
-// one rounding of every f32 value that becomes bf16: the dense kernels' inputs and the
-// flash decode's bf16 output, so both give the same bits for the same value.
-__device__ __forceinline__ unsigned short bf16_bits(float x) {
-    unsigned u = __float_as_uint(x);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (unsigned short)(u >> 16);
-}
-
 // Sum over a THREADS-wide block; every thread gets the result.
 __device__ float block_sum(float v, float* scratch) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);

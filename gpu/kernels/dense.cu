@@ -173,6 +173,14 @@ extern "C" __global__ void round_bf16(float* __restrict__ x, int n) {
     x[i] = __uint_as_float(u & 0xffff0000u);
 }
 
+// x as bf16 bits, rounded to nearest even (round_bf16's rounding; a NaN stays a NaN).
+__device__ __forceinline__ unsigned short bf16_bits(float x) {
+    unsigned u = __float_as_uint(x);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
 // out[i] = x[i] as bf16 bits (bf16_bits). What the flash kernels read: queries, and
 // latents already rounded.
 extern "C" __global__ void to_bf16(const float* __restrict__ x, unsigned short* __restrict__ out, int n) {

@@ -123,10 +123,10 @@ typedef unsigned short fd_out;
 typedef float fd_out;
 #endif
 // a and b as bf16 bits, a in the low half (the lower address): one cvt for both. It
-// rounds as bf16_bits does (nearest even, subnormals kept); a NaN comes out as the
-// canonical one, which is bf16_bits's for the kernels' NaN (NAN_F). bf16_bits costs
-// about five integer instructions a value, which made a one-split launch at 128 heads
-// 2.5% slower on the H100.
+// rounds as dense.cu's bf16_bits (the engine's to_bf16) does: nearest even, subnormals
+// kept; a NaN comes out as the canonical one, which is bf16_bits's for the kernels' NaN
+// (NAN_F). Rounding with bf16_bits's integer instructions (about five a value) made a
+// one-split launch at 128 heads 2.5% slower on the H100 (run 101).
 __device__ __forceinline__ unsigned fd_bf16x2(float a, float b) {
     unsigned d;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(b), "f"(a));
