@@ -1092,6 +1092,21 @@ mod tests {
         assert!(parse_defines("FW_NO_LOAD,x;y").is_err());
     }
 
+    /// `SPECMLA_FLASH_OUT` names one of the two row types exactly; the output type is a
+    /// build property, not a diagnostic switch (`FD_OUT_BF16` does not pass as one).
+    #[test]
+    fn the_output_type_is_f32_or_bf16() {
+        use super::{parse_defines, DecodeOut};
+        assert_eq!(DecodeOut::parse("f32"), Ok(DecodeOut::F32));
+        assert_eq!(DecodeOut::parse("bf16"), Ok(DecodeOut::Bf16));
+        for bad in ["", "F32", "fp16", "bf16 "] {
+            assert!(DecodeOut::parse(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(DecodeOut::Bf16.defines(), "#define FD_OUT_BF16 1\n");
+        assert_eq!(DecodeOut::F32.defines(), "");
+        assert!(parse_defines("FD_OUT_BF16").is_err());
+    }
+
     /// The seesaw family's kernel per launch shape (run 65's measurements), the others'
     /// one kernel whatever the shape.
     #[test]
