@@ -176,9 +176,9 @@ impl Workspace {
 }
 
 /// What the bf16 path reads and writes beyond the shared activations: the absorbed
-/// queries and the decode's rows in bf16, the split partials for up to `max_splits` splits, the split counters
-/// (zero; the kernels re-arm them, so a graph replays them as captured) and the GEMMs'
-/// bf16 inputs.
+/// queries and the decode's rows in bf16, the split partials for up to `max_splits`
+/// splits, the split counters (zero; the kernels re-arm them, so a graph replays them as
+/// captured) and the GEMMs' bf16 inputs.
 pub struct FlashScratch {
     /// `[cap, heads, 576]` bf16.
     pub q: Buf<u16>,
