@@ -53,6 +53,14 @@ static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 
 #define FS_TRACE_ITERS 64
 #define FS_TRACE_EVENTS 12
 #define FS_TRACE_MAGIC 0x5EE5A77ACE000001ull
+// Every CTA of the persistent kernel also writes FS_CTA_WORDS words at 64-bit word
+// FS_CTA_AT + FS_CTA_WORDS * blockIdx.x of o_part: its clock64 at start and end, its SM and
+// item count (smid | items << 32), FS_CTA_MAGIC, then %globaltimer (ns) at start and end.
+// The launch ends with its slowest CTA, which CTA 0's timeline does not show; cycles over
+// nanoseconds is the SM clock the launch ran at.
+#define FS_CTA_AT 4096
+#define FS_CTA_WORDS 6
+#define FS_CTA_MAGIC 0x5EE5C7A7135E0001ull
 #define FS_MARK(iter, e)                                                                         \
     do {                                                                                         \
         if (trace != nullptr && tid % 128 == 0 && (iter) < FS_TRACE_ITERS)                       \
@@ -196,10 +204,22 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // treats each warpgroup's branch as divergent and serializes the wgmmas inside.
     const int wg = __shfl_sync(0xffffffff, tid / 128, 0);
 #ifdef FS_TRACE
-    // The CTA's first item alone is traced (the pointer is cleared after it).
-    unsigned long long* trace =
+    // The CTA's first item alone is traced (the pointer is cleared after it); with
+    // FS_TRACE_THIRD its third, whose start then takes the start word: a persistent CTA's
+    // later items run while the other CTAs have drifted apart, which the first does not show.
+    unsigned long long* const trace_cta =
         blockIdx.x + blockIdx.y + blockIdx.z == 0 ? (unsigned long long*)o_part : nullptr;
+#ifdef FS_TRACE_THIRD
+    unsigned long long* trace = nullptr;
+#else
+    unsigned long long* trace = trace_cta;
+#endif
     if (trace != nullptr && tid == 0) trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS] = clock64();
+    unsigned long long* const cta_rec = (unsigned long long*)o_part + FS_CTA_AT + FS_CTA_WORDS * blockIdx.x;
+    if (kCopyGroup && tid == 0) {
+        cta_rec[0] = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(cta_rec[4]));
+    }
 #endif
     // This CTA's items: one, or every gridDim.x-th of the row blocks (see above).
     const int row_blocks = (rows + 63) / 64;
@@ -565,6 +585,12 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             fw_bar_wait(q_full, (i - 1) & 1);  // this item's Q, issued at the previous item's end
             fs_sync(FS_BAR_ALL, FW_THREADS);   // and every thread past its reads of `red`
         }
+#if defined(FS_TRACE) && defined(FS_TRACE_THIRD)
+        if (i == 2) {
+            trace = trace_cta;
+            if (trace != nullptr && tid == 0) trace[FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS] = clock64();
+        }
+#endif
         kv_start = cur.kv_start;
         kv_end = cur.kv_end;
         tiles = cur.tiles;
@@ -738,6 +764,17 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         trace = nullptr;
 #endif
     }
+#ifdef FS_TRACE
+    if (kCopyGroup && tid == 0) {
+        unsigned smid;
+        asm volatile("mov.u32 %0, %%smid;\n" : "=r"(smid));
+        cta_rec[1] = clock64();
+        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(cta_rec[5]));
+        cta_rec[2] = smid | (unsigned long long)items << 32;
+        __threadfence();
+        cta_rec[3] = FS_CTA_MAGIC;
+    }
+#endif
 #endif
 }
 

@@ -14,8 +14,8 @@
 //! there. Gaps between marks that straddle no wait, and whole iterations, are sound.
 
 use specmla_gpu::ops::{
-    FlashKernels, FlashWorkspace, WideKernel, SEESAW_TRACE_EPILOGUE_MARKS, SEESAW_TRACE_EVENTS,
-    SEESAW_TRACE_ITERS, SEESAW_TRACE_MAGIC,
+    FlashKernels, FlashWorkspace, WideKernel, SEESAW_CTA_AT, SEESAW_CTA_MAGIC, SEESAW_CTA_WORDS,
+    SEESAW_TRACE_EPILOGUE_MARKS, SEESAW_TRACE_EVENTS, SEESAW_TRACE_ITERS, SEESAW_TRACE_MAGIC,
 };
 use specmla_gpu::{GpuDevice, GpuError};
 
@@ -93,6 +93,87 @@ pub struct Timeline {
     pub cta_end: u64,
     /// The epilogue's marks (0: not recorded, as for the steps a path does not take).
     pub epilogue: [u64; EPILOGUE_MARKS],
+    /// Every persistent CTA's record, in CTA order (empty for other launches).
+    pub ctas: Vec<CtaTime>,
+}
+
+const _: () = assert!(
+    TRACE_WORDS <= SEESAW_CTA_AT,
+    "the CTAs' records follow the timeline"
+);
+
+/// One persistent CTA's record (`FS_CTA_*` in the kernel): the SM that ran it, how many
+/// items it took, its cycles and nanoseconds (`%globaltimer`) from start to end. The launch
+/// ends with its slowest CTA.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtaTime {
+    pub cta: usize,
+    pub sm: u32,
+    pub items: u32,
+    pub cycles: u64,
+    pub ns: u64,
+}
+
+/// The records of the first `ctas` CTAs in the buffer's 64-bit words; a CTA that wrote no
+/// magic word (it had no item) is left out.
+pub fn cta_times(words: &[u64], ctas: usize) -> Vec<CtaTime> {
+    (0..ctas)
+        .filter_map(|cta| {
+            let r = &words[SEESAW_CTA_AT + cta * SEESAW_CTA_WORDS..][..SEESAW_CTA_WORDS];
+            (r[3] == SEESAW_CTA_MAGIC).then(|| CtaTime {
+                cta,
+                sm: r[2] as u32,
+                items: (r[2] >> 32) as u32,
+                cycles: r[1].saturating_sub(r[0]),
+                ns: r[5].saturating_sub(r[4]),
+            })
+        })
+        .collect()
+}
+
+/// How the CTAs' cycles spread, per item count: the fastest, the median and the slowest
+/// (with its CTA and SM), then the five slowest CTAs of the largest item count.
+pub fn cta_report(ctas: &[CtaTime]) -> Vec<String> {
+    let mut counts: Vec<u32> = ctas.iter().map(|c| c.items).collect();
+    counts.sort_unstable();
+    counts.dedup();
+    let mut lines = Vec::new();
+    for &n in counts.iter().rev() {
+        let mut group: Vec<&CtaTime> = ctas.iter().filter(|c| c.items == n).collect();
+        group.sort_by_key(|c| c.cycles);
+        let (lo, mid, hi) = (group[0], group[group.len() / 2], group[group.len() - 1]);
+        lines.push(format!(
+            "CTAs of {n} items: {}; cycles start to end: fastest {} (CTA {}, SM {}), median {}, slowest {} (CTA {}, SM {}), {:+.1}% over the median",
+            group.len(),
+            lo.cycles,
+            lo.cta,
+            lo.sm,
+            mid.cycles,
+            hi.cycles,
+            hi.cta,
+            hi.sm,
+            100.0 * (hi.cycles as f64 / mid.cycles as f64 - 1.0)
+        ));
+        let (cycles, ns) = group
+            .iter()
+            .fold((0u64, 0u64), |(c, t), g| (c + g.cycles, t + g.ns));
+        if ns > 0 {
+            lines.push(format!(
+                "  SM clock over these CTAs: {:.3} GHz (cycles / globaltimer ns)",
+                cycles as f64 / ns as f64
+            ));
+        }
+        if n == counts[counts.len() - 1] {
+            let slow: Vec<String> = group
+                .iter()
+                .rev()
+                .take(5)
+                .map(|c| format!("CTA {} SM {} {}", c.cta, c.sm, c.cycles))
+                .collect();
+            lines.push(format!("  slowest: {}", slow.join("; ")));
+        }
+    }
+    lines
 }
 
 impl Timeline {
@@ -122,6 +203,7 @@ impl Timeline {
             cta_start,
             cta_end: words[tail + 1],
             epilogue: std::array::from_fn(|i| words[tail + 3 + i]),
+            ctas: Vec::new(),
         })
     }
 
@@ -247,6 +329,7 @@ impl Timeline {
                 lines.push(format!("  {name:<36} {c:>8.0} {:>5.1}%", 100.0 * c / whole));
             }
         }
+        lines.extend(cta_report(&self.ctas));
         lines
     }
 
@@ -289,8 +372,15 @@ pub fn seesaw_timeline(
         return Ok(None);
     }
     let mut ws = FlashWorkspace::new(dev, shape, k.out, None)?;
+    // The persistent kernel's CTAs each add a record after the timeline.
+    let ctas = k.persistent_ctas(k.wide, shape, dev.sms).unwrap_or(0);
+    let words_read = if ctas > 0 {
+        SEESAW_CTA_AT + ctas * SEESAW_CTA_WORDS
+    } else {
+        TRACE_WORDS
+    };
     assert!(
-        ws.o_part.len() >= 2 * TRACE_WORDS,
+        ws.o_part.len() >= 2 * words_read,
         "the split partials hold the timeline"
     );
     let (sched, sched_dev) = inp.schedule(dev, plan)?;
@@ -298,7 +388,7 @@ pub fn seesaw_timeline(
     for round in 0..3 {
         if round == 2 {
             // The traced launch starts from zeros, so a mark it skips reads as missing.
-            ws.o_part.write(dev, &vec![0f32; 2 * TRACE_WORDS])?;
+            ws.o_part.write(dev, &vec![0f32; 2 * words_read])?;
         }
         let bufs = ws.bufs(
             inp.q.ptr(),
@@ -311,14 +401,19 @@ pub fn seesaw_timeline(
         // cache, and its mapped keys from that table.
         unsafe { k.flash_decode(dev, shape, bufs, scale) }?;
     }
-    let raw = ws.o_part.read(dev, 2 * TRACE_WORDS)?;
+    let raw = ws.o_part.read(dev, 2 * words_read)?;
     let words: Vec<u64> = raw
         .chunks_exact(2)
         .map(|w| w[0].to_bits() as u64 | (w[1].to_bits() as u64) << 32)
         .collect();
     // CTA (0, 0, 0) takes split 0 of request 0: its tiles, in pairs.
     let keys = (sched.split_len_tokens[0] as usize).min(s.context);
-    Ok(Timeline::from_words(&words, keys.div_ceil(64).div_ceil(2)))
+    Ok(
+        Timeline::from_words(&words, keys.div_ceil(64).div_ceil(2)).map(|mut t| {
+            t.ctas = cta_times(&words, ctas);
+            t
+        }),
+    )
 }
 
 #[cfg(test)]
@@ -429,5 +524,53 @@ mod tests {
         assert_eq!(t.marks.len(), TRACE_ITERS);
         // Iterations past the recorded ones: no epilogue to measure.
         assert_eq!(t.prologue_epilogue().1, None);
+    }
+
+    #[test]
+    fn cta_records_give_each_item_counts_spread() {
+        let mut w = vec![0u64; SEESAW_CTA_AT + 6 * SEESAW_CTA_WORDS];
+        // CTAs 0-3 take 4 items, 4 takes 3; CTA 5 wrote no magic (no item).
+        for (cta, (items, cycles)) in [(4, 1000), (4, 1100), (4, 900), (4, 1300), (3, 700)]
+            .into_iter()
+            .enumerate()
+        {
+            let r = &mut w[SEESAW_CTA_AT + cta * SEESAW_CTA_WORDS..][..SEESAW_CTA_WORDS];
+            r.copy_from_slice(&[
+                50,
+                50 + cycles,
+                (100 + cta as u64) | (items as u64) << 32,
+                SEESAW_CTA_MAGIC,
+                1000,
+                1000 + cycles / 2,
+            ]);
+        }
+        w[SEESAW_CTA_AT + 5 * SEESAW_CTA_WORDS] = 7;
+        let t = cta_times(&w, 6);
+        assert_eq!(t.len(), 5);
+        assert_eq!(
+            t[3],
+            CtaTime {
+                cta: 3,
+                sm: 103,
+                items: 4,
+                cycles: 1300,
+                ns: 650
+            }
+        );
+        let lines = cta_report(&t);
+        assert_eq!(lines.len(), 5, "{lines:?}");
+        assert!(
+            lines[0].starts_with(
+                "CTAs of 4 items: 4; cycles start to end: fastest 900 (CTA 2, SM 102), median 1100, slowest 1300 (CTA 3, SM 103), +18.2%"
+            ),
+            "{}",
+            lines[0]
+        );
+        assert_eq!(
+            lines[1],
+            "  SM clock over these CTAs: 2.000 GHz (cycles / globaltimer ns)"
+        );
+        assert!(lines[2].starts_with("  slowest: CTA 3 SM 103 1300; CTA 1 SM 101 1100"));
+        assert!(lines[3].starts_with("CTAs of 3 items: 1;"));
     }
 }

@@ -246,7 +246,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 14] = [
+const DIAGNOSTIC_DEFINES: [&str; 15] = [
     "FW_NO_LOAD",
     "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
@@ -260,6 +260,7 @@ const DIAGNOSTIC_DEFINES: [&str; 14] = [
     "FW_NO_SYNC2",
     "FW_NO_MERGE",
     "FS_EXACT_MAX",
+    "FS_TRACE_THIRD",
     "FT_NO_PINGPONG",
 ];
 
@@ -601,6 +602,13 @@ pub const SEESAW_TRACE_MAGIC: u64 = 0x5EE5_A77A_CE00_0001;
 /// Marks of the traced CTA's epilogue, after its start, end and magic words
 /// (`FW_EPI_MARKS`, in `flash_wgmma.cu`).
 pub const SEESAW_TRACE_EPILOGUE_MARKS: usize = 4;
+/// Where every persistent CTA's own record starts (`FS_CTA_AT`, 64-bit words into the split
+/// partials' buffer), and its words (`FS_CTA_WORDS`): clock64 at start and end, SM and item
+/// count (`smid | items << 32`), [`SEESAW_CTA_MAGIC`] (`FS_CTA_MAGIC`), then `%globaltimer`
+/// (ns) at start and end.
+pub const SEESAW_CTA_AT: usize = 4096;
+pub const SEESAW_CTA_WORDS: usize = 6;
+pub const SEESAW_CTA_MAGIC: u64 = 0x5EE5_C7A7_135E_0001;
 
 fn smem_asserts() -> String {
     use super::PrefillTile;
@@ -622,7 +630,7 @@ fn smem_asserts() -> String {
 /// The timeline's sizes as the host reads them, asserted where `FS_TRACE` compiles them.
 fn trace_asserts() -> String {
     format!(
-        "#ifdef FS_TRACE\nstatic_assert(FS_TRACE_ITERS == {SEESAW_TRACE_ITERS} && FS_TRACE_EVENTS == {SEESAW_TRACE_EVENTS} && FS_TRACE_MAGIC == {SEESAW_TRACE_MAGIC}ull && FW_EPI_MARKS == {SEESAW_TRACE_EPILOGUE_MARKS}, \"the host reads the timeline with other sizes\");\n#endif\n"
+        "#ifdef FS_TRACE\nstatic_assert(FS_TRACE_ITERS == {SEESAW_TRACE_ITERS} && FS_TRACE_EVENTS == {SEESAW_TRACE_EVENTS} && FS_TRACE_MAGIC == {SEESAW_TRACE_MAGIC}ull && FW_EPI_MARKS == {SEESAW_TRACE_EPILOGUE_MARKS} && FS_CTA_AT == {SEESAW_CTA_AT} && FS_CTA_WORDS == {SEESAW_CTA_WORDS} && FS_CTA_MAGIC == {SEESAW_CTA_MAGIC}ull, \"the host reads the timeline with other sizes\");\n#endif\n"
     )
 }
 
@@ -658,13 +666,30 @@ pub enum Persist {
 }
 
 impl Persist {
-    /// CTAs for a launch of `row_blocks` row blocks on `sms` multiprocessors.
-    pub fn ctas(self, row_blocks: usize, sms: usize) -> usize {
+    /// CTAs for a launch of `requests` requests of `row_blocks` row blocks each on `sms`
+    /// multiprocessors.
+    pub fn ctas(self, requests: usize, row_blocks: usize, sms: usize) -> usize {
+        let items = requests * row_blocks;
         match self {
-            Self::PerMultiprocessor => row_blocks.min(sms),
-            Self::Ctas(n) => row_blocks.min(n.max(1)),
-            Self::Off => row_blocks,
+            Self::PerMultiprocessor => aligned_ctas(items, row_blocks, sms),
+            Self::Ctas(n) => items.min(n.max(1)),
+            Self::Off => items,
         }
+    }
+}
+
+/// One CTA a multiprocessor, fewer where that takes no more items a CTA: then the fewest
+/// that are a whole number of requests' row blocks. CTA x takes items x, x + grid, ..., so
+/// with such a grid every wave holds whole requests and a request's row blocks, which read
+/// the same keys, run side by side; on any other grid a request now and then splits across
+/// two waves and its keys come from memory twice (132 CTAs and 8 row blocks a request: 128).
+fn aligned_ctas(items: usize, row_blocks: usize, sms: usize) -> usize {
+    let n = items.min(sms).max(1);
+    let aligned = n / row_blocks.max(1) * row_blocks.max(1);
+    if aligned > 0 && items.div_ceil(aligned) == items.div_ceil(n) {
+        aligned
+    } else {
+        n
     }
 }
 
@@ -919,6 +944,14 @@ impl FlashKernels {
         unsafe { self.flash_decode_merged((wide, self.merge), dev, s, b, scale) }
     }
 
+    /// The CTAs of the persistent seesaw kernel where `wide` launches it for shape `s` on
+    /// `sms` multiprocessors (one split a request, four or more row blocks), else `None`.
+    pub fn persistent_ctas(&self, wide: WideKernel, s: FlashShape, sms: usize) -> Option<usize> {
+        let row_blocks = s.query_rows().div_ceil(FLASH_ROWS);
+        let (name, _) = wide.launch_function(s.max_splits, row_blocks);
+        (name == SEESAW_PERSISTENT).then(|| self.persist.ctas(s.batch, row_blocks, sms))
+    }
+
     /// [`Self::flash_decode_with`] with the Hopper kernels' split merge given.
     ///
     /// # Safety
@@ -1025,7 +1058,7 @@ impl FlashKernels {
         let grid_dim = if name == SEESAW_PERSISTENT {
             // The kernel takes one split a request (launch_function picks it only then).
             (
-                self.persist.ctas(row_blocks * s.batch, dev.sms) as u32,
+                self.persistent_ctas(wide, s, dev.sms).unwrap_or(0) as u32,
                 1,
                 1,
             )
@@ -1077,6 +1110,30 @@ impl FlashKernels {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn the_persistent_grid_takes_whole_requests_where_that_costs_no_wave() {
+        let ctas = |requests, row_blocks| {
+            super::Persist::PerMultiprocessor.ctas(requests, row_blocks, 132)
+        };
+        // q 4 at 128 heads (8 row blocks a request): 512 and 1024 items take 4 and 8 a CTA
+        // on 128 CTAs as on 132, and 128 hold whole requests.
+        assert_eq!(ctas(64, 8), 128);
+        assert_eq!(ctas(128, 8), 128);
+        assert_eq!(ctas(32, 8), 128);
+        // q 2 (4 row blocks): 132 is already whole requests.
+        assert_eq!(ctas(64, 4), 132);
+        // 67 requests of 8: 536 items take 5 a CTA on 128 (536 / 128 > 4) but 5 on 132
+        // too (536 / 132 > 4): whole requests again.
+        assert_eq!(ctas(67, 8), 128);
+        // 33 requests of 8: 264 items, 2 a CTA on 132, 3 on 128: one a multiprocessor.
+        assert_eq!(ctas(33, 8), 132);
+        // Fewer items than multiprocessors: one CTA an item.
+        assert_eq!(ctas(8, 8), 64);
+        assert_eq!(ctas(3, 5), 15);
+        // The other grids are as they were.
+        assert_eq!(super::Persist::Ctas(5).ctas(64, 8, 132), 5);
+        assert_eq!(super::Persist::Off.ctas(64, 8, 132), 512);
+    }
     use super::FlashConfig;
 
     #[test]
@@ -1166,6 +1223,12 @@ mod tests {
             (
                 "FS_TRACE_MAGIC",
                 format!("{:#X}ull", super::SEESAW_TRACE_MAGIC).replace("0X", "0x"),
+            ),
+            ("FS_CTA_AT", super::SEESAW_CTA_AT.to_string()),
+            ("FS_CTA_WORDS", super::SEESAW_CTA_WORDS.to_string()),
+            (
+                "FS_CTA_MAGIC",
+                format!("{:#X}ull", super::SEESAW_CTA_MAGIC).replace("0X", "0x"),
             ),
         ] {
             let line = format!("#define {name} {host}");
