@@ -527,7 +527,7 @@ mod tests {
     }
 
     #[test]
-    fn cta_records_give_each_item_counts_spread() {
+    fn cta_records_give_the_spread_per_item_count() {
         let mut w = vec![0u64; SEESAW_CTA_AT + 6 * SEESAW_CTA_WORDS];
         // CTAs 0-3 take 4 items, 4 takes 3; CTA 5 wrote no magic (no item).
         for (cta, (items, cycles)) in [(4, 1000), (4, 1100), (4, 900), (4, 1300), (3, 700)]

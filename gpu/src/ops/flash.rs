@@ -678,8 +678,8 @@ impl Persist {
     }
 }
 
-/// One CTA a multiprocessor, fewer where that takes no more items a CTA: then the fewest
-/// that are a whole number of requests' row blocks. CTA x takes items x, x + grid, ..., so
+/// One CTA a multiprocessor, fewer where that takes no more items a CTA: then the most that
+/// are a whole number of requests' row blocks. CTA x takes items x, x + grid, ..., so
 /// with such a grid every wave holds whole requests and a request's row blocks, which read
 /// the same keys, run side by side; on any other grid a request now and then splits across
 /// two waves and its keys come from memory twice (132 CTAs and 8 row blocks a request: 128).
@@ -1058,7 +1058,8 @@ impl FlashKernels {
         let grid_dim = if name == SEESAW_PERSISTENT {
             // The kernel takes one split a request (launch_function picks it only then).
             (
-                self.persistent_ctas(wide, s, dev.sms).unwrap_or(0) as u32,
+                self.persistent_ctas(wide, s, dev.sms)
+                    .expect("the persistent kernel's launch has its grid") as u32,
                 1,
                 1,
             )
