@@ -1057,12 +1057,7 @@ impl FlashKernels {
         let row_blocks = rows.div_ceil(FLASH_ROWS);
         let grid_dim = if name == SEESAW_PERSISTENT {
             // The kernel takes one split a request (launch_function picks it only then).
-            (
-                self.persistent_ctas(wide, s, dev.sms)
-                    .expect("the persistent kernel's launch has its grid") as u32,
-                1,
-                1,
-            )
+            (self.persist.ctas(s.batch, row_blocks, dev.sms) as u32, 1, 1)
         } else {
             (row_blocks as u32, s.max_splits as u32, s.batch as u32)
         };
