@@ -677,13 +677,14 @@ impl FlashLaunch {
 /// it has room for two and the schedule gives every request one. They run the same math,
 /// so their outputs must match bit for bit: which one a launch takes (its grid, the
 /// engine's split cap) must not change a trace's bits. The copy warpgroup's kernel runs
-/// three grids: the engine's (a CTA a multiprocessor, here one row block each), three CTAs
-/// (each taking a third of the row blocks of five requests of 1 to 24 tiles in turn, every
-/// item's Q and first tiles loading under the one before) and a CTA a row block. Pages of 64;
-/// `q_len * heads` rows a request, at least four row blocks (the copy warpgroup's kernel
-/// takes no fewer). Where the rows are not a multiple of 64, a later item's Q rows past
-/// its request's are the next request's (the kernel loads a 64-row box): they must not
-/// reach the live rows.
+/// three grids: the engine's (a CTA a multiprocessor), three CTAs (each taking a third of
+/// the row blocks of requests of 1 to 24 tiles in turn, every item's Q and first tiles
+/// loading under the one before) and a CTA a row block. Pages of 64; `q_len * heads` rows
+/// a request: five requests of four or more row blocks, or, under four (the copy
+/// warpgroup's kernel then takes only launches of more row blocks than multiprocessors),
+/// that many more requests of the same five lengths. Where the rows are not a multiple of
+/// 64, a later item's Q rows past its request's are the next request's (the kernel loads a
+/// 64-row box): they must not reach the live rows.
 pub fn check_seesaw_kernels_agree(
     dev: &GpuDevice,
     k: &FlashKernels,
@@ -692,13 +693,23 @@ pub fn check_seesaw_kernels_agree(
 ) -> Result<CaseResult, GpuError> {
     use specmla_gpu::ops::{FlashShape, Persist, FLASH_DIM};
     let (page, split) = (64usize, 2048usize);
-    let ctx = [5usize, 129, 1500, 700, 124];
+    let rows = q_len * heads;
+    // Under four row blocks a request, the copy warpgroup's kernel takes a launch only
+    // where CTAs take several row blocks: the five lengths again and again, past one row
+    // block a multiprocessor.
+    let row_blocks = rows.div_ceil(64);
+    let requests = if row_blocks >= 4 {
+        5
+    } else {
+        dev.sms / row_blocks + 1
+    };
+    let lens = [5usize, 129, 1500, 700, 124];
+    let ctx: Vec<usize> = lens.iter().copied().cycle().take(requests).collect();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
     let width = split.div_ceil(page);
     let blocks = shuffled_ids(&mut rng, ctx.len() * width);
     let (cache_bits, _) = bf16_vec(&mut rng, blocks.len() * page * FLASH_DIM, 1.0);
-    let rows = q_len * heads;
     let (q_bits, _) = bf16_vec(&mut rng, ctx.len() * rows * FLASH_DIM, 1.0);
     let shape = |max_splits| FlashShape {
         batch: ctx.len(),
@@ -725,9 +736,7 @@ pub fn check_seesaw_kernels_agree(
         let s = shape(max_splits);
         let mut k = k.clone();
         k.persist = persist;
-        let name = k
-            .decode_launch(rows, page, WideKernel::Seesaw, max_splits)
-            .0;
+        let name = k.decode_launch(&s, WideKernel::Seesaw, dev.sms).0;
         functions.push(name);
         names.push(format!("{name} ({persist:?})"));
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
@@ -750,7 +759,7 @@ pub fn check_seesaw_kernels_agree(
     Ok(CaseResult {
         kernel: "flash_seesaw_pair",
         case: format!(
-            "{} against {}, {} and {} on one launch (q {q_len} heads {heads} ctx {ctx:?}, one split each): {differ:?} of {} values differ",
+            "{} against {}, {} and {} on one launch (q {q_len} heads {heads}, {requests} requests of ctx {lens:?} in turn, one split each): {differ:?} of {} values differ",
             names[0],
             names[1],
             names[2],
@@ -829,7 +838,7 @@ fn run_flash_case(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());
     Ok(FlashRun {
-        kernel: k.decode_launch(rows, page, wide, s.max_splits).0,
+        kernel: k.decode_launch(&s, wide, dev.sms).0,
         err,
         rearmed,
         finite,
@@ -1163,8 +1172,8 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         results.push(check_flash_stale_schedule(dev, &fk, wide, 800)?);
     }
     if fk.wide.hopper() {
-        // 8 row blocks; 4, the last with 16 live rows (DFlash's 1 + 12 at 16 heads).
-        for (i, shape) in [(4, 128), (13, 16)].into_iter().enumerate() {
+        // 8 row blocks; 4, the last with 16 live rows (DFlash's 1 + 12 at 16 heads); 2 (q 1).
+        for (i, shape) in [(4, 128), (13, 16), (1, 128)].into_iter().enumerate() {
             results.push(check_seesaw_kernels_agree(dev, &fk, shape, 810 + i as u64)?);
         }
     }

@@ -100,17 +100,29 @@ impl WideKernel {
         }
     }
 
-    /// The CUDA function and threads a CTA for a launch of `row_blocks` 64-row blocks and
-    /// a grid of `max_splits` splits a request (the launch's `FlashShape::max_splits`: the
-    /// engine sizes it by its policy's cap, by default at least 2, so it takes `_2wg`). The
-    /// seesaw family has a kernel with a copy warpgroup (384 threads) and one whose product
-    /// warpgroups issue their own copies ([`SEESAW_2WG`], 256). On the H100 the copy
-    /// warpgroup was 2-5% faster at one split and four or more row blocks (q 2 and 4 at
-    /// 128 heads; runs 55 and 64), 1-3% slower at two (q 1; run 66) and 1-7% slower at
-    /// several splits (short split CTAs and a merge; run 64).
-    pub fn launch_function(self, max_splits: usize, row_blocks: usize) -> (&'static str, u32) {
+    /// The CUDA function and threads a CTA for a launch of `requests` requests of
+    /// `row_blocks` 64-row blocks each on `sms` multiprocessors, and a grid of `max_splits`
+    /// splits a request (the launch's `FlashShape::max_splits`: the engine sizes it by its
+    /// policy's cap, by default at least 2, so it takes `_2wg`). The seesaw family has a
+    /// persistent kernel with a copy warpgroup (384 threads) and one whose product
+    /// warpgroups issue their own copies, a CTA a row block ([`SEESAW_2WG`], 256); both give
+    /// the same bits. On the H100 the copy warpgroup was 2-5% faster at one split and four
+    /// or more row blocks (q 2 and 4 at 128 heads; runs 55 and 64) and 1-7% slower at
+    /// several splits (short split CTAs and a merge; run 64). At two row blocks (q 1) it
+    /// is faster only where CTAs take several row blocks (run 128, 3 rounds: B 96 L 4k 2.3%
+    /// and B 128 0.5% faster, B 64 with one row block a CTA 2.7% slower).
+    pub fn launch_function(
+        self,
+        max_splits: usize,
+        row_blocks: usize,
+        requests: usize,
+        sms: usize,
+    ) -> (&'static str, u32) {
+        let several_a_cta = row_blocks >= 2 && requests * row_blocks > sms;
         match self {
-            Self::Seesaw if max_splits == 1 && row_blocks >= 4 => (self.function(), SEESAW_THREADS),
+            Self::Seesaw if max_splits == 1 && (row_blocks >= 4 || several_a_cta) => {
+                (self.function(), SEESAW_THREADS)
+            }
             Self::Seesaw => (SEESAW_2WG, 256),
             _ => (self.function(), 256),
         }
@@ -845,19 +857,20 @@ impl FlashKernels {
         rows <= 16 && self.flash.keys.is_multiple_of(64)
     }
 
-    /// The CUDA function [`Self::flash_decode_merged`] launches for requests of `rows` query
-    /// rows, pages of `page` keys and a grid of `max_splits` splits a request, with its
-    /// CTA's threads where a Hopper kernel takes it (else the configuration's).
+    /// The CUDA function [`Self::flash_decode_merged`] launches for shape `s` on `sms`
+    /// multiprocessors, with its CTA's threads where a Hopper kernel takes it (else the
+    /// configuration's).
     pub fn decode_launch(
         &self,
-        rows: usize,
-        page: usize,
+        s: &FlashShape,
         wide: WideKernel,
-        max_splits: usize,
+        sms: usize,
     ) -> (&'static str, Option<u32>) {
-        let family = self.decode_function(rows, page, wide);
+        let rows = s.query_rows();
+        let family = self.decode_function(rows, s.page, wide);
         if wide.hopper() && family == wide.function() {
-            let (name, threads) = wide.launch_function(max_splits, rows.div_ceil(FLASH_ROWS));
+            let row_blocks = rows.div_ceil(FLASH_ROWS);
+            let (name, threads) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
             (name, Some(threads))
         } else {
             (family, None)
@@ -895,7 +908,7 @@ impl FlashKernels {
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
                 // Split launches: the row blocks do not change the kernel.
-                let (name, threads) = self.wide.launch_function(splits, 0);
+                let (name, threads) = self.wide.launch_function(splits, 0, 0, sms);
                 max_active_clusters(dev, &self.fns[name], threads, bytes as u32, splits as u32)
             }
             None => Ok(sms / splits.max(1)),
@@ -945,10 +958,10 @@ impl FlashKernels {
     }
 
     /// The CTAs of the persistent seesaw kernel where `wide` launches it for shape `s` on
-    /// `sms` multiprocessors (one split a request, four or more row blocks), else `None`.
+    /// `sms` multiprocessors ([`WideKernel::launch_function`]), else `None`.
     pub fn persistent_ctas(&self, wide: WideKernel, s: FlashShape, sms: usize) -> Option<usize> {
         let row_blocks = s.query_rows().div_ceil(FLASH_ROWS);
-        let (name, _) = wide.launch_function(s.max_splits, row_blocks);
+        let (name, _) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
         (name == SEESAW_PERSISTENT).then(|| self.persist.ctas(s.batch, row_blocks, sms))
     }
 
@@ -976,7 +989,7 @@ impl FlashKernels {
             scale.is_finite() && scale > 0.0,
             "the softmax scale must be positive, got {scale}"
         );
-        let (name, hopper_threads) = self.decode_launch(rows, s.page, wide, s.max_splits);
+        let (name, hopper_threads) = self.decode_launch(&s, wide, dev.sms);
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
         let hopper = hopper_threads.is_some();
         // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
@@ -1160,25 +1173,36 @@ mod tests {
         assert!(parse_defines("FD_OUT_BF16").is_err());
     }
 
-    /// The seesaw family's kernel per launch shape (run 65's measurements), the others'
-    /// one kernel whatever the shape.
+    /// The seesaw family's kernel per launch shape (runs 65 and 128's measurements), the
+    /// others' one kernel whatever the shape.
     #[test]
-    fn the_seesaw_copy_warpgroup_takes_one_split_of_four_or_more_row_blocks() {
+    fn the_seesaw_copy_warpgroup_takes_one_split_of_four_row_blocks_or_of_several_a_cta() {
         use super::WideKernel::{Mma, Seesaw, Wgmma};
-        for (wide, splits, blocks, want) in [
-            (Seesaw, 1, 8, ("flash_decode_seesaw", 384)),
-            (Seesaw, 1, 4, ("flash_decode_seesaw", 384)),
-            (Seesaw, 1, 2, ("flash_decode_seesaw_2wg", 256)),
-            (Seesaw, 1, 1, ("flash_decode_seesaw_2wg", 256)),
-            (Seesaw, 2, 8, ("flash_decode_seesaw_2wg", 256)),
-            (Seesaw, 2, 0, ("flash_decode_seesaw_2wg", 256)),
-            (Wgmma, 1, 8, ("flash_decode_wgmma", 256)),
-            (Mma, 1, 8, ("flash_decode", 256)),
+        let (persistent, two) = (
+            ("flash_decode_seesaw", 384),
+            ("flash_decode_seesaw_2wg", 256),
+        );
+        // (kernel, splits, row blocks, requests): on 132 multiprocessors.
+        for (wide, splits, blocks, requests, want) in [
+            (Seesaw, 1, 8, 1, persistent),
+            (Seesaw, 1, 4, 64, persistent),
+            // q 1 at 128 heads: one row block a CTA at B 64, several past B 66.
+            (Seesaw, 1, 2, 64, two),
+            (Seesaw, 1, 2, 66, two),
+            (Seesaw, 1, 2, 67, persistent),
+            (Seesaw, 1, 2, 128, persistent),
+            // One row block (16 heads) takes _2wg at any batch, as do split launches.
+            (Seesaw, 1, 1, 512, two),
+            (Seesaw, 2, 8, 64, two),
+            (Seesaw, 2, 2, 128, two),
+            (Seesaw, 2, 0, 0, two),
+            (Wgmma, 1, 8, 64, ("flash_decode_wgmma", 256)),
+            (Mma, 1, 8, 64, ("flash_decode", 256)),
         ] {
             assert_eq!(
-                wide.launch_function(splits, blocks),
+                wide.launch_function(splits, blocks, requests, 132),
                 want,
-                "{wide:?} {splits} {blocks}"
+                "{wide:?} {splits} {blocks} {requests}"
             );
         }
     }
