@@ -129,24 +129,45 @@ pub fn equal_split_plan(context: usize, splits: usize, tile_keys: usize) -> Spli
     }
 }
 
-/// The fast plan, which may look at the batch: the most splits per request whose CTAs
-/// still run in one wave, at least one, at most one per 256 keys. `groups` is the
-/// launch's CTA groups (requests x blocks of query rows); `resident(n)` is how many
+/// What a decode CTA costs beyond its keys, in key tiles: the device facts the fast plan
+/// weighs a split count with (a cold start, and for a split its share of the merge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtaOverhead {
+    /// A CTA of a launch of one split a request.
+    pub one_split_tiles: usize,
+    /// A CTA of a launch of several splits a request.
+    pub split_tiles: usize,
+}
+
+/// The fast plan, which may look at the batch: the split count (at most one per 256 keys)
+/// whose launch takes the least time in a model of waves, ties to fewer splits. `groups`
+/// is the launch's CTA groups (requests x blocks of query rows); `resident(n)` is how many
 /// groups of n split CTAs the device runs at once (SMs / n, or fewer where clusters of n
-/// must fit in a GPC). Past one wave a split only adds a cold start and a merge:
-/// `gpu-bench --sweep-splits` found the best count at every shape was the largest that
-/// fit one wave.
+/// must fit in a GPC). n splits take `ceil(groups / resident(n))` waves, each as long as
+/// a split's tiles plus a CTA's `overhead`. Within one wave that is the most splits that
+/// still fit it (what `gpu-bench --sweep-splits` found best at every such shape); past one
+/// wave a last, part-full wave costs a whole one, so a few splits can pay for their
+/// overhead by filling it (at 128 heads and q 1, B 96 is 192 row blocks on 132
+/// multiprocessors: two waves unsplit, three of half the keys split in two).
 pub fn fast_split_plan(
     groups: usize,
     context: usize,
     resident: &dyn Fn(usize) -> usize,
     tile_keys: usize,
+    overhead: CtaOverhead,
 ) -> SplitPolicy {
     let most = context.div_ceil(256).max(1);
-    let splits = (1..=most)
-        .filter(|&n| groups <= resident(n))
-        .max()
-        .unwrap_or(1);
+    let cost = |n: usize| {
+        let waves = groups.div_ceil(resident(n).max(1));
+        let tiles = equal_split_plan(context, n, tile_keys).split_size_tokens / tile_keys.max(1);
+        let fixed = if n == 1 {
+            overhead.one_split_tiles
+        } else {
+            overhead.split_tiles
+        };
+        waves * (tiles + fixed)
+    };
+    let splits = (1..=most).min_by_key(|&n| (cost(n), n)).unwrap_or(1);
     equal_split_plan(context, splits, tile_keys)
 }
 
@@ -210,13 +231,18 @@ mod tests {
         assert_eq!(plan(512), (2048, 1));
     }
 
-    /// (heads, q_len, batch, context) on a kernel of 64-row CTAs and 64-key tiles.
+    /// (heads, q_len, batch, context) on a kernel of 64-row CTAs and 64-key tiles, with the
+    /// seesaw kernels' overheads on the H100 (`FlashKernels::CTA_OVERHEAD`).
     fn fast(
         shape: (usize, usize, usize, usize),
         resident: &dyn Fn(usize) -> usize,
     ) -> (usize, usize) {
         let (h, q, b, l) = shape;
-        fast_split_plan(b * (q * h).div_ceil(64), l, resident, 64).into()
+        let overhead = CtaOverhead {
+            one_split_tiles: 1,
+            split_tiles: 8,
+        };
+        fast_split_plan(b * (q * h).div_ceil(64), l, resident, 64, overhead).into()
     }
 
     #[test]
@@ -228,6 +254,10 @@ mod tests {
         assert_eq!(fast((128, 1, 64, 16384), &plain), (16384, 1));
         // 1024 CTAs make 7.8 waves: splitting only adds cold starts.
         assert_eq!(fast((128, 4, 128, 4096), &plain), (4096, 1));
+        // The table's shapes fill their waves unsplit.
+        for shape in [(128, 1, 64, 4096), (128, 2, 64, 4096), (16, 4, 128, 8192)] {
+            assert_eq!(fast(shape, &plain).1, 1, "{shape:?}");
+        }
         // H 16, B 32: 32 CTAs, four splits; but where only 30 clusters of four fit at once
         // (they must sit in one GPC), three.
         assert_eq!(fast((16, 1, 32, 4096), &plain), (1024, 4));
@@ -243,5 +273,43 @@ mod tests {
                 "{l} in splits of {split}"
             );
         }
+    }
+
+    /// Past one wave: `gpu-bench --sweep-splits` on the H100 (run 130), the split counts
+    /// that were fastest, with the resident cluster counts that run measured. The plan
+    /// takes the fastest count at each but q 1 B 72 (2 splits, 228 µs; 4 took 216).
+    #[test]
+    fn the_fast_plan_splits_to_fill_a_last_part_full_wave() {
+        let h100 = |n: usize| match n {
+            1 => 132,
+            2 => 66,
+            3 => 39,
+            4 => 30,
+            5 => 22,
+            6 => 17,
+            7 | 8 => 15,
+            n => 132 / n,
+        };
+        for (shape, best) in [
+            ((128, 1, 80, 4096), 2),
+            ((128, 1, 96, 4096), 2),
+            ((128, 1, 112, 4096), 1),
+            ((128, 1, 160, 4096), 1),
+            ((128, 1, 200, 4096), 1),
+            ((128, 1, 96, 16384), 2),
+            ((128, 2, 40, 4096), 2),
+            ((128, 2, 48, 4096), 2),
+            ((128, 2, 80, 4096), 1),
+            ((128, 2, 96, 4096), 1),
+            ((128, 4, 20, 4096), 2),
+            ((128, 4, 40, 4096), 1),
+            ((128, 4, 48, 4096), 1),
+            ((128, 4, 72, 4096), 1),
+            ((16, 1, 160, 8192), 2),
+            ((16, 4, 200, 8192), 1),
+        ] {
+            assert_eq!(fast(shape, &h100).1, best, "{shape:?}");
+        }
+        assert_eq!(fast((128, 1, 72, 4096), &h100).1, 2);
     }
 }

@@ -12,7 +12,7 @@ use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig};
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::{launch_cfg, launch_cluster, max_active_clusters, Arg, TensorMap, THREADS};
 use crate::launch::{Buf, DPtr};
-use specmla_core::split::SplitSchedule;
+use specmla_core::split::{CtaOverhead, SplitSchedule};
 
 /// The tensor-core decode's source, compiled on its own with its tile configuration.
 pub const FLASH_SRC: &str = include_str!("../../kernels/flash_decode.cu");
@@ -757,6 +757,18 @@ impl FlashBuild {
 }
 
 impl FlashKernels {
+    /// What a CTA of the seesaw kernels costs beyond its keys, in 64-key tiles, for the fast
+    /// split plan (`split::fast_split_plan`): fitted to `gpu-bench --sweep-splits` on the
+    /// H100 at 17 shapes whose batches fill no whole wave (run 130: 128 heads q 1 B 72-200,
+    /// q 2 B 40-96, q 4 B 20-72, 16 heads B 160-200). With 6 to 10 tiles a split CTA (a
+    /// `_2wg` CTA's cold start and its cluster merge) and 0 to 2 a one-split one (most run
+    /// persistent, each item's start under the last one's end) the plan took a count within
+    /// 5.5% of the fastest at every shape, and the fastest at 16 of 17 with 8 and 1.
+    pub const CTA_OVERHEAD: CtaOverhead = CtaOverhead {
+        one_split_tiles: 1,
+        split_tiles: 8,
+    };
+
     /// Compiles the flash family for `dev` as the lab's environment asks
     /// ([`FlashBuild::from_env`]).
     pub fn load(dev: &GpuDevice) -> Result<Self, GpuError> {

@@ -351,7 +351,7 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     let fast_plan = |s: &BenchShape| -> (usize, usize) {
         let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
         let resident = |n: usize| resident[n.min(resident.len() - 1)];
-        fast_split_plan(groups, s.context, &resident, 64).into()
+        fast_split_plan(groups, s.context, &resident, 64, FlashKernels::CTA_OVERHEAD).into()
     };
     if let Some(dir) = &cli.timeline {
         return timelines(&dev, (&k, &fk), &decode_shapes, &fast_plan, dir);
