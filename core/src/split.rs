@@ -130,25 +130,31 @@ pub fn equal_split_plan(context: usize, splits: usize, tile_keys: usize) -> Spli
 }
 
 /// What a decode CTA costs beyond its keys, in key tiles: the device facts the fast plan
-/// weighs a split count with (a cold start, and for a split its share of the merge).
+/// weighs split counts with past one wave (a cold start, and for a split its share of the
+/// merge).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct CtaOverhead {
     /// A CTA of a launch of one split a request.
     pub one_split_tiles: usize,
-    /// A CTA of a launch of several splits a request.
+    /// A CTA of a launch of 2 to `priced_splits` splits a request.
     pub split_tiles: usize,
+    /// The most splits `split_tiles` prices: more merge another way (through L2, at a
+    /// cost it does not hold), and past one wave the plan does not take them.
+    pub priced_splits: usize,
 }
 
-/// The fast plan, which may look at the batch: the split count (at most one per 256 keys)
-/// whose launch takes the least time in a model of waves, ties to fewer splits. `groups`
-/// is the launch's CTA groups (requests x blocks of query rows); `resident(n)` is how many
+/// The fast plan, which may look at the batch, at most one split per 256 keys. `groups` is
+/// the launch's CTA groups (requests x blocks of query rows); `resident(n)` is how many
 /// groups of n split CTAs the device runs at once (SMs / n, or fewer where clusters of n
-/// must fit in a GPC). n splits take `ceil(groups / resident(n))` waves, each as long as
-/// a split's tiles plus a CTA's `overhead`. Within one wave that is the most splits that
-/// still fit it (what `gpu-bench --sweep-splits` found best at every such shape); past one
-/// wave a last, part-full wave costs a whole one, so a few splits can pay for their
-/// overhead by filling it (at 128 heads and q 1, B 96 is 192 row blocks on 132
-/// multiprocessors: two waves unsplit, three of half the keys split in two).
+/// must fit in a GPC).
+/// - Where some count fits one wave: the most splits that do (what `gpu-bench
+///   --sweep-splits` found best at every such shape).
+/// - Past one wave, where a last, part-full wave costs a whole one: the count up to
+///   `overhead.priced_splits` with the least `ceil(groups / resident(n))` waves times a
+///   split's tiles plus a CTA's overhead, ties to fewer splits. A few splits can pay for
+///   their overhead by filling that last wave: at 128 heads and q 1, B 96 is 192 row
+///   blocks on 132 multiprocessors, two waves unsplit and three of half the keys split in
+///   two.
 pub fn fast_split_plan(
     groups: usize,
     context: usize,
@@ -157,6 +163,9 @@ pub fn fast_split_plan(
     overhead: CtaOverhead,
 ) -> SplitPolicy {
     let most = context.div_ceil(256).max(1);
+    if let Some(n) = (1..=most).filter(|&n| groups <= resident(n)).max() {
+        return equal_split_plan(context, n, tile_keys);
+    }
     let cost = |n: usize| {
         let waves = groups.div_ceil(resident(n).max(1));
         let tiles = equal_split_plan(context, n, tile_keys).split_size_tokens / tile_keys.max(1);
@@ -167,7 +176,8 @@ pub fn fast_split_plan(
         };
         waves * (tiles + fixed)
     };
-    let splits = (1..=most).min_by_key(|&n| (cost(n), n)).unwrap_or(1);
+    let priced = most.min(overhead.priced_splits.max(1));
+    let splits = (1..=priced).min_by_key(|&n| (cost(n), n)).unwrap_or(1);
     equal_split_plan(context, splits, tile_keys)
 }
 
@@ -241,6 +251,7 @@ mod tests {
         let overhead = CtaOverhead {
             one_split_tiles: 1,
             split_tiles: 8,
+            priced_splits: 8,
         };
         fast_split_plan(b * (q * h).div_ceil(64), l, resident, 64, overhead).into()
     }
@@ -311,5 +322,10 @@ mod tests {
             assert_eq!(fast(shape, &h100).1, best, "{shape:?}");
         }
         assert_eq!(fast((128, 1, 72, 4096), &h100).1, 2);
+        // Long contexts: never more splits than the overhead prices (at 32k keys waves
+        // alone would take 9-12, merged through L2).
+        for b in 67..=140 {
+            assert!(fast((128, 1, b, 32768), &h100).1 <= 8, "B {b}");
+        }
     }
 }

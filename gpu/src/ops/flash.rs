@@ -763,10 +763,13 @@ impl FlashKernels {
     /// q 2 B 40-96, q 4 B 20-72, 16 heads B 160-200). With 6 to 10 tiles a split CTA (a
     /// `_2wg` CTA's cold start and its cluster merge) and 0 to 2 a one-split one (most run
     /// persistent, each item's start under the last one's end) the plan took a count within
-    /// 5.5% of the fastest at every shape, and the fastest at 16 of 17 with 8 and 1.
+    /// 5.5% of the fastest at every shape, and the fastest at 16 of 17 with 8 and 1. Those
+    /// counts merge in clusters; past one wave the plan takes no more than a cluster holds
+    /// (the global merge costs more).
     pub const CTA_OVERHEAD: CtaOverhead = CtaOverhead {
         one_split_tiles: 1,
         split_tiles: 8,
+        priced_splits: MAX_CLUSTER_SPLITS,
     };
 
     /// Compiles the flash family for `dev` as the lab's environment asks
