@@ -680,9 +680,10 @@ impl FlashLaunch {
 /// three grids: the engine's (a CTA a multiprocessor), three CTAs (each taking a third of
 /// the row blocks of requests of 1 to 24 tiles in turn, every item's Q and first tiles
 /// loading under the one before) and a CTA a row block. Pages of 64; `q_len * heads` rows
-/// a request, five requests of 1 to 24 tiles; under four row blocks a request, where the
-/// copy warpgroup's kernel takes only launches of more row blocks than multiprocessors,
-/// `sms / row_blocks + 1` requests of the same five lengths in turn. Where the rows are
+/// a request, five requests of 1 to 24 tiles; at two or three row blocks a request, where
+/// the copy warpgroup's kernel takes only launches of more row blocks than
+/// multiprocessors, `sms / row_blocks + 1` requests of the same five lengths in turn (at
+/// one row block it never takes a launch: not a case for this check). Where the rows are
 /// not a multiple of 64, a later item's Q rows past its request's are the next request's
 /// (the kernel loads a 64-row box): they must not reach the live rows.
 pub fn check_seesaw_kernels_agree(

@@ -110,7 +110,8 @@ impl WideKernel {
     /// or more row blocks (q 2 and 4 at 128 heads; runs 55 and 64) and 1-7% slower at
     /// several splits (short split CTAs and a merge; run 64). At two row blocks (q 1) it
     /// is faster only where CTAs take several row blocks (run 128, 3 rounds: B 96 L 4k 2.3%
-    /// and B 128 0.5% faster, B 64 with one row block a CTA 2.7% slower).
+    /// and B 128 0.5% faster, B 64 with one row block a CTA 2.7% slower); three row blocks
+    /// take the same rule, unmeasured.
     pub fn launch_function(
         self,
         max_splits: usize,
