@@ -6,6 +6,7 @@
 
 pub mod audit;
 pub mod backend;
+pub mod balanced;
 pub mod batch;
 pub mod block_pool;
 pub mod chunked_context;

@@ -577,3 +577,40 @@ extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const
     }
     if (threadIdx.x == 0) lse[FdLseLayout{batch, rows, heads}.at(b, r)] = denom == 0.f ? NEG_INF : mx + logf(denom);
 }
+
+// The merge of a balanced schedule's cut requests (core's balanced module): cut c is
+// request cuts[3 c], whose cuts[3 c + 2] splits wrote their normalized partials and LSEs
+// in slots cuts[3 c + 1].. ([slot, rows, 512] and [slot, rows]); they merge in split order
+// with flash_combine's arithmetic into out [B, rows, 512] (fd_out) and lse (FdLseLayout).
+// Uncut requests were written final by the decode. Grid (rows, cuts), 128 threads, each
+// taking four adjacent columns.
+extern "C" __global__ void __launch_bounds__(128) flash_combine_slots(const float* __restrict__ o_part,
+                                                                     const float* __restrict__ lse_part,
+                                                                     const int* __restrict__ cuts,
+                                                                     fd_out* __restrict__ out,
+                                                                     float* __restrict__ lse, int batch, int rows,
+                                                                     int heads) {
+    const int r = blockIdx.x, c = blockIdx.y;
+    const int b = cuts[3 * c], slot0 = cuts[3 * c + 1], n = cuts[3 * c + 2];
+    float mx = NEG_INF;
+    for (int s = 0; s < n; ++s) mx = fd_max(mx, lse_part[(long long)(slot0 + s) * rows + r]);
+    float denom = 0.f;
+    for (int s = 0; s < n; ++s)
+        denom += mx == NEG_INF ? 0.f : __expf(lse_part[(long long)(slot0 + s) * rows + r] - mx);
+    for (int d = 4 * threadIdx.x; d < FD_DV; d += 4 * blockDim.x) {
+        float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+        for (int s = 0; s < n; ++s) {
+            const long long i = (long long)(slot0 + s) * rows + r;
+            const float w = mx == NEG_INF ? 0.f : __expf(lse_part[i] - mx);
+            const float4 v = *(const float4*)(o_part + i * FD_DV + d);
+            acc.x += w * v.x;
+            acc.y += w * v.y;
+            acc.z += w * v.z;
+            acc.w += w * v.w;
+        }
+        fd_put4(out + ((long long)b * rows + r) * FD_DV + d,
+                denom == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
+                             : make_float4(acc.x / denom, acc.y / denom, acc.z / denom, acc.w / denom));
+    }
+    if (threadIdx.x == 0) lse[FdLseLayout{batch, rows, heads}.at(b, r)] = denom == 0.f ? NEG_INF : mx + logf(denom);
+}

@@ -113,14 +113,17 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
 
 // FW_DECODE_PARAMS with the tensor map by reference: a copy would leave the parameter
 // space the copy engine reads it from.
-#define FS_BODY_PARAMS FW_DECODE_PARAMS_HEAD, const FwTensorMap &cache_map, const FwTensorMap *q_map
+#define FS_BODY_PARAMS                                                                                \
+    FW_DECODE_PARAMS_HEAD, const FwTensorMap &cache_map, const FwTensorMap *q_map, const int *__restrict__ part_items, \
+        const int4 *__restrict__ work_items
 #define FS_ARGS                                                                                    \
     q, cache, block_table, seq_lens, mapped_kv_tokens, split_lens, num_splits, o_part, lse_part, batch, \
         rows, heads, q_len, page, width, max_splits, scale_log2, out, lse, done, cache_map
 
-// A request's 64-row block of one split: what a CTA of the seesaw decode works on.
+// A request's 64-row block of one split: what a CTA of the seesaw decode works on. `slot`:
+// where a balanced schedule's piece of a cut request writes its partial, else -1 (final).
 struct FsItem {
-    int b, row0, sp, count, seq_len, mapped, kv_start, kv_end, tiles;
+    int b, row0, sp, count, seq_len, mapped, kv_start, kv_end, tiles, slot;
 };
 
 #ifdef FW_HAVE_WGMMA
@@ -134,7 +137,8 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
                                             const bool* live, float* red, const FsItem& c, const FsItem& next,
                                             bool has_next, unsigned qs, const FwTensorMap* q_map, unsigned q_full,
                                             int batch, int rows, int heads, fd_out* __restrict__ out,
-                                            float* __restrict__ lse FW_EPI_PARAM) {
+                                            float* __restrict__ lse, float* __restrict__ o_part,
+                                            float* __restrict__ lse_part FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -161,6 +165,14 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
         float inv = total > 0.f ? 1.f / total : 0.f, lse_own = fw_lse_of(m[i], total);
         // Poisoned: its causal window reaches a missing block (flash_decode.cu).
         if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) inv = lse_own = NAN_F;
+        if (c.slot >= 0) {
+            // A cut request's piece: its normalized f32 partial and LSE, [slot, rows], merged
+            // by flash_combine_slots after the launch.
+            const long long r = (long long)c.slot * rows + c.row0 + lrow[i];
+            fw_store_row(o_part + r * FD_DV + col0, o + 2 * i, inv, lane, live[i]);
+            if (live[i] && wg == 0 && lane % 4 == 0) lse_part[r] = lse_own;
+            continue;
+        }
         fw_store_row(out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0, o + 2 * i, inv, lane, live[i]);
         if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(c.b, c.row0 + lrow[i])] = lse_own;
     }
@@ -221,11 +233,35 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(cta_rec[4]));
     }
 #endif
-    // This CTA's items: one, or every gridDim.x-th of the row blocks (see above).
+    // This CTA's items: one, or every gridDim.x-th of the row blocks (see above), or with a
+    // balanced schedule (`part_items` not null) its part's segments for its row block.
     const int row_blocks = (rows + 63) / 64;
-    const int items = kCopyGroup ? (row_blocks * batch - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x : 1;
+    const bool balanced = kCopyGroup && part_items != nullptr;
+    const int part = blockIdx.x / row_blocks, part_rb = blockIdx.x % row_blocks;
+    const int first_item = balanced ? part_items[part] : 0;
+    const int items = !kCopyGroup ? 1
+                      : balanced  ? part_items[part + 1] - first_item
+                                  : (row_blocks * batch - (int)blockIdx.x + (int)gridDim.x - 1) / (int)gridDim.x;
+    // A part without segments (the batch ran out before it): nothing to do.
+    if (items <= 0) return;
     auto item_at = [&](int i) {
         FsItem c;
+        c.slot = -1;
+        if (balanced) {
+            // {request, first tile, end tile, partial slot or -1}, uniform over the CTA.
+            const int4 w = work_items[first_item + i];
+            c.b = w.x;
+            c.row0 = part_rb * 64;
+            c.sp = 0;
+            c.count = 1;
+            c.seq_len = seq_lens[c.b];
+            c.mapped = fd_mapped(mapped_kv_tokens, c.b, width, page);
+            c.kv_start = w.y * 64;
+            c.kv_end = min(min(w.z * 64, c.seq_len), c.mapped);
+            c.tiles = c.kv_end > c.kv_start ? (c.kv_end - c.kv_start + 63) / 64 : 0;
+            c.slot = w.w;
+            return c;
+        }
         if constexpr (kCopyGroup) {
             const int g = blockIdx.x + i * gridDim.x;
             c.b = g / row_blocks;
@@ -247,7 +283,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     };
     FsItem cur = item_at(0);
     // The request takes fewer splits than the grid: nothing reads this one.
-    if (items <= 0 || cur.sp >= cur.count) return;
+    if (cur.sp >= cur.count) return;
 
     if (tid < FW_THREADS) fw_load_q(qs, q, cur.b, rows, cur.row0);
     const int box_rows = min(page, 64);
@@ -750,7 +786,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #endif
         if constexpr (kCopyGroup) {
             fs_item_end(o, m, l, lrow, live, red, cur, i + 1 < items ? item_at(i + 1) : cur, i + 1 < items, qs_a,
-                        q_map, q_full, batch, rows, heads, out, lse FW_EPI_ARG);
+                        q_map, q_full, batch, rows, heads, out, lse, o_part, lse_part FW_EPI_ARG);
         } else {
             __syncthreads();
             fw_epilogue(o, m, l, lrow, live, red, last, qs, cur.seq_len, cur.count, cur.sp, cur.b, batch,
@@ -780,11 +816,16 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 
 // The copy warpgroup issues the reloads: the host's pick for one split a request and at
 // least four 64-row blocks (WideKernel::launch_function says why).
-extern "C" __global__ void __launch_bounds__(FS_THREADS, 1) flash_decode_seesaw(FW_DECODE_PARAMS,
-                                                                             const __grid_constant__ FwTensorMap q_map) {
-    fs_decode<true>(FS_ARGS, &q_map);
+// With `part_items` ([parts + 1] offsets into `work_items`) the grid is parts x row blocks
+// and CTA x runs part x / row_blocks's segments ({request, first tile, end tile, partial
+// slot}) for row block x % row_blocks: a balanced schedule (core's balanced module), whose
+// cut requests' partials flash_combine_slots merges. Null: the round-robin grid above.
+extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
+    flash_decode_seesaw(FW_DECODE_PARAMS, const __grid_constant__ FwTensorMap q_map,
+                        const int* __restrict__ part_items, const int4* __restrict__ work_items) {
+    fs_decode<true>(FS_ARGS, &q_map, part_items, work_items);
 }
 // 256 threads, the product warpgroups issuing their own reloads: the host's pick otherwise.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1) flash_decode_seesaw_2wg(FW_DECODE_PARAMS) {
-    fs_decode<false>(FS_ARGS, nullptr);
+    fs_decode<false>(FS_ARGS, nullptr, nullptr, nullptr);
 }

@@ -11,13 +11,14 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::shuffled_ids;
+use specmla_core::balanced::BalancedPolicy;
 use specmla_core::split::{invariant_split_plan, SplitPolicy, SplitSchedule};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
 use specmla_gpu::ops::{
-    ContextChunk, DecodeBufs, DecodeShape, FlashKernels, FlashSchedule, FlashShape, FlashWorkspace,
-    Kernels, MlaDims, PagedContext, RowScratch, RowTokens, State, WideKernel, FLASH_DIM, FLASH_DV,
-    FLASH_ROWS,
+    BalancedWork, ContextChunk, DecodeBufs, DecodeShape, FlashKernels, FlashSchedule, FlashShape,
+    FlashWorkspace, Kernels, MlaDims, PagedContext, RowScratch, RowTokens, State, WideKernel,
+    FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).
@@ -317,6 +318,62 @@ pub struct FlashVariant {
     pub wide: WideKernel,
     pub plan: (usize, usize),
     pub mode: &'static str,
+    /// A balanced schedule of this policy instead of `plan`'s splits (the seesaw kernel's
+    /// persistent launch and `flash_combine_slots`; `plan` is then unused).
+    pub balanced: Option<BalancedPolicy>,
+}
+
+impl FlashVariant {
+    /// `wide` on `plan`'s splits.
+    pub fn split(wide: WideKernel, plan: (usize, usize), mode: &'static str) -> Self {
+        Self {
+            wide,
+            plan,
+            mode,
+            balanced: None,
+        }
+    }
+}
+
+/// A variant's launch state: its workspace, split schedule and balanced work, if any.
+struct VariantState {
+    ws: FlashWorkspace,
+    sched: FlashSchedule,
+    shape: FlashShape,
+    work: Option<BalancedWork>,
+}
+
+impl VariantState {
+    fn new(
+        dev: &GpuDevice,
+        k: &FlashKernels,
+        inp: &DecodeInputs,
+        v: &FlashVariant,
+    ) -> Result<Self, GpuError> {
+        let s = inp.shape;
+        let Some(policy) = v.balanced else {
+            let shape = inp.flash_shape(v.plan);
+            return Ok(Self {
+                ws: FlashWorkspace::new(dev, shape, k.out, None)?,
+                sched: inp.schedule(dev, v.plan)?.1,
+                shape,
+                work: None,
+            });
+        };
+        let sched = policy.schedule(&vec![s.context as u32; s.batch]);
+        // One split a request for the mapped keys; the workspace's partials hold the slots.
+        let one = (s.context.div_ceil(64) * 64, 1);
+        let shape = FlashShape {
+            max_splits: sched.partial_slots.div_ceil(s.batch).max(1),
+            ..inp.flash_shape(one)
+        };
+        Ok(Self {
+            ws: FlashWorkspace::new(dev, shape, k.out, None)?,
+            sched: inp.schedule(dev, one)?.1,
+            shape,
+            work: Some(BalancedWork::upload(dev, &sched)?),
+        })
+    }
 }
 
 /// Times the tensor-core decode at `inp.shape` in each of `variants`, interleaved round by
@@ -331,32 +388,32 @@ pub fn bench_flash(
     scrub: &L2Scrub,
 ) -> Result<Vec<Measurement>, GpuError> {
     let s = inp.shape;
-    let shape = |plan| inp.flash_shape(plan);
-    let outs = variants
+    let states = variants
         .iter()
-        .map(|v| FlashWorkspace::new(dev, shape(v.plan), k.out, None))
+        .map(|v| VariantState::new(dev, k, inp, v))
         .collect::<Result<Vec<_>, _>>()?;
-    let schedules = variants
-        .iter()
-        .map(|v| Ok(inp.schedule(dev, v.plan)?.1))
-        .collect::<Result<Vec<_>, GpuError>>()?;
     let scale = 1.0 / 192f32.sqrt();
     let mut runs: Vec<Box<dyn FnMut() -> Result<(), GpuError> + '_>> = variants
         .iter()
-        .zip(outs.iter().zip(&schedules))
-        .map(|(v, (o, sched))| {
-            let bufs = o.bufs(
+        .zip(&states)
+        .map(|(v, st)| {
+            let bufs = st.ws.bufs(
                 inp.q.ptr(),
                 inp.cache.ptr(),
                 inp.block_table.ptr(),
                 inp.seq_lens.ptr(),
-                sched,
+                &st.sched,
             );
-            let (wide, fs) = (v.wide, shape(v.plan));
+            let (wide, fs) = (v.wide, st.shape);
             // SAFETY: DecodeInputs builds a block table with no hole, every entry inside
-            // its cache, and its mapped keys from that table.
-            Box::new(move || unsafe { k.flash_decode_with(wide, dev, fs, bufs, scale) })
-                as Box<dyn FnMut() -> Result<(), GpuError> + '_>
+            // its cache, and its mapped keys from that table; a balanced schedule is core's
+            // for its seq_lens.
+            Box::new(move || unsafe {
+                match &st.work {
+                    Some(w) => k.flash_decode_balanced(dev, fs, bufs, w, scale),
+                    None => k.flash_decode_with(wide, dev, fs, bufs, scale),
+                }
+            }) as Box<dyn FnMut() -> Result<(), GpuError> + '_>
         })
         .collect();
     let mut refs: Vec<&mut dyn FnMut() -> Result<(), GpuError>> =

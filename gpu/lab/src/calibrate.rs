@@ -93,10 +93,8 @@ fn decode_samples(
                 };
                 let inp = DecodeInputs::new(dev, k, s, 13)?;
                 let policies = split_policies(l);
-                let variants = policies.map(|p| FlashVariant {
-                    wide: fk.wide,
-                    plan: (p.split_size_tokens, p.max_splits),
-                    mode: "engine",
+                let variants = policies.map(|p| {
+                    FlashVariant::split(fk.wide, (p.split_size_tokens, p.max_splits), "engine")
                 });
                 let reps = if quick { 5 } else { 10 };
                 let ms = bench_flash(dev, &fk, &inp, &variants, reps, &scrub)?;

@@ -165,13 +165,13 @@ pub struct Holes<'a> {
 }
 
 impl Holes<'_> {
-    fn apply(&self, table: &mut [i32], width: usize) {
+    pub(crate) fn apply(&self, table: &mut [i32], width: usize) {
         for &(r, p) in self.missing {
             table[r * width + p] = -1;
         }
     }
 
-    fn label(&self) -> String {
+    pub(crate) fn label(&self) -> String {
         if self.missing.is_empty() && self.cut_pages == 0 {
             return String::new();
         }
@@ -605,7 +605,7 @@ pub fn check_flash_stale_schedule(
 }
 
 /// The softmax scale of the tensor-core decode checks: 1 / sqrt(192), a head of 192.
-fn flash_check_scale() -> f32 {
+pub(crate) fn flash_check_scale() -> f32 {
     1.0 / 192f32.sqrt()
 }
 
@@ -1186,6 +1186,12 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         },
     )?;
     bf16_row_checks(dev, (&fk, &bf16k), &mut results)?;
+    if fk.wide.hopper() {
+        results.extend(crate::checks_balanced::run_balanced_checks(
+            dev,
+            (&fk, &bf16k),
+        )?);
+    }
     results.extend(crate::checks_prefill::run_prefill_checks(dev, &k, &fk)?);
     for (i, shape) in [(1, 128, 64, 256), (4, 16, 64, 512), (1, 16, 64, 256)]
         .into_iter()

@@ -8,6 +8,7 @@ pub mod bench_prefill;
 pub mod bench_step;
 pub mod calibrate;
 pub mod checks;
+pub mod checks_balanced;
 pub mod checks_dense;
 pub mod checks_gemm;
 pub mod checks_prefill;

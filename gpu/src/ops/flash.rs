@@ -41,12 +41,12 @@ const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 
 const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 23 * 8 + 16;
 /// Threads of a `flash_decode_seesaw` CTA: two warpgroups of products, one of copies.
 /// [`SEESAW_2WG`] has the first two only (256 threads).
-const SEESAW_THREADS: u32 = 384;
+pub(super) const SEESAW_THREADS: u32 = 384;
 /// The seesaw kernel without the copy warpgroup (same body, `fs_decode<false>`).
 const SEESAW_2WG: &str = "flash_decode_seesaw_2wg";
 /// The seesaw kernel with the copy warpgroup: one split a request, a one-dimensional grid
 /// of CTAs each taking every `gridDim.x`-th row block (`fs_decode<true>`).
-const SEESAW_PERSISTENT: &str = "flash_decode_seesaw";
+pub(super) const SEESAW_PERSISTENT: &str = "flash_decode_seesaw";
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -808,6 +808,7 @@ impl FlashKernels {
             "flash_decode_seesaw",
             SEESAW_2WG,
             "flash_combine",
+            "flash_combine_slots",
             "flash_prefill",
             "flash_prefill_wide",
             "flash_prefill_tma",
@@ -993,6 +994,25 @@ impl FlashKernels {
         b: FlashBufs,
         scale: f32,
     ) -> Result<(), GpuError> {
+        // SAFETY: the caller's promise, forwarded.
+        unsafe { self.decode_on((wide, merge), dev, s, b, scale, None) }
+    }
+
+    /// The launch behind [`Self::flash_decode_merged`] and, with `work`, the balanced
+    /// schedule's ([`Self::flash_decode_balanced`]): the persistent seesaw kernel on
+    /// `work`'s parts, then `flash_combine_slots` over its cut requests.
+    ///
+    /// # Safety
+    /// As [`Self::flash_decode`].
+    pub(super) unsafe fn decode_on(
+        &self,
+        (wide, merge): (WideKernel, SplitMerge),
+        dev: &GpuDevice,
+        s: FlashShape,
+        b: FlashBufs,
+        scale: f32,
+        work: Option<&super::BalancedWork>,
+    ) -> Result<(), GpuError> {
         assert!(
             !wide.hopper() || self.wide.hopper(),
             "{} needs sm_90a",
@@ -1005,7 +1025,10 @@ impl FlashKernels {
             scale.is_finite() && scale > 0.0,
             "the softmax scale must be positive, got {scale}"
         );
-        let (name, hopper_threads) = self.decode_launch(&s, wide, dev.sms);
+        let (name, hopper_threads) = match work {
+            Some(_) => (SEESAW_PERSISTENT, Some(SEESAW_THREADS)),
+            None => self.decode_launch(&s, wide, dev.sms),
+        };
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
         let hopper = hopper_threads.is_some();
         // The Hopper kernels' tiles are 64 keys; the others' are the configuration's.
@@ -1022,8 +1045,12 @@ impl FlashKernels {
         b.mapped_kv_tokens.need(s.batch);
         b.split_lens.need(s.batch);
         b.num_splits.need(s.batch);
-        b.o_part.need(s.max_splits * s.batch * rows * FLASH_DV);
-        b.lse_part.need(s.max_splits * s.batch * rows);
+        let partial_rows = match work {
+            Some(w) => w.partial_slots * rows,
+            None => s.max_splits * s.batch * rows,
+        };
+        b.o_part.need(partial_rows * FLASH_DV);
+        b.lse_part.need(partial_rows);
         assert_eq!(
             b.out.dtype(),
             self.out,
@@ -1076,6 +1103,13 @@ impl FlashKernels {
                     q_rows,
                     (64, 64),
                 )?));
+                // Its balanced schedule, or none (null: the round-robin grid).
+                match work {
+                    Some(w) => {
+                        args.extend::<[Arg; 2]>([w.part_items.ptr().into(), w.items.ptr().into()])
+                    }
+                    None => args.extend([Arg::Ptr(0), Arg::Ptr(0)]),
+                }
             }
         }
         let (threads, smem) = if let (Some(bytes), Some(t)) = (wide.smem_bytes(), hopper_threads) {
@@ -1084,7 +1118,9 @@ impl FlashKernels {
             (self.flash.threads(), self.flash.smem_bytes())
         };
         let row_blocks = rows.div_ceil(FLASH_ROWS);
-        let grid_dim = if name == SEESAW_PERSISTENT {
+        let grid_dim = if let Some(w) = work {
+            ((w.parts * row_blocks) as u32, 1, 1)
+        } else if name == SEESAW_PERSISTENT {
             // The kernel takes one split a request (launch_function picks it only then).
             (self.persist.ctas(s.batch, row_blocks, dev.sms) as u32, 1, 1)
         } else {
@@ -1102,11 +1138,15 @@ impl FlashKernels {
         // bound (they do not check the entries); the narrow
         // kernel runs only for at most 16 rows; a cluster holds one request's splits of one
         // 64-row block, which is what the Hopper kernels' on-chip merge expects.
-        if hopper && merge.in_clusters(s.max_splits) {
+        if hopper && work.is_none() && merge.in_clusters(s.max_splits) {
             let f = &self.fns[name];
             unsafe { launch_cluster(dev, f, name, cfg, s.max_splits as u32, &args) }?;
         } else {
             unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }?;
+        }
+        if let Some(w) = work {
+            // SAFETY: the decode wrote every cut request's partials in its slots.
+            return unsafe { self.combine_slots(dev, s, (b.o_part, b.lse_part), out, b.lse, w) };
         }
         if hopper {
             return Ok(());

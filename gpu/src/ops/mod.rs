@@ -21,12 +21,14 @@ pub mod attention;
 pub mod chunked_prefill;
 pub mod dense;
 pub mod flash;
+pub mod flash_balanced;
 pub mod gemm;
 pub mod prefill_flash;
 
 pub use attention::*;
 pub use chunked_prefill::*;
 pub use flash::*;
+pub use flash_balanced::*;
 pub use gemm::{Gemm, GemmAlgo, GemmOut, GemmShape};
 pub use prefill_flash::*;
 

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
+use specmla_core::balanced::BalancedPolicy;
 use specmla_core::split::{equal_split_plan, fast_split_plan, invariant_split_plan};
 use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel, FLASH_ROWS};
 use specmla_gpu::{GpuDevice, GpuError};
@@ -72,7 +73,9 @@ struct Cli {
     #[arg(long)]
     prefill_only: bool,
     /// Instead of the two plans, time the default kernel at 1, 2, 3, 4, 6 and 8 splits
-    /// per request (mode `splits=N`): the data the plans are chosen from.
+    /// per request (mode `splits=N`) and, on the seesaw kernel, the balanced schedule with a
+    /// fixed cost of 2, 5 and 8 tiles a piece (`balanced-2`, `balanced`, `balanced-8`):
+    /// the data the plans are chosen from.
     #[arg(long)]
     sweep_splits: bool,
     /// Instead of the kernels, time whole real-width steps through the engine: 64 rows of
@@ -389,7 +392,15 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     };
     for s in decode_shapes {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
-        let v = |wide, plan, mode| FlashVariant { wide, plan, mode };
+        let v = FlashVariant::split;
+        // FlashMLA's parts, with a fixed cost of `fixed` tiles (FlashMLA's is 5).
+        let balanced = |fixed: usize, mode| FlashVariant {
+            balanced: Some(BalancedPolicy {
+                fixed_tiles: fixed,
+                ..BalancedPolicy::for_device(sms, (s.q_len * s.heads).div_ceil(FLASH_ROWS))
+            }),
+            ..v(fk.wide, (64, 1), mode)
+        };
         let mut variants = Vec::new();
         if cli.sweep_splits {
             for (n, mode) in SWEEP_SPLITS {
@@ -398,10 +409,18 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                     variants.push(v(fk.wide, plan, mode));
                 }
             }
+            if fk.wide == WideKernel::Seesaw {
+                for (fixed, mode) in [(2, "balanced-2"), (5, "balanced"), (8, "balanced-8")] {
+                    variants.push(balanced(fixed, mode));
+                }
+            }
         } else {
             let fast = fast_plan(&s);
             variants.push(v(fk.wide, invariant(&s), "invariant"));
             variants.push(v(fk.wide, fast, "fast"));
+            if fk.wide == WideKernel::Seesaw {
+                variants.push(balanced(5, "balanced"));
+            }
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
             // warpgroups on every tile) on the fast plan, and the mma.sync kernels (wide or
             // narrow) on the invariant one.
@@ -429,11 +448,7 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                     page: cli.page,
                 };
                 let inp = DecodeInputs::new(&dev, &k, s, 12)?;
-                let inv = FlashVariant {
-                    wide: fk.wide,
-                    plan: invariant(&s),
-                    mode: "invariant",
-                };
+                let inv = FlashVariant::split(fk.wide, invariant(&s), "invariant");
                 let d = bench_flash(&dev, &fk, &inp, &[inv], reps, &scrub)?.remove(0);
                 let b = bench_prefill_spec_step(&dev, (&k, &fk), &inp, reps.min(10))?;
                 drop(inp);

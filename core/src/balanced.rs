@@ -1,0 +1,313 @@
+//! The fast mode's balanced decode schedule: every part of the device gets an equal share
+//! of the batch's key tiles, whole requests while they fit and a cut one where a share
+//! ends, so a batch that fills no whole wave leaves no multiprocessor idle. A cut request's
+//! pieces write partials that a combine step merges in key order; an uncut one is written
+//! once, final. The cuts depend on the whole batch: this is for the fast mode, never the
+//! batch-invariant one.
+//!
+//! It follows FlashMLA's scheduler (`csrc/smxx/decode/get_decoding_sched_meta/
+//! get_decoding_sched_meta.cu` at 9241ae3, parameters in `csrc/api/dense_decode.h`): a
+//! request costs its 64-key blocks plus a fixed overhead (5 there), a part's payload is
+//! the total over the parts, rounded up, plus that overhead, and the parts take requests
+//! in order, cutting the one a payload ends inside. FlashMLA plans it on the device; here
+//! it is plain data the plan carries and the kernel reads as given.
+
+use serde::{Deserialize, Serialize};
+
+/// How a balanced schedule divides a batch: the device's parts and the costs it weighs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalancedPolicy {
+    /// Parts that run side by side, each a CTA per 64-row block of a request (FlashMLA's
+    /// `num_sm_parts`: multiprocessors over row blocks, one KV head).
+    pub parts: usize,
+    /// Keys a tile holds (the kernel's, 64).
+    pub tile_keys: usize,
+    /// What a request, or a cut piece of one, costs beyond its tiles, in tiles (FlashMLA's
+    /// `fixed_overhead_num_blocks`, 5): a CTA's start on it and its share of a merge.
+    pub fixed_tiles: usize,
+}
+
+impl BalancedPolicy {
+    /// FlashMLA's parts for requests of `row_blocks` 64-row blocks on `sms`
+    /// multiprocessors (`sms / row_blocks`, at least one), with its overhead of 5 tiles of
+    /// 64 keys.
+    pub fn for_device(sms: usize, row_blocks: usize) -> Self {
+        Self {
+            parts: (sms / row_blocks.max(1)).max(1),
+            tile_keys: 64,
+            fixed_tiles: 5,
+        }
+    }
+
+    /// The schedule of requests of `kv_lens` keys.
+    pub fn schedule(&self, kv_lens: &[u32]) -> BalancedSchedule {
+        balanced_schedule(kv_lens, *self)
+    }
+}
+
+/// A piece of a request's keys that one part runs: tiles `[tile_begin, tile_end)`, the
+/// request's split `split` in key order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Segment {
+    pub request: u32,
+    pub tile_begin: u32,
+    pub tile_end: u32,
+    pub split: u32,
+}
+
+/// A batch divided into parts: part p runs `segments[part_starts[p]..part_starts[p + 1]]`
+/// in order. A request of one split is written final; the splits of a cut request write
+/// partials in slots `partial_slot[r]..partial_slot[r] + num_splits[r]`, merged in split
+/// order afterwards.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BalancedSchedule {
+    pub policy: Option<BalancedPolicy>,
+    /// `[parts + 1]`.
+    pub part_starts: Vec<u32>,
+    pub segments: Vec<Segment>,
+    /// `[requests]`: each request's splits.
+    pub num_splits: Vec<u32>,
+    /// `[requests]`: the first partial slot of a request of several splits; [`NO_SLOT`]
+    /// for one of a single split.
+    pub partial_slot: Vec<u32>,
+    /// Partial slots the schedule uses (at most two a part: only a part's first and last
+    /// segment can be a cut request's).
+    pub partial_slots: usize,
+}
+
+/// A request of one split has no partial slot.
+pub const NO_SLOT: u32 = u32::MAX;
+
+impl BalancedSchedule {
+    /// Parts of the schedule (some may run nothing).
+    pub fn parts(&self) -> usize {
+        self.part_starts.len().saturating_sub(1)
+    }
+
+    /// Part `p`'s segments, in the order it runs them.
+    pub fn part(&self, p: usize) -> &[Segment] {
+        &self.segments[self.part_starts[p] as usize..self.part_starts[p + 1] as usize]
+    }
+
+    /// Where segment `s` writes: its partial slot, or `None` for a final row.
+    pub fn slot_of(&self, s: &Segment) -> Option<u32> {
+        let first = self.partial_slot[s.request as usize];
+        (first != NO_SLOT).then_some(first + s.split)
+    }
+
+    /// Requests cut into several splits, as `(request, first slot, splits)`: what the
+    /// combine step merges.
+    pub fn cut_requests(&self) -> Vec<(u32, u32, u32)> {
+        (0..self.num_splits.len())
+            .filter(|&r| self.num_splits[r] > 1)
+            .map(|r| (r as u32, self.partial_slot[r], self.num_splits[r]))
+            .collect()
+    }
+
+    /// The most partial slots a schedule of `parts` parts can use.
+    pub fn max_partial_slots(parts: usize) -> usize {
+        2 * parts
+    }
+}
+
+/// FlashMLA's division (see the module header). A request of `len` keys costs
+/// `max(ceil(len / tile_keys), 1)` tiles (a request without keys still takes a CTA's
+/// start) plus `fixed_tiles`; the payload is `ceil(total / parts) + fixed_tiles`. A part
+/// takes whole requests while their cost fits what it has left; then, if more than the
+/// overhead is left, the tiles it pays for of the next one, which the next part goes on
+/// with.
+pub fn balanced_schedule(kv_lens: &[u32], policy: BalancedPolicy) -> BalancedSchedule {
+    let unit = policy.tile_keys.max(1);
+    let fixed = policy.fixed_tiles;
+    let parts = policy.parts.max(1);
+    let tiles: Vec<usize> = kv_lens
+        .iter()
+        .map(|&l| (l as usize).div_ceil(unit).max(1))
+        .collect();
+    let total: usize = tiles.iter().map(|t| t + fixed).sum();
+    let payload = total.div_ceil(parts) + fixed;
+    let mut s = BalancedSchedule {
+        policy: Some(policy),
+        part_starts: vec![0],
+        num_splits: vec![0; tiles.len()],
+        ..Default::default()
+    };
+    let (mut req, mut tile, mut split) = (0usize, 0usize, 0u32);
+    for _ in 0..parts {
+        let mut left = payload;
+        while req < tiles.len() {
+            let rest = tiles[req] - tile;
+            let take = if left >= rest + fixed {
+                rest
+            } else if left > fixed {
+                left - fixed
+            } else {
+                break;
+            };
+            s.segments.push(Segment {
+                request: req as u32,
+                tile_begin: tile as u32,
+                tile_end: (tile + take) as u32,
+                split,
+            });
+            left -= take + fixed;
+            if take == rest {
+                s.num_splits[req] = split + 1;
+                (req, tile, split) = (req + 1, 0, 0);
+            } else {
+                (tile, split) = (tile + take, split + 1);
+                break;
+            }
+        }
+        s.part_starts.push(s.segments.len() as u32);
+    }
+    // Each part uses at least ceil(total / parts) of its payload (a cut uses all of it,
+    // its second overhead included), so the parts cover the batch: FlashMLA asserts the same.
+    assert!(
+        req == tiles.len(),
+        "balanced schedule left requests unplanned"
+    );
+    let mut next = 0u32;
+    s.partial_slot = s
+        .num_splits
+        .iter()
+        .map(|&n| {
+            if n > 1 {
+                next += n;
+                next - n
+            } else {
+                NO_SLOT
+            }
+        })
+        .collect();
+    s.partial_slots = next as usize;
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn policy(parts: usize) -> BalancedPolicy {
+        BalancedPolicy {
+            parts,
+            tile_keys: 64,
+            fixed_tiles: 5,
+        }
+    }
+
+    fn ranges(s: &BalancedSchedule, p: usize) -> Vec<(u32, u32, u32)> {
+        s.part(p)
+            .iter()
+            .map(|g| (g.request, g.tile_begin, g.tile_end))
+            .collect()
+    }
+
+    /// FlashMLA's parts on the H100's 132 multiprocessors: 66 at q 1, 33 at q 2, 16 at q 4
+    /// (128 heads), 132 at 16 heads.
+    #[test]
+    fn the_parts_are_flashmlas() {
+        assert_eq!(BalancedPolicy::for_device(132, 2).parts, 66);
+        assert_eq!(BalancedPolicy::for_device(132, 4).parts, 33);
+        assert_eq!(BalancedPolicy::for_device(132, 8).parts, 16);
+        assert_eq!(BalancedPolicy::for_device(132, 1).parts, 132);
+        assert_eq!(BalancedPolicy::for_device(4, 8).parts, 1);
+    }
+
+    /// Worked by hand from FlashMLA's loop: 3 requests of 4096 keys (64 tiles, cost 69
+    /// each, 207 in all) on 2 parts: payload 104 + 5 = 109. Part 0 takes request 0 (69,
+    /// 40 left) and 35 tiles of request 1; part 1 the other 29 and request 2.
+    #[test]
+    fn a_payload_ending_inside_a_request_cuts_it() {
+        let s = policy(2).schedule(&[4096, 4096, 4096]);
+        assert_eq!(ranges(&s, 0), vec![(0, 0, 64), (1, 0, 35)]);
+        assert_eq!(ranges(&s, 1), vec![(1, 35, 64), (2, 0, 64)]);
+        assert_eq!(s.num_splits, vec![1, 2, 1]);
+        assert_eq!(s.partial_slot, vec![NO_SLOT, 0, NO_SLOT]);
+        assert_eq!(s.partial_slots, 2);
+        assert_eq!(s.cut_requests(), vec![(1, 0, 2)]);
+        assert_eq!(s.slot_of(&s.part(1)[0]), Some(1));
+        assert_eq!(s.slot_of(&s.part(1)[1]), None);
+    }
+
+    /// A batch that fills the parts whole is not cut: 64 requests of 4096 keys on 66
+    /// parts (q 1 at B 64): payload 68 + 5, one request a part, two parts idle.
+    #[test]
+    fn whole_waves_stay_uncut() {
+        let s = policy(66).schedule(&[4096; 64]);
+        assert!(s.num_splits.iter().all(|&n| n == 1));
+        assert_eq!(s.partial_slots, 0);
+        assert!((0..64).all(|p| s.part(p).len() == 1));
+        assert!(s.part(64).is_empty() && s.part(65).is_empty());
+    }
+
+    /// Left with no more than the overhead, a part stops without a piece: 2 requests of 64
+    /// keys (cost 6 each) on 2 parts: payload 6 + 5 = 11; part 0 takes request 0 and has 5
+    /// left, which pays for no tile.
+    #[test]
+    fn an_overhead_alone_buys_no_piece() {
+        let s = policy(2).schedule(&[64, 64]);
+        assert_eq!(ranges(&s, 0), vec![(0, 0, 1)]);
+        assert_eq!(ranges(&s, 1), vec![(1, 0, 1)]);
+        // A request without keys costs one tile, as in FlashMLA.
+        let s = policy(1).schedule(&[0, 4096, 0]);
+        assert_eq!(ranges(&s, 0), vec![(0, 0, 1), (1, 0, 64), (2, 0, 1)]);
+    }
+
+    /// One long request on every part: 16 parts at 16384 keys (256 tiles, cost 261):
+    /// payload 17 + 5 = 22, so 17 tiles a part; the last part's piece is the rest.
+    #[test]
+    fn a_lone_request_spreads_over_the_parts() {
+        let s = policy(16).schedule(&[16384]);
+        assert_eq!(s.num_splits, vec![16]);
+        for p in 0..15 {
+            assert_eq!(ranges(&s, p), vec![(0, 17 * p as u32, 17 * p as u32 + 17)]);
+        }
+        assert_eq!(ranges(&s, 15), vec![(0, 255, 256)]);
+        assert_eq!(s.partial_slots, 16);
+    }
+
+    proptest! {
+        /// Every tile of every request is run once, pieces in key order and split order,
+        /// no part costs more than the payload, and partial slots are dense, two a part at
+        /// most.
+        #[test]
+        fn every_tile_runs_once_within_the_payload(
+            lens in proptest::collection::vec(0u32..20_000, 1..80),
+            parts in 1usize..140,
+            fixed in 0usize..9,
+        ) {
+            let pol = BalancedPolicy { parts, tile_keys: 64, fixed_tiles: fixed };
+            let s = pol.schedule(&lens);
+            prop_assert_eq!(s.parts(), parts);
+            let tiles = |r: usize| (lens[r] as usize).div_ceil(64).max(1) as u32;
+            let total: usize = (0..lens.len()).map(|r| tiles(r) as usize + fixed).sum();
+            let payload = total.div_ceil(parts) + fixed;
+            let mut next = vec![(0u32, 0u32); lens.len()];
+            for p in 0..parts {
+                let cost: usize = s.part(p).iter().map(|g| (g.tile_end - g.tile_begin) as usize + fixed).sum();
+                prop_assert!(cost <= payload, "part {} costs {} > {}", p, cost, payload);
+                for (i, g) in s.part(p).iter().enumerate() {
+                    let r = g.request as usize;
+                    prop_assert!(g.tile_end > g.tile_begin);
+                    prop_assert_eq!((g.tile_begin, g.split), next[r]);
+                    next[r] = (g.tile_end, g.split + 1);
+                    let cut = s.num_splits[r] > 1;
+                    prop_assert!(!cut || i == 0 || i + 1 == s.part(p).len());
+                }
+            }
+            let mut slots = Vec::new();
+            for r in 0..lens.len() {
+                prop_assert_eq!(next[r], (tiles(r), s.num_splits[r]));
+                if s.num_splits[r] > 1 {
+                    slots.extend(s.partial_slot[r]..s.partial_slot[r] + s.num_splits[r]);
+                } else {
+                    prop_assert_eq!(s.partial_slot[r], NO_SLOT);
+                }
+            }
+            prop_assert_eq!(slots, (0..s.partial_slots as u32).collect::<Vec<_>>());
+            prop_assert!(s.partial_slots <= BalancedSchedule::max_partial_slots(parts));
+        }
+    }
+}

@@ -1,0 +1,231 @@
+//! Checks of the balanced decode (the fast mode's schedule, core's `balanced` module):
+//! every request's rows against f64 whichever parts its keys were cut over, missing
+//! blocks included, and the engine's bf16 rows against the f32 build's bit for bit, through
+//! both the decode's own final rows and `flash_combine_slots`.
+
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+
+use crate::checks::{
+    bf16_vec, download, flash_check_scale, max_rel_err, schedule_of, shuffled_ids, upload,
+    CaseResult, Holes, BF16_TOL,
+};
+use crate::reference::decode_f64;
+use specmla_core::balanced::{BalancedPolicy, BalancedSchedule};
+use specmla_core::split::SplitPolicy;
+use specmla_gpu::device::{GpuDevice, GpuError};
+use specmla_gpu::ops::{
+    BalancedWork, DecodeOut, FlashKernels, FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM,
+    FLASH_DV, FLASH_ROWS,
+};
+
+/// One balanced case: requests of `ctx` keys before their `q_len` new tokens at `heads`
+/// heads, pages of `page`, on `parts` parts (FlashMLA's for the device where `None`).
+#[derive(Clone, Copy, Debug)]
+pub struct BalancedCase<'a> {
+    pub q_len: usize,
+    pub heads: usize,
+    pub page: usize,
+    pub ctx: &'a [usize],
+    pub parts: Option<usize>,
+    pub holes: Holes<'a>,
+}
+
+/// What one build's run of a case gave.
+struct BalancedRun {
+    out: Vec<f32>,
+    lse: Vec<f32>,
+    err: f64,
+    cuts: usize,
+    most_splits: u32,
+}
+
+fn run_balanced(
+    dev: &GpuDevice,
+    k: &FlashKernels,
+    c: BalancedCase,
+    seed: u64,
+) -> Result<BalancedRun, GpuError> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let batch = c.ctx.len();
+    let rows = c.q_len * c.heads;
+    let seq_lens: Vec<i32> = c.ctx.iter().map(|&x| (x + c.q_len) as i32).collect();
+    let max_len = *seq_lens.iter().max().unwrap_or(&1) as usize;
+    let width = max_len.div_ceil(c.page).max(1 + c.holes.cut_pages) - c.holes.cut_pages;
+    let num_blocks = batch * width + 1;
+    let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
+    let mut table = blocks[..batch * width].to_vec();
+    c.holes.apply(&mut table, width);
+    let (cache_bits, cache) = bf16_vec(&mut rng, num_blocks * c.page * FLASH_DIM, 1.0);
+    let (q_bits, q) = bf16_vec(&mut rng, batch * rows * FLASH_DIM, 1.0);
+    let row_blocks = rows.div_ceil(FLASH_ROWS);
+    let policy = BalancedPolicy {
+        parts: c
+            .parts
+            .unwrap_or(BalancedPolicy::for_device(dev.sms, row_blocks).parts),
+        ..BalancedPolicy::for_device(dev.sms, row_blocks)
+    };
+    let lens: Vec<u32> = seq_lens.iter().map(|&l| l as u32).collect();
+    let sched: BalancedSchedule = policy.schedule(&lens);
+    let work = BalancedWork::upload(dev, &sched)?;
+    // The split schedule only for its mapped keys (the balanced kernel reads no split).
+    let one = SplitPolicy {
+        split_size_tokens: max_len.div_ceil(64) * 64,
+        max_splits: 1,
+    };
+    let splits = schedule_of(one, &seq_lens, &table, width, c.page);
+    let s = FlashShape {
+        batch,
+        q_len: c.q_len,
+        heads: c.heads,
+        page: c.page,
+        width,
+        split_size_tokens: one.split_size_tokens,
+        // Room for the partial slots in the workspace's [max_splits, batch, rows].
+        max_splits: sched.partial_slots.div_ceil(batch).max(1),
+    };
+    let ws = FlashWorkspace::new(dev, s, k.out, Some(f32::NAN))?;
+    let on_device = FlashSchedule::upload(dev, &splits, one.split_size_tokens)?;
+    let (q_d, table_d, seq_d) = (
+        upload(dev, &q_bits)?,
+        upload(dev, &table)?,
+        upload(dev, &seq_lens)?,
+    );
+    let cache_d = upload(dev, &cache_bits)?;
+    let bufs = ws.bufs(
+        q_d.ptr(),
+        cache_d.ptr(),
+        table_d.ptr(),
+        seq_d.ptr(),
+        &on_device,
+    );
+    // SAFETY: the block table names blocks inside the cache or -1, its mapped keys stop at
+    // each row's first -1, and the schedule is core's for these seq_lens.
+    unsafe { k.flash_decode_balanced(dev, s, bufs, &work, flash_check_scale()) }?;
+    let out = ws.out.read_f32(dev)?;
+    let lse = download(dev, &ws.lse)?;
+    let shape = (c.q_len, c.heads, FLASH_DIM, FLASH_DV, c.page, width);
+    let scale = flash_check_scale() as f64;
+    let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale);
+    let err = max_rel_err(&out, &want_out).max(max_rel_err(&lse, &want_lse));
+    Ok(BalancedRun {
+        out,
+        lse,
+        err,
+        cuts: sched.cut_requests().len(),
+        most_splits: sched.num_splits.iter().copied().max().unwrap_or(0),
+    })
+}
+
+/// The balanced decode against f64 (the f32 build), and the bf16 build's rows against the
+/// f32 ones rounded to nearest even (LSEs the same bits). `want_cuts`: the case is built
+/// to cut at least this many requests, and fails if the schedule cut fewer (a case that
+/// never reached the combine would pass for nothing).
+pub fn check_flash_balanced(
+    dev: &GpuDevice,
+    (f32k, bf16k): (&FlashKernels, &FlashKernels),
+    c: BalancedCase,
+    want_cuts: usize,
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    assert_eq!((f32k.out, bf16k.out), (DecodeOut::F32, DecodeOut::Bf16));
+    let f = run_balanced(dev, f32k, c, seed)?;
+    let h = run_balanced(dev, bf16k, c, seed)?;
+    let rounded = |x: f32| match x.is_nan() {
+        true => u16::MAX,
+        false => half::bf16::from_f32(x).to_bits(),
+    };
+    let as_bf16 = |x: f32| match x.is_nan() {
+        true => u16::MAX,
+        false => (x.to_bits() >> 16) as u16,
+    };
+    let rows_differ = (f.out.iter().zip(&h.out))
+        .filter(|&(&w, &n)| rounded(w) != as_bf16(n))
+        .count();
+    let lse_differ = (f.lse.iter().zip(&h.lse))
+        .filter(|(w, n)| w.to_bits() != n.to_bits())
+        .count();
+    let nan_rows = f.out.iter().filter(|v| v.is_nan()).count() / FLASH_DV;
+    let parts = c
+        .parts
+        .map_or("the device's".to_string(), |p| p.to_string());
+    Ok(CaseResult {
+        kernel: "flash_balanced",
+        case: format!(
+            "q {} heads {} page {} ctx {:?} on {parts} parts{}: {} cut request(s), up to {} splits; f32 {:.1e} from f64 ({nan_rows} NaN rows); bf16 rows: {rows_differ} of {} values and {lse_differ} LSEs differ",
+            c.q_len,
+            c.heads,
+            c.page,
+            c.ctx,
+            c.holes.label(),
+            f.cuts,
+            f.most_splits,
+            f.err,
+            f.out.len()
+        ),
+        max_rel_err: f.err,
+        passed: f.err <= BF16_TOL
+            && f.cuts >= want_cuts
+            && rows_differ == 0
+            && lse_differ == 0
+            && !f.out.is_empty(),
+    })
+}
+
+/// The balanced cases `gpu-test` runs (sm_90a only): 2, 8 and 4 row blocks a request (the
+/// last with 16 live rows), pages of 16, 64 and 128, few parts so that most requests are
+/// cut, the device's parts over one long request (a merge of one split a part), and
+/// missing blocks through cut requests.
+pub fn run_balanced_checks(
+    dev: &GpuDevice,
+    builds: (&FlashKernels, &FlashKernels),
+) -> Result<Vec<CaseResult>, GpuError> {
+    let holes = Holes {
+        missing: &[(1, 3), (2, 8)],
+        cut_pages: 1,
+    };
+    let mixed = [0usize, 1, 63, 64, 65, 1000, 2047, 3000];
+    let ragged = [1023usize, 700, 511, 898];
+    let none = Holes::default();
+    // Each with the cut requests core's schedule gives it (worked by hand for the first:
+    // tiles 1, 1, 1, 2, 2, 16, 32, 47 plus 5 each on 3 parts cut the last request once).
+    let cases: [(BalancedCase, usize); 8] = [
+        (case(1, 128, 64, &mixed, Some(3), none), 1),
+        (case(4, 128, 64, &[5, 129, 1500, 700], Some(2), none), 1),
+        (case(13, 16, 64, &[5, 129, 1500], Some(4), none), 1),
+        (case(2, 128, 16, &[3, 300, 900], Some(2), none), 1),
+        (case(1, 128, 128, &[100, 700, 2500], Some(3), none), 1),
+        (case(1, 16, 64, &ragged, Some(5), holes), 2),
+        (case(2, 128, 64, &ragged, Some(3), holes), 1),
+        (case(2, 128, 64, &[8000], None, none), 1),
+    ];
+    let mut results = Vec::new();
+    for (i, (c, want_cuts)) in cases.into_iter().enumerate() {
+        results.push(check_flash_balanced(
+            dev,
+            builds,
+            c,
+            want_cuts,
+            1000 + i as u64,
+        )?);
+    }
+    Ok(results)
+}
+
+fn case<'a>(
+    q_len: usize,
+    heads: usize,
+    page: usize,
+    ctx: &'a [usize],
+    parts: Option<usize>,
+    holes: Holes<'a>,
+) -> BalancedCase<'a> {
+    BalancedCase {
+        q_len,
+        heads,
+        page,
+        ctx,
+        parts,
+        holes,
+    }
+}

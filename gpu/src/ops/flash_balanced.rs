@@ -1,0 +1,145 @@
+//! The fast mode's balanced decode on the device: core's [`BalancedSchedule`] uploaded as
+//! the persistent seesaw kernel reads it (each part's segments for each of its row blocks),
+//! the launch, and `flash_combine_slots`, which merges the cut requests' partials after it.
+//! The schedule is core's, read as given: nothing here decides a cut.
+
+use cudarc::driver::LaunchConfig;
+use specmla_core::balanced::BalancedSchedule;
+
+use super::flash::{FlashBufs, FlashKernels, FlashOut, FlashShape, SplitMerge, WideKernel};
+use crate::device::{GpuDevice, GpuError};
+use crate::launch::{launch_cfg, Arg, Buf, DPtr};
+
+/// A balanced schedule on the device.
+pub struct BalancedWork {
+    /// Parts of the schedule: the launch runs one CTA per part and row block.
+    pub parts: usize,
+    /// `[parts + 1]`: part p's segments are `items[part_items[p]..part_items[p + 1]]`.
+    pub part_items: Buf<i32>,
+    /// `[segments][4]`: request, first tile, end tile, partial slot (-1: a final row).
+    pub items: Buf<i32>,
+    /// `[cuts][3]`: request, first slot, splits of each cut request.
+    pub cuts: Buf<i32>,
+    /// Cut requests: rows of `cuts`.
+    pub num_cuts: usize,
+    /// Partial slots the schedule writes (`[slots, rows, 512]` of the split partials).
+    pub partial_slots: usize,
+}
+
+impl BalancedWork {
+    /// Uploads `s`.
+    pub fn upload(dev: &GpuDevice, s: &BalancedSchedule) -> Result<Self, GpuError> {
+        let int = |x: u32| i32::try_from(x).expect("fits in i32");
+        let items: Vec<i32> = s
+            .segments
+            .iter()
+            .flat_map(|g| {
+                let slot = s.slot_of(g).map_or(-1, int);
+                [int(g.request), int(g.tile_begin), int(g.tile_end), slot]
+            })
+            .collect();
+        let cuts = s.cut_requests();
+        let cut_ints: Vec<i32> = cuts
+            .iter()
+            .flat_map(|&(r, f, n)| [r, f, n].map(int))
+            .collect();
+        let part_items: Vec<i32> = s.part_starts.iter().map(|&x| int(x)).collect();
+        // A zero-length buffer cannot be allocated: pad the empty lists (never read).
+        let padded = |v: Vec<i32>| if v.is_empty() { vec![0] } else { v };
+        Ok(Self {
+            parts: s.parts(),
+            part_items: Buf::from_host(dev, &part_items, "balanced part items")?,
+            items: Buf::from_host(dev, &padded(items), "balanced work items")?,
+            cuts: Buf::from_host(dev, &padded(cut_ints), "balanced cut requests")?,
+            num_cuts: cuts.len(),
+            partial_slots: s.partial_slots,
+        })
+    }
+}
+
+impl FlashKernels {
+    /// The decode of `s` on a balanced schedule (`work`, from core's
+    /// [`BalancedSchedule`] of the requests' seq_lens): the persistent seesaw kernel, a CTA
+    /// per part and 64-row block, each running its part's segments; a cut request's pieces
+    /// write f32 partials to `b.o_part` / `b.lse_part` (`[slots, rows, ...]`), merged in
+    /// split order by `flash_combine_slots`. Needs the seesaw family (sm_90a) and pages the
+    /// copy engine takes; `s.max_splits` and `s.split_size_tokens` are not read (nor is the
+    /// split schedule in `b`).
+    ///
+    /// # Safety
+    /// As [`FlashKernels::flash_decode`]; `work` covers every request's keys below its
+    /// seq_len (a schedule core built for these seq_lens does).
+    pub unsafe fn flash_decode_balanced(
+        &self,
+        dev: &GpuDevice,
+        s: FlashShape,
+        b: FlashBufs,
+        work: &BalancedWork,
+        scale: f32,
+    ) -> Result<(), GpuError> {
+        assert!(
+            self.wide == WideKernel::Seesaw,
+            "the balanced schedule runs on the seesaw kernel (sm_90a)"
+        );
+        assert_eq!(
+            self.decode_function(s.query_rows(), s.page, WideKernel::Seesaw),
+            WideKernel::Seesaw.function(),
+            "page {} is not one the copy engine takes",
+            s.page
+        );
+        assert!(
+            work.parts * s.query_rows().div_ceil(super::FLASH_ROWS) <= dev.sms,
+            "a balanced launch's CTAs must all be resident"
+        );
+        // SAFETY: the caller's promise, forwarded.
+        unsafe {
+            self.decode_on(
+                (WideKernel::Seesaw, SplitMerge::Cluster),
+                dev,
+                s,
+                b,
+                scale,
+                Some(work),
+            )
+        }
+    }
+
+    /// `flash_combine_slots` over `work`'s cut requests (none: nothing launched).
+    ///
+    /// # Safety
+    /// The partials of every cut request are written (the balanced decode just ran).
+    pub(super) unsafe fn combine_slots(
+        &self,
+        dev: &GpuDevice,
+        s: FlashShape,
+        (o_part, lse_part): (DPtr<f32>, DPtr<f32>),
+        out: FlashOut,
+        lse: DPtr<f32>,
+        work: &BalancedWork,
+    ) -> Result<(), GpuError> {
+        if work.num_cuts == 0 {
+            return Ok(());
+        }
+        let rows = s.query_rows();
+        let args: [Arg; 8] = [
+            o_part.into(),
+            lse_part.into(),
+            work.cuts.ptr().into(),
+            out.into(),
+            lse.into(),
+            s.batch.into(),
+            rows.into(),
+            s.heads.into(),
+        ];
+        let cfg = LaunchConfig {
+            grid_dim: (rows as u32, work.num_cuts as u32, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let name = "flash_combine_slots";
+        // SAFETY: argument list matches the kernel; the decode checked the partials' and
+        // outputs' sizes; every cut names a request below the batch and slots below
+        // `partial_slots` (core's schedule).
+        unsafe { launch_cfg(dev, &self.fns[name], name, cfg, &args) }
+    }
+}
