@@ -167,7 +167,11 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
         if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) inv = lse_own = NAN_F;
         if (c.slot >= 0) {
             // A cut request's piece: its normalized f32 partial and LSE, [slot, rows], merged
-            // by flash_combine_slots after the launch.
+            // by flash_combine_slots after the launch. FS_NO_PARTIAL (diagnostic, wrong
+            // outputs) stores nothing, to time the stores.
+#ifdef FS_NO_PARTIAL
+            continue;
+#endif
             const long long r = (long long)c.slot * rows + c.row0 + lrow[i];
             fw_store_row(o_part + r * FD_DV + col0, o + 2 * i, inv, lane, live[i]);
             if (live[i] && wg == 0 && lane % 4 == 0) lse_part[r] = lse_own;

@@ -249,7 +249,8 @@ impl FlashConfig {
 /// --timeline`).
 /// On both, `FW_NO_MERGE` leaves every split's partial unmerged, and `FW_DIRECT_STORE`
 /// writes a one-split request's output straight from registers instead of through shared
-/// memory and bulk copies.
+/// memory and bulk copies. On a balanced launch `FS_NO_PARTIAL` drops the cut pieces'
+/// partial stores and `FS_NO_COMBINE` the combine's work (its launch stays).
 fn diagnostic_defines() -> Result<String, GpuError> {
     match std::env::var("SPECMLA_FLASH_DEFINES") {
         Ok(v) => parse_defines(&v).map_err(GpuError::NoDevice),
@@ -259,7 +260,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 15] = [
+const DIAGNOSTIC_DEFINES: [&str; 17] = [
     "FW_NO_LOAD",
     "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
@@ -275,6 +276,8 @@ const DIAGNOSTIC_DEFINES: [&str; 15] = [
     "FS_EXACT_MAX",
     "FS_TRACE_THIRD",
     "FT_NO_PINGPONG",
+    "FS_NO_PARTIAL",
+    "FS_NO_COMBINE",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {
