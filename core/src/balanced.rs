@@ -14,6 +14,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::split::{fast_split_choice, CtaOverhead, SplitPolicy};
+
 /// How a balanced schedule divides a batch: the device's parts and the costs it weighs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BalancedPolicy {
@@ -42,6 +44,41 @@ impl BalancedPolicy {
     /// The schedule of requests of `kv_lens` keys.
     pub fn schedule(&self, kv_lens: &[u32]) -> BalancedSchedule {
         balanced_schedule(kv_lens, *self)
+    }
+}
+
+/// The fast mode's decode plan for a batch: equal splits for every request, or a
+/// balanced schedule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FastPlan {
+    Split(SplitPolicy),
+    Balanced(BalancedPolicy),
+}
+
+/// The fast plan of `batch` requests of `context` keys, `row_blocks` 64-row blocks each, on
+/// `sms` multiprocessors (`resident` and `overhead` as for `split::fast_split_plan`, tiles
+/// of 64 keys): the cheaper, by the cost model, of the split plan and FlashMLA's balanced
+/// schedule. The split plan costs its waves times a CTA's tiles and overhead; the balanced
+/// one its parts' share of the tiles, `one_split_tiles` a request, rounded up, plus
+/// `overhead.balanced_tiles` (its cut pieces' partials and their combine). Ties take the
+/// split plan. The balanced schedule wins where a last wave would run part full (at 128
+/// heads q 2, B 40: 160 row blocks on 132 multiprocessors) and loses where the waves are
+/// whole or nearly so (its partials then cost more than the idle multiprocessors).
+pub fn fast_decode_plan(
+    (batch, row_blocks, context): (usize, usize, usize),
+    sms: usize,
+    resident: &dyn Fn(usize) -> usize,
+    overhead: CtaOverhead,
+) -> FastPlan {
+    let groups = batch * row_blocks;
+    let (split, split_cost) = fast_split_choice(groups, context, resident, 64, overhead);
+    let policy = BalancedPolicy::for_device(sms, row_blocks);
+    let tiles = context.div_ceil(policy.tile_keys).max(1) + overhead.one_split_tiles;
+    let balanced_cost = (batch * tiles).div_ceil(policy.parts) + overhead.balanced_tiles;
+    if balanced_cost < split_cost {
+        FastPlan::Balanced(policy)
+    } else {
+        FastPlan::Split(split)
     }
 }
 
@@ -266,6 +303,69 @@ mod tests {
         }
         assert_eq!(ranges(&s, 15), vec![(0, 255, 256)]);
         assert_eq!(s.partial_slots, 16);
+    }
+
+    /// Run 134 on the H100 (`gpu-bench --sweep-splits`, 2 rounds): at 20 shapes whose last
+    /// wave is part full, whether the balanced schedule beat the split plan's count, as
+    /// (heads, q_len, batch, context, balanced faster). The plan picks the faster at each.
+    #[test]
+    fn the_fast_plan_balances_where_a_last_wave_runs_part_full() {
+        let h100 = |n: usize| match n {
+            1 => 132,
+            2 => 66,
+            3 => 39,
+            4 => 30,
+            5 => 22,
+            6 => 17,
+            7 | 8 => 15,
+            n => 132 / n,
+        };
+        let overhead = CtaOverhead {
+            one_split_tiles: 1,
+            split_tiles: 8,
+            priced_splits: 8,
+            balanced_tiles: 20,
+        };
+        for (h, q, b, l, faster) in [
+            (128usize, 1usize, 80usize, 4096usize, true),
+            (128, 1, 80, 4096, true),    // 194.9 against 2 splits' 228.4 us
+            (128, 1, 96, 4096, true),    // 212.4 / 231.2
+            (128, 1, 112, 4096, false),  // 255.3 / 1 split's 244.2
+            (128, 1, 120, 4096, false),  // 269.2 / 248.5
+            (128, 1, 136, 4096, true),   // 305.1 / 365.4
+            (128, 1, 72, 16384, true),   // 590.3 / 4 splits' 668.9
+            (128, 1, 128, 16384, false), // 1044.1 / 1011.3
+            (128, 2, 40, 4096, true),    // 182.3 / 227.2
+            (128, 2, 60, 4096, false),   // 245.1 / 233.5
+            (128, 2, 72, 4096, true),    // 282.3 / 338.7
+            (128, 2, 80, 4096, true),    // 311.6 / 339.4
+            (128, 4, 12, 4096, false),   // 115.2 / 113.5
+            (128, 4, 20, 4096, true),    // 175.7 / 213.8
+            (128, 4, 28, 4096, false),   // 229.6 / 224.9
+            (128, 4, 36, 4096, true),    // 282.2 / 330.7
+            (128, 4, 44, 4096, false),   // 336.7 / 332.9
+            (128, 4, 60, 4096, false),   // 440.4 / 438.7
+            (16, 1, 140, 8192, true),    // 464.3 / 4 splits' 485.5
+            (16, 1, 250, 8192, false),   // 809.9 / 790.3
+            (16, 4, 150, 8192, true),    // 520.4 / 524.9
+        ] {
+            let rb = (q * h).div_ceil(64);
+            let plan = fast_decode_plan((b, rb, l), 132, &h100, overhead);
+            assert_eq!(
+                matches!(plan, FastPlan::Balanced(_)),
+                faster,
+                "{h} {q} {b} {l}: {plan:?}"
+            );
+        }
+        // The table's whole waves stay on the split plan.
+        for (h, q, b, l) in [
+            (128usize, 1usize, 64, 4096),
+            (128, 4, 64, 4096),
+            (16, 1, 128, 8192),
+        ] {
+            let plan = fast_decode_plan((b, (q * h).div_ceil(64), l), 132, &h100, overhead);
+            assert!(matches!(plan, FastPlan::Split(_)), "{h} {q} {b} {l}");
+        }
     }
 
     proptest! {

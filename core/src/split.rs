@@ -141,6 +141,9 @@ pub struct CtaOverhead {
     /// The most splits `split_tiles` prices: more merge another way (through L2, at a
     /// cost it does not hold), and past one wave the plan does not take them.
     pub priced_splits: usize,
+    /// A balanced launch (`balanced::fast_decode_plan`), beyond its parts' tiles and a
+    /// `one_split_tiles` a piece: its cut pieces' partial stores and their combine.
+    pub balanced_tiles: usize,
 }
 
 /// The fast plan, which may look at the batch, at most one split per 256 keys. `groups` is
@@ -162,10 +165,19 @@ pub fn fast_split_plan(
     tile_keys: usize,
     overhead: CtaOverhead,
 ) -> SplitPolicy {
+    fast_split_choice(groups, context, resident, tile_keys, overhead).0
+}
+
+/// [`fast_split_plan`] and what it costs by the same model: waves times a split's tiles
+/// plus a CTA's overhead (one wave where the plan fits one).
+pub fn fast_split_choice(
+    groups: usize,
+    context: usize,
+    resident: &dyn Fn(usize) -> usize,
+    tile_keys: usize,
+    overhead: CtaOverhead,
+) -> (SplitPolicy, usize) {
     let most = context.div_ceil(256).max(1);
-    if let Some(n) = (1..=most).filter(|&n| groups <= resident(n)).max() {
-        return equal_split_plan(context, n, tile_keys);
-    }
     let cost = |n: usize| {
         let waves = groups.div_ceil(resident(n).max(1));
         let tiles = equal_split_plan(context, n, tile_keys).split_size_tokens / tile_keys.max(1);
@@ -176,9 +188,11 @@ pub fn fast_split_plan(
         };
         waves * (tiles + fixed)
     };
+    let one_wave = (1..=most).filter(|&n| groups <= resident(n)).max();
     let priced = most.min(overhead.priced_splits.max(1));
-    let splits = (1..=priced).min_by_key(|&n| (cost(n), n)).unwrap_or(1);
-    equal_split_plan(context, splits, tile_keys)
+    let splits =
+        one_wave.unwrap_or_else(|| (1..=priced).min_by_key(|&n| (cost(n), n)).unwrap_or(1));
+    (equal_split_plan(context, splits, tile_keys), cost(splits))
 }
 
 #[cfg(test)]
@@ -252,6 +266,7 @@ mod tests {
             one_split_tiles: 1,
             split_tiles: 8,
             priced_splits: 8,
+            balanced_tiles: 20,
         };
         fast_split_plan(b * (q * h).div_ceil(64), l, resident, 64, overhead).into()
     }

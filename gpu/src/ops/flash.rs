@@ -770,10 +770,16 @@ impl FlashKernels {
     /// 5.5% of the fastest at every shape, and the fastest at 16 of 17 with 8 and 1. Those
     /// counts merge in clusters; past one wave the plan takes no more than a cluster holds
     /// (the global merge costs more).
+    ///
+    /// A balanced launch costs 20 tiles beyond its parts' share: fitted to run 134 (20
+    /// shapes whose last wave is part full, the balanced schedule against the split counts),
+    /// where it tells the faster of the two at every shape; run 135 put 4-10 µs of it in the
+    /// cut pieces' partial stores and 10-15 µs in the combine.
     pub const CTA_OVERHEAD: CtaOverhead = CtaOverhead {
         one_split_tiles: 1,
         split_tiles: 8,
         priced_splits: MAX_CLUSTER_SPLITS,
+        balanced_tiles: 20,
     };
 
     /// Compiles the flash family for `dev` as the lab's environment asks

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use specmla_core::balanced::BalancedPolicy;
+use specmla_core::balanced::{fast_decode_plan, BalancedPolicy, FastPlan};
 use specmla_core::split::{equal_split_plan, fast_split_plan, invariant_split_plan};
 use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel, FLASH_ROWS};
 use specmla_gpu::{GpuDevice, GpuError};
@@ -417,10 +417,19 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
         } else {
             let fast = fast_plan(&s);
             variants.push(v(fk.wide, invariant(&s), "invariant"));
-            variants.push(v(fk.wide, fast, "fast"));
-            if fk.wide == WideKernel::Seesaw {
-                variants.push(balanced(5, "balanced"));
-            }
+            // The fast mode: the split plan, or on the seesaw kernel a balanced schedule
+            // where the cost model prices it lower.
+            let row_blocks = (s.q_len * s.heads).div_ceil(FLASH_ROWS);
+            let resident = |n: usize| resident[n.min(resident.len() - 1)];
+            let shape = (s.batch, row_blocks, s.context);
+            let plan = fast_decode_plan(shape, sms, &resident, FlashKernels::CTA_OVERHEAD);
+            variants.push(match plan {
+                FastPlan::Balanced(p) if fk.wide == WideKernel::Seesaw => FlashVariant {
+                    balanced: Some(p),
+                    ..v(fk.wide, (64, 1), "fast")
+                },
+                _ => v(fk.wide, fast, "fast"),
+            });
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
             // warpgroups on every tile) on the fast plan, and the mma.sync kernels (wide or
             // narrow) on the invariant one.
