@@ -773,8 +773,8 @@ impl FlashKernels {
     ///
     /// A balanced launch costs 20 tiles beyond its parts' share: fitted to run 134 (20
     /// shapes whose last wave is part full, the balanced schedule against the split counts),
-    /// where it tells the faster of the two at every shape; run 135 put 4-10 µs of it in the
-    /// cut pieces' partial stores and 10-15 µs in the combine.
+    /// where it tells the faster of the two at every shape; run 135 put 2-17 µs of it in the
+    /// cut pieces' partial stores and 11-16 µs (128 heads) in the combine.
     pub const CTA_OVERHEAD: CtaOverhead = CtaOverhead {
         one_split_tiles: 1,
         split_tiles: 8,
