@@ -578,6 +578,18 @@ extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const
     if (threadIdx.x == 0) lse[FdLseLayout{batch, rows, heads}.at(b, r)] = denom == 0.f ? NEG_INF : mx + logf(denom);
 }
 
+// A partial's last read: with an L2 evict-first policy, so the lines its store kept in L2
+// (evict-last, fs_store_partial_row) leave first.
+__device__ __forceinline__ float4 fd_load_last_use(const float* p) {
+    unsigned long long policy;
+    float4 v;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("ld.global.L2::cache_hint.v4.f32 {%0, %1, %2, %3}, [%4], %5;\n"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+                 : "l"(p), "l"(policy));
+    return v;
+}
+
 // The merge of a balanced schedule's cut requests (core's balanced module): cut c is
 // request cuts[3 c], whose cuts[3 c + 2] splits wrote their normalized partials and LSEs
 // in slots cuts[3 c + 1].. ([slot, rows, 512] and [slot, rows]); they merge in split order
@@ -606,7 +618,7 @@ extern "C" __global__ void __launch_bounds__(128) flash_combine_slots(const floa
         for (int s = 0; s < n; ++s) {
             const long long i = (long long)(slot0 + s) * rows + r;
             const float w = mx == NEG_INF ? 0.f : __expf(lse_part[i] - mx);
-            const float4 v = *(const float4*)(o_part + i * FD_DV + d);
+            const float4 v = fd_load_last_use(o_part + i * FD_DV + d);
             acc.x += w * v.x;
             acc.y += w * v.y;
             acc.z += w * v.z;

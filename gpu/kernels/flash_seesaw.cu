@@ -127,6 +127,20 @@ struct FsItem {
 };
 
 #ifdef FW_HAVE_WGMMA
+// fw_store_row's f32 rows for a cut piece's partial, with an L2 evict-last policy: the
+// combine reads them right after the launch, and the keys streaming through L2 meanwhile
+// would otherwise push them out to memory first.
+__device__ __forceinline__ void fs_store_partial_row(float* dst, const float* o, float inv, bool live) {
+    if (!live) return;
+    unsigned long long policy;
+    asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(policy));
+#pragma unroll
+    for (int j = 0; j < 32; ++j)
+        asm volatile("st.global.L2::cache_hint.v2.f32 [%0], {%1, %2}, %3;\n" ::"l"(dst + j * 8),
+                     "f"(o[4 * j] * inv), "f"(o[4 * j + 1] * inv), "l"(policy)
+                     : "memory");
+}
+
 // The end of an item of the persistent kernel (the copy warpgroup's, one split a request):
 // the two warpgroups' row sums added in group order, as fw_epilogue does (the same bits);
 // the next item's Q issued into the Q tile by TMA (no product reads it any more); then this
@@ -173,7 +187,7 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
             continue;
 #endif
             const long long r = (long long)c.slot * rows + c.row0 + lrow[i];
-            fw_store_row(o_part + r * FD_DV + col0, o + 2 * i, inv, lane, live[i]);
+            fs_store_partial_row(o_part + r * FD_DV + col0, o + 2 * i, inv, live[i]);
             if (live[i] && wg == 0 && lane % 4 == 0) lse_part[r] = lse_own;
             continue;
         }
