@@ -579,7 +579,7 @@ extern "C" __global__ void flash_combine(const float* __restrict__ o_part, const
 }
 
 // A partial's last read: with an L2 evict-first policy, so the lines its store kept in L2
-// (evict-last, fs_store_partial_row) leave first.
+// (evict-last, fs_item_end) leave first.
 __device__ __forceinline__ float4 fd_load_last_use(const float* p) {
     unsigned long long policy;
     float4 v;
