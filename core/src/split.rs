@@ -120,12 +120,14 @@ pub fn invariant_split_plan(query_rows: usize, block_rows: usize) -> SplitPolicy
 }
 
 /// `splits` equal splits of a `context`-key request, each a whole number of `tile_keys`
-/// tiles (a tile may span pages or part of one).
+/// tiles (a tile may span pages or part of one). A request without keys, zero splits or
+/// zero-key tiles still gives a policy: one split of at least one tile (of at least one key).
 pub fn equal_split_plan(context: usize, splits: usize, tile_keys: usize) -> SplitPolicy {
-    let split = context.div_ceil(splits).div_ceil(tile_keys) * tile_keys;
+    let tile = tile_keys.max(1);
+    let split = context.div_ceil(splits.max(1)).div_ceil(tile).max(1) * tile;
     SplitPolicy {
         split_size_tokens: split,
-        max_splits: context.div_ceil(split),
+        max_splits: context.div_ceil(split).max(1),
     }
 }
 
@@ -243,6 +245,18 @@ mod tests {
         assert_eq!(s.num_splits, vec![3, 2, 1, 1]);
         // The fourth row is past the table: it maps nothing.
         assert_eq!(s.mapped_kv_tokens, vec![32, 48, 0, 0]);
+    }
+
+    /// Postmortem: a zero context or tile divided by zero (found by review, never by a
+    /// caller: gpu-bench's shapes are positive).
+    #[test]
+    fn equal_splits_of_nothing_are_one_tile() {
+        let plan = |c, n, t| -> (usize, usize) { equal_split_plan(c, n, t).into() };
+        assert_eq!(plan(0, 4, 64), (64, 1));
+        assert_eq!(plan(100, 0, 64), (128, 1));
+        assert_eq!(plan(100, 2, 0), (50, 2));
+        assert_eq!(plan(4096, 2, 64), (2048, 2));
+        assert_eq!(plan(4097, 2, 64), (2112, 2));
     }
 
     #[test]
