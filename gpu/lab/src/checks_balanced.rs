@@ -3,7 +3,7 @@
 //! blocks included, and the engine's bf16 rows against the f32 build's bit for bit, through
 //! both the decode's own final rows and `flash_combine_slots`.
 
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::{
@@ -174,8 +174,8 @@ pub fn check_flash_balanced(
 
 /// The balanced cases `gpu-test` runs (sm_90a only): 2, 8 and 4 row blocks a request (the
 /// last with 16 live rows), pages of 16, 64 and 128, few parts so that most requests are
-/// cut, the device's parts over one long request (a merge of one split a part), and
-/// missing blocks through cut requests.
+/// cut, the device's parts over one long request (a merge of one split a part), missing
+/// blocks through cut requests, and six random batches.
 pub fn run_balanced_checks(
     dev: &GpuDevice,
     builds: (&FlashKernels, &FlashKernels),
@@ -208,6 +208,18 @@ pub fn run_balanced_checks(
             want_cuts,
             1000 + i as u64,
         )?);
+    }
+    // Random batches: 3-12 requests of 0-3000 keys at 1-4 tokens and 16 or 128 heads, on 1-8
+    // parts or the device's (whatever they cut, every row against f64).
+    let mut rng = ChaCha8Rng::seed_from_u64(1100);
+    for i in 0..6 {
+        let heads = if rng.gen_bool(0.5) { 16 } else { 128 };
+        let q_len = rng.gen_range(1..=4);
+        let n = rng.gen_range(3..=12);
+        let ctx: Vec<usize> = (0..n).map(|_| rng.gen_range(0..=3000)).collect();
+        let parts = rng.gen_bool(0.75).then(|| rng.gen_range(1..=8));
+        let c = case(q_len, heads, 64, &ctx, parts, none);
+        results.push(check_flash_balanced(dev, builds, c, 0, 1100 + i)?);
     }
     Ok(results)
 }
