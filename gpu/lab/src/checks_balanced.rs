@@ -35,7 +35,8 @@ pub struct BalancedCase<'a> {
 struct BalancedRun {
     out: Vec<f32>,
     lse: Vec<f32>,
-    err: f64,
+    /// Against f64, where the run computed the reference.
+    err: Option<f64>,
     cuts: usize,
     most_splits: u32,
 }
@@ -45,6 +46,7 @@ fn run_balanced(
     k: &FlashKernels,
     c: BalancedCase,
     seed: u64,
+    reference: bool,
 ) -> Result<BalancedRun, GpuError> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let batch = c.ctx.len();
@@ -106,8 +108,10 @@ fn run_balanced(
     let lse = download(dev, &ws.lse)?;
     let shape = (c.q_len, c.heads, FLASH_DIM, FLASH_DV, c.page, width);
     let scale = flash_check_scale() as f64;
-    let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale);
-    let err = max_rel_err(&out, &want_out).max(max_rel_err(&lse, &want_lse));
+    let err = reference.then(|| {
+        let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale);
+        max_rel_err(&out, &want_out).max(max_rel_err(&lse, &want_lse))
+    });
     Ok(BalancedRun {
         out,
         lse,
@@ -129,8 +133,10 @@ pub fn check_flash_balanced(
     seed: u64,
 ) -> Result<CaseResult, GpuError> {
     assert_eq!((f32k.out, bf16k.out), (DecodeOut::F32, DecodeOut::Bf16));
-    let f = run_balanced(dev, f32k, c, seed)?;
-    let h = run_balanced(dev, bf16k, c, seed)?;
+    // The same inputs on both builds (the seed); the f32 rows against f64.
+    let f = run_balanced(dev, f32k, c, seed, true)?;
+    let h = run_balanced(dev, bf16k, c, seed, false)?;
+    let err = f.err.unwrap_or(f64::INFINITY);
     let rounded = |x: f32| match x.is_nan() {
         true => u16::MAX,
         false => half::bf16::from_f32(x).to_bits(),
@@ -160,11 +166,11 @@ pub fn check_flash_balanced(
             c.holes.label(),
             f.cuts,
             f.most_splits,
-            f.err,
+            err,
             f.out.len()
         ),
-        max_rel_err: f.err,
-        passed: f.err <= BF16_TOL
+        max_rel_err: err,
+        passed: err <= BF16_TOL
             && f.cuts >= want_cuts
             && rows_differ == 0
             && lse_differ == 0
@@ -209,14 +215,14 @@ pub fn run_balanced_checks(
             1000 + i as u64,
         )?);
     }
-    // Random batches: 3-12 requests of 0-3000 keys at 1-4 tokens and 16 or 128 heads, on 1-8
+    // Random batches: 3-8 requests of 0-2000 keys at 1-4 tokens and 16 or 128 heads, on 1-8
     // parts or the device's (whatever they cut, every row against f64).
     let mut rng = ChaCha8Rng::seed_from_u64(1100);
     for i in 0..6 {
         let heads = if rng.gen_bool(0.5) { 16 } else { 128 };
         let q_len = rng.gen_range(1..=4);
-        let n = rng.gen_range(3..=12);
-        let ctx: Vec<usize> = (0..n).map(|_| rng.gen_range(0..=3000)).collect();
+        let n = rng.gen_range(3..=8);
+        let ctx: Vec<usize> = (0..n).map(|_| rng.gen_range(0..=2000)).collect();
         let parts = rng.gen_bool(0.75).then(|| rng.gen_range(1..=8));
         let c = case(q_len, heads, 64, &ctx, parts, none);
         results.push(check_flash_balanced(dev, builds, c, 0, 1100 + i)?);
