@@ -24,11 +24,19 @@ pub struct BalancedWork {
     pub num_cuts: usize,
     /// Partial slots the schedule writes (`[slots, rows, 512]` of the split partials).
     pub partial_slots: usize,
+    /// Requests the schedule was built for: a launch must have exactly these.
+    pub requests: usize,
 }
 
 impl BalancedWork {
-    /// Uploads `s`.
+    /// Uploads `s`, whose tiles must be the kernel's 64 keys (anything else is a caller
+    /// bug, and panics).
     pub fn upload(dev: &GpuDevice, s: &BalancedSchedule) -> Result<Self, GpuError> {
+        assert_eq!(
+            s.policy.map(|p| p.tile_keys),
+            Some(64),
+            "the balanced kernel runs tiles of 64 keys"
+        );
         let int = |x: u32| i32::try_from(x).expect("fits in i32");
         let items: Vec<i32> = s
             .segments
@@ -53,6 +61,7 @@ impl BalancedWork {
             cuts: Buf::from_host(dev, &padded(cut_ints), "balanced cut requests")?,
             num_cuts: cuts.len(),
             partial_slots: s.partial_slots,
+            requests: s.num_splits.len(),
         })
     }
 }
@@ -90,6 +99,11 @@ impl FlashKernels {
         assert!(
             work.parts * s.query_rows().div_ceil(super::FLASH_ROWS) <= dev.sms,
             "a balanced launch's CTAs must all be resident"
+        );
+        assert_eq!(
+            work.requests, s.batch,
+            "a balanced schedule for {} requests, launched on {}",
+            work.requests, s.batch
         );
         // SAFETY: the caller's promise, forwarded.
         unsafe {
