@@ -310,22 +310,7 @@ mod tests {
     /// (heads, q_len, batch, context, balanced faster). The plan picks the faster at each.
     #[test]
     fn the_fast_plan_balances_where_a_last_wave_runs_part_full() {
-        let h100 = |n: usize| match n {
-            1 => 132,
-            2 => 66,
-            3 => 39,
-            4 => 30,
-            5 => 22,
-            6 => 17,
-            7 | 8 => 15,
-            n => 132 / n,
-        };
-        let overhead = CtaOverhead {
-            one_split_tiles: 1,
-            split_tiles: 8,
-            priced_splits: 8,
-            balanced_tiles: 20,
-        };
+        use crate::split::{h100_resident_groups as h100, H100_OVERHEAD as overhead};
         for (h, q, b, l, faster) in [
             (128usize, 1usize, 80usize, 4096usize, true),
             (128, 1, 80, 4096, true),    // 194.9 against 2 splits' 228.4 us

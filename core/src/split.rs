@@ -197,6 +197,32 @@ pub fn fast_split_choice(
     (equal_split_plan(context, splits, tile_keys), cost(splits))
 }
 
+/// The seesaw kernels' overheads on the H100 (`FlashKernels::CTA_OVERHEAD`), for the
+/// plans' table tests.
+#[cfg(test)]
+pub(crate) const H100_OVERHEAD: CtaOverhead = CtaOverhead {
+    one_split_tiles: 1,
+    split_tiles: 8,
+    priced_splits: 8,
+    balanced_tiles: 20,
+};
+
+/// Groups of n split CTAs resident at once on the H100, as `gpu-bench` measured them (the
+/// driver's cluster counts past one split), for the plans' table tests.
+#[cfg(test)]
+pub(crate) fn h100_resident_groups(n: usize) -> usize {
+    match n {
+        1 => 132,
+        2 => 66,
+        3 => 39,
+        4 => 30,
+        5 => 22,
+        6 => 17,
+        7 | 8 => 15,
+        n => 132 / n,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -276,13 +302,7 @@ mod tests {
         resident: &dyn Fn(usize) -> usize,
     ) -> (usize, usize) {
         let (h, q, b, l) = shape;
-        let overhead = CtaOverhead {
-            one_split_tiles: 1,
-            split_tiles: 8,
-            priced_splits: 8,
-            balanced_tiles: 20,
-        };
-        fast_split_plan(b * (q * h).div_ceil(64), l, resident, 64, overhead).into()
+        fast_split_plan(b * (q * h).div_ceil(64), l, resident, 64, H100_OVERHEAD).into()
     }
 
     #[test]
@@ -320,16 +340,7 @@ mod tests {
     /// takes the fastest count at each but q 1 B 72 (2 splits, 228 µs; 4 took 216).
     #[test]
     fn the_fast_plan_splits_to_fill_a_last_part_full_wave() {
-        let h100 = |n: usize| match n {
-            1 => 132,
-            2 => 66,
-            3 => 39,
-            4 => 30,
-            5 => 22,
-            6 => 17,
-            7 | 8 => 15,
-            n => 132 / n,
-        };
+        let h100 = h100_resident_groups;
         for (shape, best) in [
             ((128, 1, 80, 4096), 2),
             ((128, 1, 96, 4096), 2),

@@ -521,21 +521,8 @@ pub fn check_flash_bf16_rows(
     let shape = (q_len, heads, page, split);
     let f32_run = run_flash_case(dev, f32k, path, shape, ctx, holes, seed, None)?;
     let bf16_run = run_flash_case(dev, bf16k, path, shape, ctx, holes, seed, None)?;
-    let rounded = |x: f32| match x.is_nan() {
-        true => u16::MAX, // any NaN
-        false => half::bf16::from_f32(x).to_bits(),
-    };
-    // A bf16 build's value as read_f32 widened it (its low half zero).
-    let as_bf16 = |x: f32| match x.is_nan() {
-        true => u16::MAX,
-        false => (x.to_bits() >> 16) as u16,
-    };
-    let rows_differ = (f32_run.out.iter().zip(&bf16_run.out))
-        .filter(|&(&w, &n)| rounded(w) != as_bf16(n))
-        .count();
-    let lse_differ = (f32_run.lse.iter().zip(&bf16_run.lse))
-        .filter(|(w, n)| w.to_bits() != n.to_bits())
-        .count();
+    let (rows_differ, lse_differ) =
+        bf16_rows_differ((&f32_run.out, &f32_run.lse), (&bf16_run.out, &bf16_run.lse));
     let nan_rows = f32_run.out.iter().filter(|v| v.is_nan()).count() / specmla_gpu::ops::FLASH_DV;
     let (wide_kernel, merge) = path;
     Ok(CaseResult {
@@ -558,6 +545,31 @@ pub fn check_flash_bf16_rows(
             && f32_run.rearmed
             && bf16_run.rearmed,
     })
+}
+
+/// How many of a bf16 build's rows (widened to f32 by `read_f32`) differ from an f32
+/// build's rounded to nearest even (any NaN matching any NaN), and how many LSEs differ in
+/// any bit: `(rows, lses)`.
+pub(crate) fn bf16_rows_differ(
+    (f32_out, f32_lse): (&[f32], &[f32]),
+    (bf16_out, bf16_lse): (&[f32], &[f32]),
+) -> (usize, usize) {
+    let rounded = |x: f32| match x.is_nan() {
+        true => u16::MAX,
+        false => half::bf16::from_f32(x).to_bits(),
+    };
+    // A bf16 build's value as read_f32 widened it (its low half zero).
+    let as_bf16 = |x: f32| match x.is_nan() {
+        true => u16::MAX,
+        false => (x.to_bits() >> 16) as u16,
+    };
+    let rows = (f32_out.iter().zip(bf16_out))
+        .filter(|&(&w, &n)| rounded(w) != as_bf16(n))
+        .count();
+    let lses = (f32_lse.iter().zip(bf16_lse))
+        .filter(|(w, n)| w.to_bits() != n.to_bits())
+        .count();
+    (rows, lses)
 }
 
 /// F12 on the tensor-core decode: the kernel given the schedule a graph's capture wrote

@@ -7,8 +7,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::{
-    bf16_vec, download, flash_check_scale, max_rel_err, schedule_of, shuffled_ids, upload,
-    CaseResult, Holes, BF16_TOL,
+    bf16_rows_differ, bf16_vec, download, flash_check_scale, max_rel_err, schedule_of,
+    shuffled_ids, upload, CaseResult, Holes, BF16_TOL,
 };
 use crate::reference::decode_f64;
 use specmla_core::balanced::{BalancedPolicy, BalancedSchedule};
@@ -137,20 +137,7 @@ pub fn check_flash_balanced(
     let f = run_balanced(dev, f32k, c, seed, true)?;
     let h = run_balanced(dev, bf16k, c, seed, false)?;
     let err = f.err.unwrap_or(f64::INFINITY);
-    let rounded = |x: f32| match x.is_nan() {
-        true => u16::MAX,
-        false => half::bf16::from_f32(x).to_bits(),
-    };
-    let as_bf16 = |x: f32| match x.is_nan() {
-        true => u16::MAX,
-        false => (x.to_bits() >> 16) as u16,
-    };
-    let rows_differ = (f.out.iter().zip(&h.out))
-        .filter(|&(&w, &n)| rounded(w) != as_bf16(n))
-        .count();
-    let lse_differ = (f.lse.iter().zip(&h.lse))
-        .filter(|(w, n)| w.to_bits() != n.to_bits())
-        .count();
+    let (rows_differ, lse_differ) = bf16_rows_differ((&f.out, &f.lse), (&h.out, &h.lse));
     let nan_rows = f.out.iter().filter(|v| v.is_nan()).count() / FLASH_DV;
     let parts = c
         .parts
