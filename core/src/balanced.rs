@@ -73,6 +73,10 @@ pub fn fast_decode_plan(
     let groups = batch * row_blocks;
     let (split, split_cost) = fast_split_choice(groups, context, resident, 64, overhead);
     let policy = BalancedPolicy::for_device(sms, row_blocks);
+    // A part's CTAs (one a row block) must all be resident: past one part a device, split.
+    if policy.parts * row_blocks > sms {
+        return FastPlan::Split(split);
+    }
     let tiles = context.div_ceil(policy.tile_keys).max(1) + overhead.one_split_tiles;
     let balanced_cost = (batch * tiles).div_ceil(policy.parts) + overhead.balanced_tiles;
     if balanced_cost < split_cost {
@@ -96,9 +100,9 @@ pub struct Segment {
 /// in order. A request of one split is written final; the splits of a cut request write
 /// partials in slots `partial_slot[r]..partial_slot[r] + num_splits[r]`, merged in split
 /// order afterwards.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BalancedSchedule {
-    pub policy: Option<BalancedPolicy>,
+    pub policy: BalancedPolicy,
     /// `[parts + 1]`.
     pub part_starts: Vec<u32>,
     pub segments: Vec<Segment>,
@@ -140,11 +144,6 @@ impl BalancedSchedule {
             .map(|r| (r as u32, self.partial_slot[r], self.num_splits[r]))
             .collect()
     }
-
-    /// The most partial slots a schedule of `parts` parts can use.
-    pub fn max_partial_slots(parts: usize) -> usize {
-        2 * parts
-    }
 }
 
 /// FlashMLA's division (see the module header). A request of `len` keys costs
@@ -164,10 +163,12 @@ pub fn balanced_schedule(kv_lens: &[u32], policy: BalancedPolicy) -> BalancedSch
     let total: usize = tiles.iter().map(|t| t + fixed).sum();
     let payload = total.div_ceil(parts) + fixed;
     let mut s = BalancedSchedule {
-        policy: Some(policy),
+        policy,
         part_starts: vec![0],
+        segments: Vec::new(),
         num_splits: vec![0; tiles.len()],
-        ..Default::default()
+        partial_slot: Vec::new(),
+        partial_slots: 0,
     };
     let (mut req, mut tile, mut split) = (0usize, 0usize, 0u32);
     for _ in 0..parts {
@@ -269,7 +270,7 @@ mod tests {
     }
 
     /// A batch that fills the parts whole is not cut: 64 requests of 4096 keys on 66
-    /// parts (q 1 at B 64): payload 68 + 5, one request a part, two parts idle.
+    /// parts (q 1 at B 64): payload 67 + 5, one request a part, two parts idle.
     #[test]
     fn whole_waves_stay_uncut() {
         let s = policy(66).schedule(&[4096; 64]);
@@ -312,27 +313,26 @@ mod tests {
     fn the_fast_plan_balances_where_a_last_wave_runs_part_full() {
         use crate::split::{h100_resident_groups as h100, H100_OVERHEAD as overhead};
         for (h, q, b, l, faster) in [
-            (128usize, 1usize, 80usize, 4096usize, true),
-            (128, 1, 80, 4096, true),    // 194.9 against 2 splits' 228.4 us
-            (128, 1, 96, 4096, true),    // 212.4 / 231.2
-            (128, 1, 112, 4096, false),  // 255.3 / 1 split's 244.2
-            (128, 1, 120, 4096, false),  // 269.2 / 248.5
-            (128, 1, 136, 4096, true),   // 305.1 / 365.4
-            (128, 1, 72, 16384, true),   // 590.3 / 4 splits' 668.9
-            (128, 1, 128, 16384, false), // 1044.1 / 1011.3
-            (128, 2, 40, 4096, true),    // 182.3 / 227.2
-            (128, 2, 60, 4096, false),   // 245.1 / 233.5
-            (128, 2, 72, 4096, true),    // 282.3 / 338.7
-            (128, 2, 80, 4096, true),    // 311.6 / 339.4
-            (128, 4, 12, 4096, false),   // 115.2 / 113.5
-            (128, 4, 20, 4096, true),    // 175.7 / 213.8
-            (128, 4, 28, 4096, false),   // 229.6 / 224.9
-            (128, 4, 36, 4096, true),    // 282.2 / 330.7
-            (128, 4, 44, 4096, false),   // 336.7 / 332.9
-            (128, 4, 60, 4096, false),   // 440.4 / 438.7
-            (16, 1, 140, 8192, true),    // 464.3 / 4 splits' 485.5
-            (16, 1, 250, 8192, false),   // 809.9 / 790.3
-            (16, 4, 150, 8192, true),    // 520.4 / 524.9
+            (128usize, 1usize, 80usize, 4096usize, true), // 194.9 against 2 splits' 228.4 us
+            (128, 1, 96, 4096, true),                     // 212.4 / 231.2
+            (128, 1, 112, 4096, false),                   // 255.3 / 1 split's 244.2
+            (128, 1, 120, 4096, false),                   // 269.2 / 248.5
+            (128, 1, 136, 4096, true),                    // 305.1 / 365.4
+            (128, 1, 72, 16384, true),                    // 590.3 / 4 splits' 668.9
+            (128, 1, 128, 16384, false),                  // 1044.1 / 1011.3
+            (128, 2, 40, 4096, true),                     // 182.3 / 227.2
+            (128, 2, 60, 4096, false),                    // 245.1 / 233.5
+            (128, 2, 72, 4096, true),                     // 282.3 / 338.7
+            (128, 2, 80, 4096, true),                     // 311.6 / 339.4
+            (128, 4, 12, 4096, false),                    // 115.2 / 113.5
+            (128, 4, 20, 4096, true),                     // 175.7 / 213.8
+            (128, 4, 28, 4096, false),                    // 229.6 / 224.9
+            (128, 4, 36, 4096, true),                     // 282.2 / 330.7
+            (128, 4, 44, 4096, false),                    // 336.7 / 332.9
+            (128, 4, 60, 4096, false),                    // 440.4 / 438.7
+            (16, 1, 140, 8192, true),                     // 464.3 / 4 splits' 485.5
+            (16, 1, 250, 8192, false),                    // 809.9 / 790.3
+            (16, 4, 150, 8192, true),                     // 520.4 / 524.9
         ] {
             let rb = (q * h).div_ceil(64);
             let plan = fast_decode_plan((b, rb, l), 132, &h100, overhead);
@@ -342,6 +342,9 @@ mod tests {
                 "{h} {q} {b} {l}: {plan:?}"
             );
         }
+        // More row blocks than multiprocessors: no part fits, the split plan.
+        let plan = fast_decode_plan((3, 200, 4096), 132, &h100, overhead);
+        assert!(matches!(plan, FastPlan::Split(_)), "{plan:?}");
         // The table's whole waves stay on the split plan.
         for (h, q, b, l) in [
             (128usize, 1usize, 64, 4096),
@@ -392,7 +395,7 @@ mod tests {
                 }
             }
             prop_assert_eq!(slots, (0..s.partial_slots as u32).collect::<Vec<_>>());
-            prop_assert!(s.partial_slots <= BalancedSchedule::max_partial_slots(parts));
+            prop_assert!(s.partial_slots <= 2 * parts);
         }
     }
 }

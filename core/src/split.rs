@@ -197,8 +197,8 @@ pub fn fast_split_choice(
     (equal_split_plan(context, splits, tile_keys), cost(splits))
 }
 
-/// The seesaw kernels' overheads on the H100 (`FlashKernels::CTA_OVERHEAD`), for the
-/// plans' table tests.
+/// The seesaw kernels' overheads on the H100, for the plans' table tests: a copy of
+/// `FlashKernels::CTA_OVERHEAD` (gpu/src/ops/flash.rs), whose own test pins the same values.
 #[cfg(test)]
 pub(crate) const H100_OVERHEAD: CtaOverhead = CtaOverhead {
     one_split_tiles: 1,

@@ -161,8 +161,8 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
     const int col0 = wg * 256 + (lane % 4) * 2;  // + 8 j: this thread's column pairs
     // A cut piece's partial stays in L2 (evict-last): the combine reads it right after the
     // launch, and the keys streaming through L2 meanwhile would push it out to memory first
-    // (0.965-0.993x the balanced launches' time on the H100, run 138). Final rows stored
-    // evict-first instead of plainly made launches 0.4-1.1% slower (run 140).
+    // (0.965-0.982x the balanced launches' time on the H100, run 138). Final rows stored
+    // evict-first instead of plainly made most launches at 128 heads 0.4-1.1% slower (run 140).
     unsigned long long keep;
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(keep));
 #pragma unroll
@@ -825,7 +825,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 }
 
 // The copy warpgroup issues the reloads: the host's pick for one split a request and at
-// least four 64-row blocks (WideKernel::launch_function says why).
+// least four 64-row blocks, or two or three where CTAs take several (WideKernel::
+// launch_function says why), and for every balanced launch.
 // With `part_items` ([parts + 1] offsets into `work_items`) the grid is parts x row blocks
 // and CTA x runs part x / row_blocks's segments ({request, first tile, end tile, partial
 // slot}) for row block x % row_blocks: a balanced schedule (core's balanced module), whose

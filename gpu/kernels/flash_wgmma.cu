@@ -239,7 +239,8 @@ __device__ __forceinline__ void fw_cluster_sync() {
 // holds columns 8 j + 2 (lane % 4) and the next of its warpgroup's half (o[4 j], o[4 j + 1];
 // `dst` at the first); a dead row stores nothing. In f32 a warp's store is eight rows of
 // 32 whole bytes.
-// With kHint, each store carries the L2 cache policy `policy` (from createpolicy).
+// With kHint, each store carries the L2 cache policy `policy` (from createpolicy): a balanced
+// launch's partials (fs_item_end).
 template <bool kHint = false>
 __device__ __forceinline__ void fw_store_row(float* dst, const float* o, float inv, int lane, bool live,
                                              unsigned long long policy = 0) {
@@ -259,9 +260,7 @@ __device__ __forceinline__ void fw_store_row(float* dst, const float* o, float i
 // 32-byte sectors, as the f32 rows do. (4-byte stores of the pairs as they are, half a
 // sector a row, made q 2 and q 4 at B 64 2-3% slower on the H100.)
 // The lanes of a dead row trade too (the whole warp takes part) and skip the store.
-template <bool kHint = false>
-__device__ __forceinline__ void fw_store_row(unsigned short* dst, const float* o, float inv, int lane, bool live,
-                                             unsigned long long policy = 0) {
+__device__ __forceinline__ void fw_store_row(unsigned short* dst, const float* o, float inv, int lane, bool live) {
     const int q = lane % 4;
     unsigned even = 0;  // pair 2 q of the current group of 16 columns (j even)
 #pragma unroll
@@ -279,15 +278,7 @@ __device__ __forceinline__ void fw_store_row(unsigned short* dst, const float* o
         const unsigned got = __shfl_xor_sync(0xffffffff, low ? p : even, 2);
         const unsigned a = low ? even : got, b = low ? got : p;
         const unsigned other = __shfl_xor_sync(0xffffffff, first ? b : a, 1);
-        const uint2 v = first ? make_uint2(a, other) : make_uint2(other, b);
-        unsigned short* at = dst - 2 * q + (j / 2) * 16 + 4 * q;
-        if (!live) continue;
-        if constexpr (kHint)
-            asm volatile("st.global.L2::cache_hint.v2.b32 [%0], {%1, %2}, %3;\n" ::"l"(at), "r"(v.x), "r"(v.y),
-                         "l"(policy)
-                         : "memory");
-        else
-            *(uint2*)at = v;
+        if (live) *(uint2*)(dst - 2 * q + (j / 2) * 16 + 4 * q) = first ? make_uint2(a, other) : make_uint2(other, b);
     }
 }
 

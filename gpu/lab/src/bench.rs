@@ -363,10 +363,7 @@ impl VariantState {
         let sched = policy.schedule(&vec![s.context as u32; s.batch]);
         // One split a request for the mapped keys; the workspace's partials hold the slots.
         let one = (s.context.div_ceil(64) * 64, 1);
-        let shape = FlashShape {
-            max_splits: sched.partial_slots.div_ceil(s.batch).max(1),
-            ..inp.flash_shape(one)
-        };
+        let shape = BalancedWork::shape(sched.partial_slots, inp.flash_shape(one));
         Ok(Self {
             ws: FlashWorkspace::new(dev, shape, k.out, None)?,
             sched: inp.schedule(dev, one)?.1,

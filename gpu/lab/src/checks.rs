@@ -1198,7 +1198,7 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         },
     )?;
     bf16_row_checks(dev, (&fk, &bf16k), &mut results)?;
-    if fk.wide.hopper() {
+    if fk.wide == WideKernel::Seesaw {
         results.extend(crate::checks_balanced::run_balanced_checks(
             dev,
             (&fk, &bf16k),

@@ -45,7 +45,8 @@ pub(super) const SEESAW_THREADS: u32 = 384;
 /// The seesaw kernel without the copy warpgroup (same body, `fs_decode<false>`).
 const SEESAW_2WG: &str = "flash_decode_seesaw_2wg";
 /// The seesaw kernel with the copy warpgroup: one split a request, a one-dimensional grid
-/// of CTAs each taking every `gridDim.x`-th row block (`fs_decode<true>`).
+/// of CTAs each taking every `gridDim.x`-th row block (`fs_decode<true>`); or a balanced
+/// schedule's pieces, a CTA per part and row block (`flash_balanced.rs`).
 pub(super) const SEESAW_PERSISTENT: &str = "flash_decode_seesaw";
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
@@ -1270,6 +1271,21 @@ mod tests {
                 "{wide:?} {splits} {blocks} {requests}"
             );
         }
+    }
+
+    /// core's plan tests (`split::H100_OVERHEAD`) copy these values.
+    #[test]
+    fn the_plans_overheads_are_the_ones_core_tests() {
+        let o = super::FlashKernels::CTA_OVERHEAD;
+        assert_eq!(
+            (
+                o.one_split_tiles,
+                o.split_tiles,
+                o.priced_splits,
+                o.balanced_tiles
+            ),
+            (1, 8, 8, 20)
+        );
     }
 
     #[test]

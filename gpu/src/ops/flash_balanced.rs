@@ -29,12 +29,20 @@ pub struct BalancedWork {
 }
 
 impl BalancedWork {
+    /// `s` (a one-split shape of the launch's requests) with `max_splits` raised so that a
+    /// workspace of it, `[max_splits, batch, rows]` partials, holds `partial_slots` slots.
+    pub fn shape(partial_slots: usize, s: FlashShape) -> FlashShape {
+        FlashShape {
+            max_splits: partial_slots.div_ceil(s.batch.max(1)).max(1),
+            ..s
+        }
+    }
+
     /// Uploads `s`, whose tiles must be the kernel's 64 keys (anything else is a caller
     /// bug, and panics).
     pub fn upload(dev: &GpuDevice, s: &BalancedSchedule) -> Result<Self, GpuError> {
         assert_eq!(
-            s.policy.map(|p| p.tile_keys),
-            Some(64),
+            s.policy.tile_keys, 64,
             "the balanced kernel runs tiles of 64 keys"
         );
         let int = |x: u32| i32::try_from(x).expect("fits in i32");
@@ -72,8 +80,9 @@ impl FlashKernels {
     /// per part and 64-row block, each running its part's segments; a cut request's pieces
     /// write f32 partials to `b.o_part` / `b.lse_part` (`[slots, rows, ...]`), merged in
     /// split order by `flash_combine_slots`. Needs the seesaw family (sm_90a) and pages the
-    /// copy engine takes; `s.max_splits` and `s.split_size_tokens` are not read (nor is the
-    /// split schedule in `b`).
+    /// copy engine takes. The split schedule in `b` is not read, but `s` is checked as for
+    /// any launch: make it with [`BalancedWork::shape`], whose `max_splits` sizes a
+    /// [`super::FlashWorkspace`]'s partials for the slots.
     ///
     /// # Safety
     /// As [`FlashKernels::flash_decode`]; `work` covers every request's keys below its

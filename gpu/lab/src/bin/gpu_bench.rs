@@ -351,9 +351,9 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    let resident = |n: usize| resident[n.min(resident.len() - 1)];
     let fast_plan = |s: &BenchShape| -> (usize, usize) {
         let groups = s.batch * (s.q_len * s.heads).div_ceil(FLASH_ROWS);
-        let resident = |n: usize| resident[n.min(resident.len() - 1)];
         fast_split_plan(groups, s.context, &resident, 64, FlashKernels::CTA_OVERHEAD).into()
     };
     if let Some(dir) = &cli.timeline {
@@ -420,7 +420,6 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             // The fast mode: the split plan, or on the seesaw kernel a balanced schedule
             // where the cost model prices it lower.
             let row_blocks = (s.q_len * s.heads).div_ceil(FLASH_ROWS);
-            let resident = |n: usize| resident[n.min(resident.len() - 1)];
             let shape = (s.batch, row_blocks, s.context);
             let plan = fast_decode_plan(shape, sms, &resident, FlashKernels::CTA_OVERHEAD);
             variants.push(match plan {
@@ -428,7 +427,9 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                     balanced: Some(p),
                     ..v(fk.wide, (64, 1), "fast")
                 },
-                _ => v(fk.wide, fast, "fast"),
+                FastPlan::Split(p) => v(fk.wide, p.into(), "fast"),
+                // Off the seesaw kernel: the split plan.
+                FastPlan::Balanced(_) => v(fk.wide, fast, "fast"),
             });
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
             // warpgroups on every tile) on the fast plan, and the mma.sync kernels (wide or
