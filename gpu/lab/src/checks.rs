@@ -798,6 +798,54 @@ struct FlashRun {
     lse: Vec<f32>,
 }
 
+/// A tensor-core decode case's inputs, from `seed`: requests of `ctx` keys before their
+/// `q_len` new tokens, a shuffled block table of pages of `page` with `holes` taken from it,
+/// and random bf16 cache and queries (the device's bits, and the reference's exact f32).
+pub(crate) struct FlashCaseInputs {
+    pub seq_lens: Vec<i32>,
+    pub max_len: usize,
+    /// The table's width: `cut_pages` short of the longest request.
+    pub width: usize,
+    pub table: Vec<i32>,
+    pub cache_bits: Vec<u16>,
+    pub cache: Vec<f32>,
+    pub q_bits: Vec<u16>,
+    pub q: Vec<f32>,
+}
+
+impl FlashCaseInputs {
+    pub(crate) fn new(
+        (q_len, heads, page): (usize, usize, usize),
+        ctx: &[usize],
+        holes: Holes,
+        seed: u64,
+    ) -> Self {
+        use specmla_gpu::ops::FLASH_DIM;
+        let mut rng = ChaCha8Rng::seed_from_u64(seed);
+        let batch = ctx.len();
+        let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
+        let max_len = *seq_lens.iter().max().unwrap_or(&1) as usize;
+        // `cut_pages` short of the longest request: the rows that see past it must be NaN.
+        let width = max_len.div_ceil(page).max(1 + holes.cut_pages) - holes.cut_pages;
+        let num_blocks = batch * width + 1;
+        let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
+        let mut table = blocks[..batch * width].to_vec();
+        holes.apply(&mut table, width);
+        let (cache_bits, cache) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
+        let (q_bits, q) = bf16_vec(&mut rng, batch * q_len * heads * FLASH_DIM, 1.0);
+        Self {
+            seq_lens,
+            max_len,
+            width,
+            table,
+            cache_bits,
+            cache,
+            q_bits,
+            q,
+        }
+    }
+}
+
 /// Runs one tensor-core decode case against f64: the schedule core's policy gives for
 /// the requests' seq_lens, or for `schedule_lens(seq_lens)` where given (a stale one).
 #[allow(clippy::too_many_arguments)]
@@ -812,41 +860,42 @@ fn run_flash_case(
     schedule_lens: Option<&ScheduleLens>,
 ) -> Result<FlashRun, GpuError> {
     use specmla_gpu::ops::{FlashShape, FLASH_DIM, FLASH_DV};
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let inp = FlashCaseInputs::new((q_len, heads, page), ctx, holes, seed);
     let batch = ctx.len();
-    let seq_lens: Vec<i32> = ctx.iter().map(|&c| (c + q_len) as i32).collect();
-    let max_len = *seq_lens.iter().max().unwrap_or(&1) as usize;
-    // `cut_pages` short of the longest request: the rows that see past it must be NaN.
-    let width = max_len.div_ceil(page).max(1 + holes.cut_pages) - holes.cut_pages;
-    let num_blocks = batch * width + 1;
-    let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
-    let mut table = blocks[..batch * width].to_vec();
-    holes.apply(&mut table, width);
-    let (cache_bits, cache) = bf16_vec(&mut rng, num_blocks * page * FLASH_DIM, 1.0);
-    let rows = q_len * heads;
-    let (q_bits, q) = bf16_vec(&mut rng, batch * rows * FLASH_DIM, 1.0);
     let s = FlashShape {
         batch,
         q_len,
         heads,
         page,
-        width,
+        width: inp.width,
         split_size_tokens: split,
         // At most four, as in the invariant mode: the longest requests here take longer
         // splits (a multiple of `split`).
-        max_splits: max_len.div_ceil(split).clamp(1, 4),
+        max_splits: inp.max_len.div_ceil(split).clamp(1, 4),
     };
-    let planned = schedule_lens.map_or_else(|| seq_lens.clone(), |f| f(&seq_lens));
-    let launch = FlashLaunch::new((dev, k), s, (&q_bits, &table, &seq_lens), &planned)?;
-    let cache_d = upload(dev, &cache_bits)?;
+    let planned = schedule_lens.map_or_else(|| inp.seq_lens.clone(), |f| f(&inp.seq_lens));
+    let launch = FlashLaunch::new(
+        (dev, k),
+        s,
+        (&inp.q_bits, &inp.table, &inp.seq_lens),
+        &planned,
+    )?;
+    let cache_d = upload(dev, &inp.cache_bits)?;
     // SAFETY: the check's block table names blocks inside its cache or -1, and its mapped
     // keys stop at the first -1 of each row.
     let (got_out, got_lse) = unsafe { launch.run(dev, k, (wide, merge), s, &cache_d) }?;
     let scale = flash_check_scale();
     // The split counters must be re-armed for the next launch (a CUDA graph replays them).
     let rearmed = download(dev, &launch.ws.done)?.iter().all(|&c| c == 0);
-    let shape = (q_len, heads, FLASH_DIM, FLASH_DV, page, width);
-    let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale as f64);
+    let shape = (q_len, heads, FLASH_DIM, FLASH_DV, page, inp.width);
+    let (want_out, want_lse) = decode_f64(
+        &inp.q,
+        &inp.cache,
+        &inp.table,
+        &inp.seq_lens,
+        shape,
+        scale as f64,
+    );
     // The kernel's LSE is the reference's [heads, tokens]: compared as it comes.
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());

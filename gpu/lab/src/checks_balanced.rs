@@ -7,8 +7,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::{
-    bf16_rows_differ, bf16_vec, download, flash_check_scale, max_rel_err, schedule_of,
-    shuffled_ids, upload, CaseResult, Holes, BF16_TOL,
+    bf16_rows_differ, download, flash_check_scale, max_rel_err, schedule_of, upload, CaseResult,
+    FlashCaseInputs, Holes, BF16_TOL,
 };
 use crate::reference::decode_f64;
 use specmla_core::balanced::{BalancedPolicy, BalancedSchedule};
@@ -48,18 +48,9 @@ fn run_balanced(
     seed: u64,
     reference: bool,
 ) -> Result<BalancedRun, GpuError> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let inp = FlashCaseInputs::new((c.q_len, c.heads, c.page), c.ctx, c.holes, seed);
     let batch = c.ctx.len();
     let rows = c.q_len * c.heads;
-    let seq_lens: Vec<i32> = c.ctx.iter().map(|&x| (x + c.q_len) as i32).collect();
-    let max_len = *seq_lens.iter().max().unwrap_or(&1) as usize;
-    let width = max_len.div_ceil(c.page).max(1 + c.holes.cut_pages) - c.holes.cut_pages;
-    let num_blocks = batch * width + 1;
-    let blocks: Vec<i32> = shuffled_ids(&mut rng, num_blocks);
-    let mut table = blocks[..batch * width].to_vec();
-    c.holes.apply(&mut table, width);
-    let (cache_bits, cache) = bf16_vec(&mut rng, num_blocks * c.page * FLASH_DIM, 1.0);
-    let (q_bits, q) = bf16_vec(&mut rng, batch * rows * FLASH_DIM, 1.0);
     let row_blocks = rows.div_ceil(FLASH_ROWS);
     let policy = BalancedPolicy {
         parts: c
@@ -67,21 +58,21 @@ fn run_balanced(
             .unwrap_or(BalancedPolicy::for_device(dev.sms, row_blocks).parts),
         ..BalancedPolicy::for_device(dev.sms, row_blocks)
     };
-    let lens: Vec<u32> = seq_lens.iter().map(|&l| l as u32).collect();
+    let lens: Vec<u32> = inp.seq_lens.iter().map(|&l| l as u32).collect();
     let sched: BalancedSchedule = policy.schedule(&lens);
     let work = BalancedWork::upload(dev, &sched)?;
     // The split schedule only for its mapped keys (the balanced kernel reads no split).
     let one = SplitPolicy {
-        split_size_tokens: max_len.div_ceil(64) * 64,
+        split_size_tokens: inp.max_len.div_ceil(64) * 64,
         max_splits: 1,
     };
-    let splits = schedule_of(one, &seq_lens, &table, width, c.page);
+    let splits = schedule_of(one, &inp.seq_lens, &inp.table, inp.width, c.page);
     let one_split = FlashShape {
         batch,
         q_len: c.q_len,
         heads: c.heads,
         page: c.page,
-        width,
+        width: inp.width,
         split_size_tokens: one.split_size_tokens,
         max_splits: 1,
     };
@@ -89,11 +80,11 @@ fn run_balanced(
     let ws = FlashWorkspace::new(dev, s, k.out, Some(f32::NAN))?;
     let on_device = FlashSchedule::upload(dev, &splits, one.split_size_tokens)?;
     let (q_d, table_d, seq_d) = (
-        upload(dev, &q_bits)?,
-        upload(dev, &table)?,
-        upload(dev, &seq_lens)?,
+        upload(dev, &inp.q_bits)?,
+        upload(dev, &inp.table)?,
+        upload(dev, &inp.seq_lens)?,
     );
-    let cache_d = upload(dev, &cache_bits)?;
+    let cache_d = upload(dev, &inp.cache_bits)?;
     let bufs = ws.bufs(
         q_d.ptr(),
         cache_d.ptr(),
@@ -106,10 +97,11 @@ fn run_balanced(
     unsafe { k.flash_decode_balanced(dev, s, bufs, &work, flash_check_scale()) }?;
     let out = ws.out.read_f32(dev)?;
     let lse = download(dev, &ws.lse)?;
-    let shape = (c.q_len, c.heads, FLASH_DIM, FLASH_DV, c.page, width);
+    let shape = (c.q_len, c.heads, FLASH_DIM, FLASH_DV, c.page, inp.width);
     let scale = flash_check_scale() as f64;
     let err = reference.then(|| {
-        let (want_out, want_lse) = decode_f64(&q, &cache, &table, &seq_lens, shape, scale);
+        let (want_out, want_lse) =
+            decode_f64(&inp.q, &inp.cache, &inp.table, &inp.seq_lens, shape, scale);
         max_rel_err(&out, &want_out).max(max_rel_err(&lse, &want_lse))
     });
     Ok(BalancedRun {
