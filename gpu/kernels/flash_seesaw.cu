@@ -170,7 +170,12 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
         const float total = red[lrow[i]] + red[64 + lrow[i]];
         float inv = total > 0.f ? 1.f / total : 0.f, lse_own = fw_lse_of(m[i], total);
         // Poisoned: its causal window reaches a missing block (flash_decode.cu).
-        if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) inv = lse_own = NAN_F;
+        if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) {
+            inv = lse_own = NAN_F;
+#ifdef FS_SKIP_POISONED_ROWS
+            continue;  // a planted fault: gpu-test's missing-block cases must catch it
+#endif
+        }
         if (c.slot >= 0) {
             // A cut request's piece: its normalized f32 partial and LSE, [slot, rows], merged
             // by flash_combine_slots after the launch. FS_NO_PARTIAL (diagnostic, wrong
@@ -337,6 +342,32 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             if (mask >> k & 1) fw_expect(bar0 + k * 8, boxes * box_rows * 128);
         fw_issue_boxes(dst, &cache_map, block_table + (long long)c.b * width, page, t0, boxes, mask, bar0, 8);
     };
+    // The block-table entry prefetch_l2 takes for tile t of item c: -1 (no prefetch) past
+    // the item, on pages of fewer than 64 keys, or on another row block than 0.
+    auto prefetch_entry = [&](const FsItem& c, int t) {
+#ifdef FS_NO_L2_PREFETCH
+        return -1 + 0 * t;
+#else
+        return c.row0 == 0 && t < c.tiles ? entry_of(c, t) : -1;
+#endif
+    };
+    // Tile t of item c (its entry e) pulled from memory into L2 by the request's CTA of
+    // row block 0 alone, from the copy warpgroup: the request's row blocks read each tile
+    // at about the same time, and without it every one of them waited for the same miss.
+    // A stage's next tile of the item, issued once the stage's current one is. On the H100
+    // (`gpu-bench`, the same calls): four tiles ahead made q 1 L 16k 14% slower (run 144);
+    // the next item's first tiles too gained 1-2% less (run 147); the same prefetch by the
+    // product warpgroups' first thread, where there is no copy warpgroup, made those
+    // launches up to 17% slower (run 148, 16 heads). Against none (runs 147-149): q 1 at
+    // 128 heads 0.96-0.97x, part-full batches 0.96-0.99x, q 2 and q 4 B 64 0.99-1.00x,
+    // q 4 L 16k 1.003-1.008x. FS_NO_L2_PREFETCH (diagnostic) leaves it out.
+    auto prefetch_l2 = [&](const FsItem& c, int t, int e) {
+        if (e < 0) return;
+        const int t0 = c.kv_start + t * 64;
+        const unsigned bytes = min(64, c.kv_end - t0) * FD_D * 2;
+        const unsigned short* src = cache + ((long long)e * page + t0 % page) * FD_D;
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(src), "r"(bytes) : "memory");
+    };
     // Whether an item after item i takes a tile into stage s (its tile s): then the stage's
     // last tile of item i is followed by a load, which its release must let through.
     auto stage_continues = [&](int i, int s) {
@@ -407,6 +438,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             const int entry_next = more ? entry_of(walk.c, walk.t) : -1;  // a wait ahead of its copy
             fw_bar_wait(empties + w * 8, k & 1);
             issue(now.c, now.t, reload_mask(w), entry);
+            if (w % 2 == 0) prefetch_l2(now.c, now.t + 2, prefetch_entry(now.c, now.t + 2));
             if (!more) return;
             now = walk;
             entry = entry_next;

@@ -1,5 +1,6 @@
 //! Kernel checks against the f64 references on fresh random inputs over a grid of
-//! shapes: outputs are poisoned with NaN before every launch, inputs are never zeros.
+//! shapes: outputs start as [`UNWRITTEN`] before every launch (intermediate buffers as
+//! NaN), inputs are never zeros.
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -230,8 +231,8 @@ pub fn check_decode(
     let split_lens: Vec<i32> = sched.split_len_tokens.iter().map(|&l| l as i32).collect();
     let num_splits: Vec<i32> = sched.num_splits.iter().map(|&n| n as i32).collect();
     let scale = 1.0 / (s.dim as f32).sqrt();
-    let out = upload(dev, &vec![f32::NAN; tokens * s.heads * s.dv])?;
-    let lse = upload(dev, &vec![f32::NAN; s.heads * tokens])?;
+    let out = upload(dev, &vec![UNWRITTEN; tokens * s.heads * s.dv])?;
+    let lse = upload(dev, &vec![UNWRITTEN; s.heads * tokens])?;
     let inputs = [upload(dev, &q)?, upload(dev, &cache)?];
     let ints = [
         upload(dev, &block_table)?,
@@ -399,7 +400,8 @@ pub fn check_chunked_prefill(
             lse: states[3].ptr(),
         },
     };
-    let (out, lse) = (poisoned(m * d.heads * d.v)?, poisoned(d.heads * m)?);
+    let unwritten = |len| upload(dev, &vec![UNWRITTEN; len]);
+    let (out, lse) = (unwritten(m * d.heads * d.v)?, unwritten(d.heads * m)?);
     let acc = State {
         out: out.ptr(),
         lse: lse.ptr(),
@@ -649,7 +651,7 @@ impl FlashLaunch {
         };
         let sched = schedule_of(policy, planned, table, s.width, s.page);
         Ok(Self {
-            ws: FlashWorkspace::new(dev, s, k.out, Some(f32::NAN))?,
+            ws: FlashWorkspace::new(dev, s, k.out, Some(UNWRITTEN))?,
             q: upload(dev, q_bits)?,
             table: upload(dev, table)?,
             seq_lens: upload(dev, seq_lens)?,
@@ -983,7 +985,7 @@ pub fn check_flash_invariance(
         .zip(&alone)
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
-    let finite = alone.iter().all(|v| !v.is_nan());
+    let finite = alone.iter().all(|v| !v.is_nan() && *v != UNWRITTEN);
     // The two merges do the same arithmetic in the same order: same bits for the batch.
     let across = if wide.hopper() && merge == SplitMerge::Cluster {
         let global = run_merged(SplitMerge::Global, 3, &q_bits, &blocks, &seq, split)?;
@@ -1074,14 +1076,23 @@ fn merge_label(wide: WideKernel, merge: SplitMerge) -> &'static str {
     }
 }
 
-/// Largest |got - want| / max(1, |want|); NaN (an unwritten output) counts as infinite.
-/// Largest relative error; a NaN is right only where the reference has one (a row that
-/// read a missing block).
+/// What a check's outputs hold before its launch: 2^100, finite and exact in bf16, far
+/// outside any attention output. A value the kernel never wrote then fails both ways:
+/// beyond the error bound where the reference has a number, and not NaN where the
+/// reference has NaN (a row that read a missing block). A NaN poison let such a row pass
+/// unwritten.
+pub(crate) const UNWRITTEN: f32 = f32::from_bits(0x7180_0000);
+
+/// Largest |got - want| / max(1, |want|); an unwritten output ([`UNWRITTEN`]) counts as
+/// infinite, and a NaN is right only where the reference has one (a row that read a
+/// missing block).
 pub(crate) fn max_rel_err(got: &[f32], want: &[f64]) -> f64 {
     got.iter()
         .zip(want)
         .map(|(&g, &w)| {
-            if w.is_nan() || g.is_nan() {
+            if g == UNWRITTEN {
+                f64::INFINITY
+            } else if w.is_nan() || g.is_nan() {
                 if w.is_nan() && g.is_nan() {
                     0.0
                 } else {
@@ -1282,4 +1293,28 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         }
     }
     Ok(results)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{max_rel_err, UNWRITTEN};
+
+    #[test]
+    fn the_sentinel_survives_bf16() {
+        let bits = half::bf16::from_f32(UNWRITTEN);
+        assert_eq!(bits.to_f32(), UNWRITTEN);
+        assert!(UNWRITTEN.is_finite());
+    }
+
+    /// A row the reference poisons (NaN) must be written NaN: left unwritten it fails,
+    /// which a NaN poison could not tell.
+    #[test]
+    fn an_unwritten_value_fails_where_the_reference_has_nan_or_a_number() {
+        assert_eq!(max_rel_err(&[UNWRITTEN], &[f64::NAN]), f64::INFINITY);
+        assert_eq!(max_rel_err(&[UNWRITTEN], &[0.5]), f64::INFINITY);
+        assert_eq!(max_rel_err(&[f32::NAN], &[f64::NAN]), 0.0);
+        assert_eq!(max_rel_err(&[f32::NAN], &[0.5]), f64::INFINITY);
+        assert!(max_rel_err(&[0.5], &[0.5]) == 0.0);
+        assert!(max_rel_err(&[0.5], &[f64::NAN]).is_infinite());
+    }
 }

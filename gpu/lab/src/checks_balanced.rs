@@ -8,7 +8,7 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::checks::{
     bf16_rows_differ, download, flash_check_scale, max_rel_err, schedule_of, upload, CaseResult,
-    FlashCaseInputs, Holes, BF16_TOL,
+    FlashCaseInputs, Holes, BF16_TOL, UNWRITTEN,
 };
 use crate::reference::decode_f64;
 use specmla_core::balanced::{BalancedPolicy, BalancedSchedule};
@@ -77,7 +77,7 @@ fn run_balanced(
         max_splits: 1,
     };
     let s = BalancedWork::shape(sched.partial_slots, one_split);
-    let ws = FlashWorkspace::new(dev, s, k.out, Some(f32::NAN))?;
+    let ws = FlashWorkspace::new(dev, s, k.out, Some(UNWRITTEN))?;
     let on_device = FlashSchedule::upload(dev, &splits, one.split_size_tokens)?;
     let (q_d, table_d, seq_d) = (
         upload(dev, &inp.q_bits)?,

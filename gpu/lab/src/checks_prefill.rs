@@ -6,7 +6,7 @@
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-use crate::checks::{bf16_vec, download, max_rel_err, upload, CaseResult, BF16_TOL};
+use crate::checks::{bf16_vec, download, max_rel_err, upload, CaseResult, BF16_TOL, UNWRITTEN};
 use crate::reference::attention_f64;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::ops::{
@@ -113,8 +113,8 @@ pub fn check_flash_prefill(
     let (q_bits, q) = bf16_vec(&mut rng, s.total_q * heads * PREFILL_DQK, 1.0);
     let kv = keys(&mut rng, s.total_k, heads, layout);
     // An empty batch still gets buffers to point at: every Buf holds at least one element.
-    let mut out = upload(dev, &vec![f32::NAN; s.total_q * heads * PREFILL_DV])?;
-    let mut lse = upload(dev, &vec![f32::NAN; s.total_q * heads])?;
+    let mut out = upload(dev, &vec![UNWRITTEN; s.total_q * heads * PREFILL_DV])?;
+    let mut lse = upload(dev, &vec![UNWRITTEN; s.total_q * heads])?;
     let qd = upload(dev, &q_bits)?;
     let (nd, rd) = (upload(dev, &kv.k_nope)?, upload(dev, &kv.k_rope)?);
     let vd = kv.v.map(|v| upload(dev, &v)).transpose()?;
@@ -152,8 +152,8 @@ pub fn check_flash_prefill(
         .filter(|t| !t.hopper() || fk.wide.hopper())
     {
         // Poisoned again for each variant.
-        out.write(dev, &vec![f32::NAN; out.len()])?;
-        lse.write(dev, &vec![f32::NAN; lse.len()])?;
+        out.write(dev, &vec![UNWRITTEN; out.len()])?;
+        lse.write(dev, &vec![UNWRITTEN; lse.len()])?;
         // SAFETY: the start locations passed prefill_rows_valid above.
         unsafe { fk.flash_prefill_with(tile, dev, s, bufs, scale) }?;
         let n_out = s.total_q * heads * PREFILL_DV;
@@ -292,8 +292,8 @@ fn run_prefill(
 ) -> Result<(Vec<f32>, Vec<f32>), GpuError> {
     let (s, q_loc, k_loc) = shape_of(heads, rows, causal);
     assert!(prefill_rows_valid(&s, &q_loc, &k_loc), "rows {rows:?}");
-    let out = upload(dev, &vec![f32::NAN; s.total_q * heads * PREFILL_DV])?;
-    let lse = upload(dev, &vec![f32::NAN; s.total_q * heads])?;
+    let out = upload(dev, &vec![UNWRITTEN; s.total_q * heads * PREFILL_DV])?;
+    let lse = upload(dev, &vec![UNWRITTEN; s.total_q * heads])?;
     let (qd, nd) = (upload(dev, q)?, upload(dev, &k.k_nope)?);
     let (rd, vd) = (upload(dev, &k.k_rope)?, upload(dev, &k.v)?);
     let (ql, kl) = (upload(dev, &q_loc)?, upload(dev, &k_loc)?);

@@ -252,6 +252,9 @@ impl FlashConfig {
 /// writes a one-split request's output straight from registers instead of through shared
 /// memory and bulk copies. On a balanced launch `FS_NO_PARTIAL` drops the cut pieces'
 /// partial stores and `FS_NO_COMBINE` the combine's work (its launch stays).
+/// `FS_NO_L2_PREFETCH` leaves out the seesaw kernels' L2 prefetch of later key tiles, and
+/// `FS_SKIP_POISONED_ROWS` plants a fault for `gpu-test` to catch: the persistent seesaw
+/// kernel leaves the rows that read a missing block unwritten.
 fn diagnostic_defines() -> Result<String, GpuError> {
     match std::env::var("SPECMLA_FLASH_DEFINES") {
         Ok(v) => parse_defines(&v).map_err(GpuError::NoDevice),
@@ -261,7 +264,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 17] = [
+const DIAGNOSTIC_DEFINES: [&str; 19] = [
     "FW_NO_LOAD",
     "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
@@ -279,6 +282,8 @@ const DIAGNOSTIC_DEFINES: [&str; 17] = [
     "FT_NO_PINGPONG",
     "FS_NO_PARTIAL",
     "FS_NO_COMBINE",
+    "FS_NO_L2_PREFETCH",
+    "FS_SKIP_POISONED_ROWS",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {
