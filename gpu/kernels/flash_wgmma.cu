@@ -320,10 +320,11 @@ __device__ __forceinline__ void fw_merge_rows(const float* recv, const float* wt
         for (int t = 0; t < S; ++t) {
             const float w = wts[k * 9 + t];
             const float4 v = *(const float4*)(recv + (t * per + k) * FW_MSTRIDE + c);
-            acc.x += w * v.x;
-            acc.y += w * v.y;
-            acc.z += w * v.z;
-            acc.w += w * v.w;
+            // Fused, as every merge of the Hopper kernels (fs_merge_row too): the same bits.
+            acc.x = __fmaf_rn(w, v.x, acc.x);
+            acc.y = __fmaf_rn(w, v.y, acc.y);
+            acc.z = __fmaf_rn(w, v.z, acc.z);
+            acc.w = __fmaf_rn(w, v.w, acc.w);
         }
         const float den = wts[k * 9 + 8];
         fd_put4(out + k * FD_DV + c, den == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
@@ -459,10 +460,10 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
             for (int u = 0; u < 8; ++u) {
                 int i = i0 + u * FW_THREADS;
                 float w = i < n4 ? scratch[t * 64 + i / (FD_DV / 4)] : 0.f;
-                acc[u].x += w * v[u].x;
-                acc[u].y += w * v[u].y;
-                acc[u].z += w * v[u].z;
-                acc[u].w += w * v[u].w;
+                acc[u].x = __fmaf_rn(w, v[u].x, acc[u].x);
+                acc[u].y = __fmaf_rn(w, v[u].y, acc[u].y);
+                acc[u].z = __fmaf_rn(w, v[u].z, acc[u].z);
+                acc[u].w = __fmaf_rn(w, v[u].w, acc[u].w);
             }
         }
 #pragma unroll

@@ -751,7 +751,7 @@ pub fn check_seesaw_kernels_agree(
         let s = shape(max_splits);
         let mut k = k.clone();
         k.persist = persist;
-        let name = k.decode_launch(&s, WideKernel::Seesaw, dev.sms).0;
+        let name = k.decode_launch(&s, (WideKernel::Seesaw, k.merge), dev.sms).0;
         functions.push(name);
         names.push(format!("{name} ({persist:?})"));
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
@@ -902,7 +902,7 @@ fn run_flash_case(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());
     Ok(FlashRun {
-        kernel: k.decode_launch(&s, wide, dev.sms).0,
+        kernel: k.decode_launch(&s, (wide, merge), dev.sms).0,
         err,
         rearmed,
         finite,
@@ -986,14 +986,22 @@ pub fn check_flash_invariance(
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
     let finite = alone.iter().all(|v| !v.is_nan() && *v != UNWRITTEN);
-    // The two merges do the same arithmetic in the same order: same bits for the batch.
+    // The merges do the same arithmetic in the same order: same bits for the batch, from
+    // the global one and (the seesaw kernel) from its splits in sequence.
     let across = if wide.hopper() && merge == SplitMerge::Cluster {
-        let global = run_merged(SplitMerge::Global, 3, &q_bits, &blocks, &seq, split)?;
-        let n = global
-            .iter()
-            .zip(&batch)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
+        let mut others = vec![SplitMerge::Global];
+        if wide == WideKernel::Seesaw {
+            others.push(SplitMerge::Sequence);
+        }
+        let mut n = 0;
+        for other in others {
+            let got = run_merged(other, 3, &q_bits, &blocks, &seq, split)?;
+            n += got
+                .iter()
+                .zip(&batch)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+        }
         Some(n)
     } else {
         None
@@ -1007,7 +1015,8 @@ pub fn check_flash_invariance(
             by_itself.len(),
             2 * split,
             across.map_or(String::new(), |n| format!(
-                "; global merge: {n} of {} batch values differ",
+                "; global merge{}: {n} of {} batch values differ",
+                if wide == WideKernel::Seesaw { " and splits in sequence" } else { "" },
                 batch.len()
             ))
         ),
@@ -1054,7 +1063,8 @@ fn bf16_row_checks(
 }
 
 /// The decode paths to check: where the device has wgmma, both Hopper kernels with each
-/// split merge, and the mma.sync kernels (whose merge is `flash_combine`).
+/// split merge (the seesaw one also with its splits in sequence), and the mma.sync kernels
+/// (whose merge is `flash_combine`).
 fn wide_kernels(k: &FlashKernels) -> Vec<(WideKernel, SplitMerge)> {
     let mut paths = Vec::new();
     if k.wide.hopper() {
@@ -1062,17 +1072,19 @@ fn wide_kernels(k: &FlashKernels) -> Vec<(WideKernel, SplitMerge)> {
             paths.push((wide, SplitMerge::Cluster));
             paths.push((wide, SplitMerge::Global));
         }
+        paths.insert(2, (WideKernel::Seesaw, SplitMerge::Sequence));
     }
     paths.push((WideKernel::Mma, SplitMerge::Global));
     paths
 }
 
-/// "; global merge" for a Hopper kernel merging through global partials.
+/// "; global merge" for a Hopper kernel merging through global partials, "; splits in
+/// sequence" for the seesaw kernel asked to run them so.
 fn merge_label(wide: WideKernel, merge: SplitMerge) -> &'static str {
-    if wide.hopper() && merge == SplitMerge::Global {
-        "; global merge"
-    } else {
-        ""
+    match merge {
+        SplitMerge::Global if wide.hopper() => "; global merge",
+        SplitMerge::Sequence if wide == WideKernel::Seesaw => "; splits in sequence",
+        _ => "",
     }
 }
 

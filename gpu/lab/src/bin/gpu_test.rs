@@ -18,10 +18,16 @@ use specmla_gpu_lab::invariance::run_invariance;
 /// (one line saying why).
 #[derive(clap::Parser)]
 #[command(name = "gpu-test", version)]
-struct Cli {}
+struct Cli {
+    /// The kernel checks alone (attention, dense, prefill), without the GEMM checks and the
+    /// engine's invariance cases: a quicker pass while a kernel changes. A full run is
+    /// what counts as the device's verdict.
+    #[arg(long)]
+    kernels_only: bool,
+}
 
 fn main() -> ExitCode {
-    let _ = <Cli as clap::Parser>::parse();
+    let cli = <Cli as clap::Parser>::parse();
     let dev = match GpuDevice::open(0) {
         Ok(d) => d,
         Err(e) => {
@@ -40,7 +46,7 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return stopped("kernel checks", &e),
     };
-    match run_gemm(&dev) {
+    match if cli.kernels_only { Ok((Vec::new(), Vec::new())) } else { run_gemm(&dev) } {
         Ok((r, notes)) => {
             results.extend(r);
             for n in notes {
@@ -49,7 +55,7 @@ fn main() -> ExitCode {
         }
         Err(e) => return stopped("GEMM checks", &e),
     }
-    match run_invariance(&dev) {
+    match if cli.kernels_only { Ok(Vec::new()) } else { run_invariance(&dev) } {
         Ok(r) => results.extend(r),
         Err(e) => {
             // The device already ran the kernel checks: a failure here is the engine's.
