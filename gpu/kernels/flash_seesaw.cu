@@ -184,25 +184,40 @@ __device__ __forceinline__ float fs_merge_row(float* o, int i, float inv, float 
         w[t] = t >= c.count || mx == NEG_INF ? 0.f : __expf(lt[t] - mx);
         if (t < c.count) den += w[t];
     }
+    // Four column pairs at a time, each partial's four loads issued together (more spill
+    // the registers the merge has next to O): one at a time, each waiting for the last, the
+    // 64 loads of a thread's rows made the launches 1.3x slower on the H100 (run 150).
 #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        float acc[2] = {0.f, 0.f};
+    for (int j0 = 0; j0 < 32; j0 += 4) {
+        float acc[8];
+#pragma unroll
+        for (int k = 0; k < 8; ++k) acc[k] = 0.f;
 #pragma unroll
         for (int t = 0; t < 8; ++t) {
             if (t >= c.count) break;
-            float2 v;
-            if (t < here) {
-                v = __ldcg((const float2*)(o_part + (t * split_rows + row) * FD_DV + col0 + j * 8));
-            } else if (t == here) {
-                v = make_float2(o[4 * j + 2 * i] * inv, o[4 * j + 2 * i + 1] * inv);
-            } else {
-                v = make_float2(0.f * inv_empty, 0.f * inv_empty);
+            float2 v[4];
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const int jj = j0 + j;
+                if (t < here)
+                    v[j] = __ldcg((const float2*)(o_part + (t * split_rows + row) * FD_DV + col0 + jj * 8));
+                else if (t == here)
+                    v[j] = make_float2(o[4 * jj + 2 * i] * inv, o[4 * jj + 2 * i + 1] * inv);
+                else
+                    v[j] = make_float2(0.f * inv_empty, 0.f * inv_empty);
             }
-            acc[0] = __fmaf_rn(w[t], v.x, acc[0]);
-            acc[1] = __fmaf_rn(w[t], v.y, acc[1]);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                acc[2 * j] = __fmaf_rn(w[t], v[j].x, acc[2 * j]);
+                acc[2 * j + 1] = __fmaf_rn(w[t], v[j].y, acc[2 * j + 1]);
+            }
         }
-        o[4 * j + 2 * i] = den == 0.f ? 0.f : acc[0] / den;
-        o[4 * j + 2 * i + 1] = den == 0.f ? 0.f : acc[1] / den;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int jj = j0 + j;
+            o[4 * jj + 2 * i] = den == 0.f ? 0.f : acc[2 * j] / den;
+            o[4 * jj + 2 * i + 1] = den == 0.f ? 0.f : acc[2 * j + 1] / den;
+        }
     }
     return den == 0.f ? NEG_INF : mx + logf(den);
 }
@@ -770,6 +785,23 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             l[k] = 0.f;
         }
     };
+    // The item's last pair iteration: its splits' partials (before split `here`, whose rows
+    // are in registers) pulled into L2 for the merge at its end, each 128-byte line of this
+    // thread's rows once a quad. FS_NO_MERGE_PREFETCH (diagnostic) leaves it out.
+    auto prefetch_partials = [&](int here) {
+#ifndef FS_NO_MERGE_PREFETCH
+        const int q = lane % 4, col = wg * 256;
+        for (int t = 0; t < here; ++t)
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const long long r = ((long long)t * batch + cur.b) * rows + cur.row0 + lrow[i];
+                if (live[i])
+                    asm volatile("prefetch.global.L2::evict_last [%0];\nprefetch.global.L2::evict_last [%1];\n" ::"l"(
+                                     o_part + r * FD_DV + col + q * 32),
+                                 "l"(o_part + r * FD_DV + col + (q + 4) * 32));
+            }
+#endif
+    };
     // Uses of stage 0 and stage 1 by the items before this one (the mbarriers' phases).
     int uses_a = 0, uses_b = 0;
     for (int i = 0; i < items; ++i) {
@@ -807,6 +839,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             const int ta = 2 * it, tb = ta + 1;
             const bool has_b = tb < tiles;
             if (kSequence && split_tiles > 0 && it > 0 && ta % split_tiles == 0) split_end(ta / split_tiles - 1);
+            if (kSequence && split_tiles > 0 && it == pairs - 1) prefetch_partials((tiles - 1) / split_tiles);
             if (wg == 0) {
                 FS_MARK(it, 0);
                 const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
