@@ -122,106 +122,9 @@ __device__ __forceinline__ void fs_pv_rs(float* d, const unsigned* a, unsigned l
 
 // A request's 64-row block of one split: what a CTA of the seesaw decode works on. `slot`:
 // where a balanced schedule's piece of a cut request writes its partial, else -1 (final).
-// `split_tiles`: in the persistent kernel with several splits a request, the item is the
-// whole row block and its splits run in sequence, `split_tiles` 64-key tiles each (even:
-// a split starts a pair iteration); 0 otherwise.
 struct FsItem {
-    int b, row0, sp, count, seq_len, mapped, kv_start, kv_end, tiles, slot, split_tiles;
+    int b, row0, sp, count, seq_len, mapped, kv_start, kv_end, tiles, slot;
 };
-
-#ifdef FW_HAVE_WGMMA
-// Row sums, normalizers and LSEs of a split's end, where both warpgroups hold their share
-// of the row sums l (reduced here across each row's quad), `red` taking them in group
-// order: fw_epilogue's arithmetic, so the bits are those of any other launch of the split.
-// Every one of the 256 product threads calls it; with kFreeRed it leaves `red` free again
-// (a split end inside an item; an item's end has barriers enough before the next write).
-template <bool kFreeRed>
-__device__ __forceinline__ void fs_split_norm(const float* m, float* l, const int* lrow, float* red,
-                                              const FsItem& c, int rows, int heads, float* inv, float* lse_own) {
-    const int lane = threadIdx.x % 32, wg = threadIdx.x / 128;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
-        if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
-    }
-    fs_sync(FS_BAR_ALL, FW_THREADS);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float total = red[lrow[i]] + red[64 + lrow[i]];
-        inv[i] = total > 0.f ? 1.f / total : 0.f;
-        lse_own[i] = fw_lse_of(m[i], total);
-        // Poisoned: its causal window reaches a missing block (flash_decode.cu).
-        if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) inv[i] = lse_own[i] = NAN_F;
-    }
-    if (kFreeRed) fs_sync(FS_BAR_ALL, FW_THREADS);
-}
-
-// The merge of a request's splits run in sequence (FsItem::split_tiles), at the end of its
-// last split with keys (`here`; later ones have none), over this thread's elements of
-// row i: split t < here from its partial, [t * batch + b, rows] in o_part and lse_part
-// (this thread wrote the rows; a quad's first lane of warpgroup 0 the LSE, behind the
-// barriers since), split `here` from the registers (o times inv), later ones empty. The
-// global and cluster merges' arithmetic in split order (weights from the LSEs' maximum,
-// products fused into the sums), so the bits are theirs. o takes the merged rows; returns
-// the row's LSE.
-__device__ __forceinline__ float fs_merge_row(float* o, int i, float inv, float lse_own, bool poisoned,
-                                              const FsItem& c, int here, int batch, int rows, int lrow,
-                                              const float* __restrict__ o_part,
-                                              const float* __restrict__ lse_part) {
-    const int col0 = threadIdx.x / 128 * 256 + (threadIdx.x % 4) * 2;
-    // An empty split (no keys: rows of zeros, sum 0), as a split CTA without tiles ends.
-    const float inv_empty = poisoned ? NAN_F : 0.f, lse_empty = poisoned ? NAN_F : NEG_INF;
-    const long long split_rows = (long long)batch * rows, row = (long long)c.b * rows + c.row0 + lrow;
-    float lt[8], w[8], mx = NEG_INF, den = 0.f;
-#pragma unroll
-    for (int t = 0; t < 8; ++t)
-        lt[t] = t >= c.count ? NEG_INF : t < here ? __ldcg(lse_part + t * split_rows + row) : t == here ? lse_own : lse_empty;
-#pragma unroll
-    for (int t = 0; t < 8; ++t) mx = fd_max(mx, lt[t]);
-#pragma unroll
-    for (int t = 0; t < 8; ++t) {
-        w[t] = t >= c.count || mx == NEG_INF ? 0.f : __expf(lt[t] - mx);
-        if (t < c.count) den += w[t];
-    }
-    // Four column pairs at a time, each partial's four loads issued together (more spill
-    // the registers the merge has next to O): one at a time, each waiting for the last, the
-    // 64 loads of a thread's rows made the launches 1.3x slower on the H100 (run 150).
-#pragma unroll
-    for (int j0 = 0; j0 < 32; j0 += 4) {
-        float acc[8];
-#pragma unroll
-        for (int k = 0; k < 8; ++k) acc[k] = 0.f;
-#pragma unroll
-        for (int t = 0; t < 8; ++t) {
-            if (t >= c.count) break;
-            float2 v[4];
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                const int jj = j0 + j;
-                if (t < here)
-                    v[j] = __ldcg((const float2*)(o_part + (t * split_rows + row) * FD_DV + col0 + jj * 8));
-                else if (t == here)
-                    v[j] = make_float2(o[4 * jj + 2 * i] * inv, o[4 * jj + 2 * i + 1] * inv);
-                else
-                    v[j] = make_float2(0.f * inv_empty, 0.f * inv_empty);
-            }
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                acc[2 * j] = __fmaf_rn(w[t], v[j].x, acc[2 * j]);
-                acc[2 * j + 1] = __fmaf_rn(w[t], v[j].y, acc[2 * j + 1]);
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-            const int jj = j0 + j;
-            o[4 * jj + 2 * i] = den == 0.f ? 0.f : acc[2 * j] / den;
-            o[4 * jj + 2 * i + 1] = den == 0.f ? 0.f : acc[2 * j + 1] / den;
-        }
-    }
-    return den == 0.f ? NEG_INF : mx + logf(den);
-}
-#endif
 
 #ifdef FW_HAVE_WGMMA
 // The end of an item of the persistent kernel (the copy warpgroup's, one split a request):
@@ -230,17 +133,21 @@ __device__ __forceinline__ float fs_merge_row(float* o, int i, float inv, float 
 // item's rows (times inv) and LSE stored from registers. fw_epilogue stages a one-split
 // request's rows in the freed tiles and writes them with bulk copies; here the tiles
 // already take the next item's first keys.
-template <bool kSequence>
-__device__ __forceinline__ void fs_item_end(float* o, const float* m, float* l, const int* lrow,
+__device__ __forceinline__ void fs_item_end(const float* o, const float* m, float* l, const int* lrow,
                                             const bool* live, float* red, const FsItem& c, const FsItem& next,
                                             bool has_next, unsigned qs, const FwTensorMap* q_map, unsigned q_full,
                                             int batch, int rows, int heads, fd_out* __restrict__ out,
                                             float* __restrict__ lse, float* __restrict__ o_part,
                                             float* __restrict__ lse_part FW_EPI_PARAM) {
     const int tid = threadIdx.x, lane = tid % 32, wg = tid / 128;
-    float inv[2], lse_own[2];
-    // Its barriers: both warpgroups past their last products, every score done with the Q tile.
-    fs_split_norm<false>(m, l, lrow, red, c, rows, heads, inv, lse_own);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
+        if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
+    }
+    // Both warpgroups past their last products: every score is done with the Q tile.
+    fs_sync(FS_BAR_ALL, FW_THREADS);
     FW_EPI_MARK(0);
     if (has_next && threadIdx.x == 0) {
         // Nine boxes of 64 rows by 64 columns, swizzled as the keys. Rows past the
@@ -260,20 +167,14 @@ __device__ __forceinline__ void fs_item_end(float* o, const float* m, float* l, 
     asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(keep));
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        const bool poisoned = inv[i] != inv[i];  // NaN only there (a NaN sum gives 0)
+        const float total = red[lrow[i]] + red[64 + lrow[i]];
+        float inv = total > 0.f ? 1.f / total : 0.f, lse_own = fw_lse_of(m[i], total);
+        // Poisoned: its causal window reaches a missing block (flash_decode.cu).
+        if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) {
+            inv = lse_own = NAN_F;
 #ifdef FS_SKIP_POISONED_ROWS
-        if (poisoned) continue;  // a planted fault: gpu-test's missing-block cases must catch it
+            continue;  // a planted fault: gpu-test's missing-block cases must catch it
 #endif
-        if (kSequence && c.count > 1) {
-            // The last split of a request whose splits ran in sequence: merge them.
-            const int here = c.tiles == 0 ? 0 : (c.tiles - 1) / c.split_tiles;
-            // A dead row merges its registers alone (no partial of it exists): a branch
-            // around the merge would put the accumulators' writes on a divergent path.
-            const float merged = fs_merge_row(o, i, inv[i], lse_own[i], poisoned, c, live[i] ? here : 0, batch,
-                                              rows, lrow[i], o_part, lse_part);
-            fw_store_row(out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0, o + 2 * i, 1.f, lane, live[i]);
-            if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(c.b, c.row0 + lrow[i])] = merged;
-            continue;
         }
         if (c.slot >= 0) {
             // A cut request's piece: its normalized f32 partial and LSE, [slot, rows], merged
@@ -283,12 +184,12 @@ __device__ __forceinline__ void fs_item_end(float* o, const float* m, float* l, 
             continue;
 #endif
             const long long r = (long long)c.slot * rows + c.row0 + lrow[i];
-            fw_store_row<true>(o_part + r * FD_DV + col0, o + 2 * i, inv[i], lane, live[i], keep);
-            if (live[i] && wg == 0 && lane % 4 == 0) lse_part[r] = lse_own[i];
+            fw_store_row<true>(o_part + r * FD_DV + col0, o + 2 * i, inv, lane, live[i], keep);
+            if (live[i] && wg == 0 && lane % 4 == 0) lse_part[r] = lse_own;
             continue;
         }
-        fw_store_row(out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0, o + 2 * i, inv[i], lane, live[i]);
-        if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(c.b, c.row0 + lrow[i])] = lse_own[i];
+        fw_store_row(out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0, o + 2 * i, inv, lane, live[i]);
+        if (live[i] && wg == 0 && lane % 4 == 0) lse[lay.at(c.b, c.row0 + lrow[i])] = lse_own;
     }
     FW_EPI_MARK(2);
 }
@@ -304,7 +205,7 @@ __device__ __forceinline__ void fs_item_end(float* o, const float* m, float* l, 
 // the previous one's end: its Q loads by TMA (`q_map`, over the queries) once the last
 // scores are done, and each stage's first tile once the previous item's last products
 // have freed it, the copy warpgroup taking the stages' tiles across items as one sequence.
-template <bool kCopyGroup, bool kSequence = false>
+template <bool kCopyGroup>
 __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
@@ -361,7 +262,6 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     auto item_at = [&](int i) {
         FsItem c;
         c.slot = -1;
-        c.split_tiles = 0;
         if (balanced) {
             // {request, first tile, end tile, partial slot or -1}, uniform over the CTA.
             const int4 w = work_items[first_item + i];
@@ -393,12 +293,6 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         c.kv_start = c.sp * sched.len;
         c.mapped = fd_mapped(mapped_kv_tokens, c.b, width, page);
         c.kv_end = min(min(c.kv_start + sched.len, c.seq_len), c.mapped);  // nothing past a hole
-        if (kSequence && c.count > 1) {
-            // The splits in sequence: the item takes them all (the host launches this only
-            // with split lengths of whole pair iterations).
-            c.split_tiles = sched.len / 64;
-            c.kv_end = min(min(sched.len * c.count, c.seq_len), c.mapped);
-        }
         c.tiles = c.kv_end > c.kv_start ? (c.kv_end - c.kv_start + 63) / 64 : 0;
         return c;
     };
@@ -761,47 +655,6 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #else
     auto products_done = [&]() {};
 #endif
-    // The end of split sp of an item whose splits run in sequence, at a pair iteration's
-    // start (every product of the split done): its normalized rows and LSE stored as the
-    // global merge's partial (kept in L2 for the item's end, which merges them), then the
-    // running state reset for the next split, as a split CTA starts.
-    auto split_end = [&](int sp) {
-        float inv[2], lse_own[2];
-        fs_split_norm<true>(m, l, lrow, red, cur, rows, heads, inv, lse_own);
-        unsigned long long keep;
-        asm volatile("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;\n" : "=l"(keep));
-        const int col0 = wg * 256 + (lane % 4) * 2;
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const long long r = ((long long)sp * batch + cur.b) * rows + cur.row0 + lrow[i];
-            fw_store_row<true>(o_part + r * FD_DV + col0, o + 2 * i, inv[i], lane, live[i], keep);
-            if (live[i] && wg == 0 && lane % 4 == 0) lse_part[r] = lse_own[i];
-        }
-#pragma unroll
-        for (int n = 0; n < 128; ++n) o[n] = 0.f;
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-            m[k] = NEG_INF;
-            l[k] = 0.f;
-        }
-    };
-    // The item's last pair iteration: its splits' partials (before split `here`, whose rows
-    // are in registers) pulled into L2 for the merge at its end, each 128-byte line of this
-    // thread's rows once a quad. FS_NO_MERGE_PREFETCH (diagnostic) leaves it out.
-    auto prefetch_partials = [&](int here) {
-#ifndef FS_NO_MERGE_PREFETCH
-        const int q = lane % 4, col = wg * 256;
-        for (int t = 0; t < here; ++t)
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                const long long r = ((long long)t * batch + cur.b) * rows + cur.row0 + lrow[i];
-                if (live[i])
-                    asm volatile("prefetch.global.L2::evict_last [%0];\nprefetch.global.L2::evict_last [%1];\n" ::"l"(
-                                     o_part + r * FD_DV + col + q * 32),
-                                 "l"(o_part + r * FD_DV + col + (q + 4) * 32));
-            }
-#endif
-    };
     // Uses of stage 0 and stage 1 by the items before this one (the mbarriers' phases).
     int uses_a = 0, uses_b = 0;
     for (int i = 0; i < items; ++i) {
@@ -832,14 +685,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         // Whether each stage's last tile of this item is followed by a later item's.
         const bool next_a = kCopyGroup && stage_continues(i, 0), next_b = kCopyGroup && stage_continues(i, 1);
         const int pairs = (tiles + 1) / 2;
-        // Through a shuffle, as wg: a branch on it that ptxas takes as divergent serializes
-        // the products around the accumulators' reset.
-        const int split_tiles = kSequence ? __shfl_sync(0xffffffff, cur.split_tiles, 0) : 0;
         for (int it = 0; it < pairs; ++it) {
             const int ta = 2 * it, tb = ta + 1;
             const bool has_b = tb < tiles;
-            if (kSequence && split_tiles > 0 && it > 0 && ta % split_tiles == 0) split_end(ta / split_tiles - 1);
-            if (kSequence && split_tiles > 0 && it == pairs - 1) prefetch_partials((tiles - 1) / split_tiles);
             if (wg == 0) {
                 FS_MARK(it, 0);
                 const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
@@ -979,7 +827,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         unsigned long long* const epi = trace == nullptr ? nullptr : trace + FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 3;
 #endif
         if constexpr (kCopyGroup) {
-            fs_item_end<kSequence>(o, m, l, lrow, live, red, cur, i + 1 < items ? item_at(i + 1) : cur, i + 1 < items, qs_a,
+            fs_item_end(o, m, l, lrow, live, red, cur, i + 1 < items ? item_at(i + 1) : cur, i + 1 < items, qs_a,
                         q_map, q_full, batch, rows, heads, out, lse, o_part, lse_part FW_EPI_ARG);
         } else {
             __syncthreads();
@@ -1019,18 +867,6 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     flash_decode_seesaw(FW_DECODE_PARAMS, const __grid_constant__ FwTensorMap q_map,
                         const int* __restrict__ part_items, const int4* __restrict__ work_items) {
     fs_decode<true>(FS_ARGS, &q_map, part_items, work_items);
-}
-// The persistent kernel with each request's splits in sequence (FsItem::split_tiles): a CTA
-// takes row block after row block as flash_decode_seesaw's round-robin grid, every split of
-// one in turn, storing each split's partial as the global merge does and merging them at
-// the last one's end, with the global and cluster merges' arithmetic: the bits of a launch
-// of the same split plan whose splits run in parallel. The host's pick for several splits
-// a request where those would take as many waves of their shorter CTAs
-// (WideKernel::launch_function); a kernel of its own so that the one-split kernel's code
-// does not carry the split ends (their registers made it spill in its loop).
-extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
-    flash_decode_seesaw_seq(FW_DECODE_PARAMS, const __grid_constant__ FwTensorMap q_map) {
-    fs_decode<true, true>(FS_ARGS, &q_map, nullptr, nullptr);
 }
 // 256 threads, the product warpgroups issuing their own reloads: the host's pick otherwise.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1) flash_decode_seesaw_2wg(FW_DECODE_PARAMS) {

@@ -320,7 +320,8 @@ __device__ __forceinline__ void fw_merge_rows(const float* recv, const float* wt
         for (int t = 0; t < S; ++t) {
             const float w = wts[k * 9 + t];
             const float4 v = *(const float4*)(recv + (t * per + k) * FW_MSTRIDE + c);
-            // Fused, as every merge of the Hopper kernels (fs_merge_row too): the same bits.
+            // Fused explicitly, here and in merge_splits: the two merges' bits must agree
+            // whatever the compiler's contraction flags.
             acc.x = __fmaf_rn(w, v.x, acc.x);
             acc.y = __fmaf_rn(w, v.y, acc.y);
             acc.z = __fmaf_rn(w, v.z, acc.z);

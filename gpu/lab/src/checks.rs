@@ -12,8 +12,8 @@ use specmla_core::split::{SplitPolicy, SplitSchedule};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::Buf;
 use specmla_gpu::ops::{
-    ContextChunk, DecodeBufs, DecodeOut, DecodeShape, FlashKernels, Kernels, MlaDims, PagedContext,
-    RowScratch, RowTokens, SplitMerge, State, WideKernel,
+    ContextChunk, DecodeBufs, DecodeOut, DecodeShape, FlashBuild, FlashKernels, Kernels, MlaDims,
+    PagedContext, RowScratch, RowTokens, SplitMerge, State, WideKernel,
 };
 
 /// The result of one checked case.
@@ -292,13 +292,8 @@ fn missing_block_checks(
     results: &mut Vec<CaseResult>,
 ) -> Result<(), GpuError> {
     let page = 64;
-    let holes = Holes {
-        missing: &[(1, 3), (2, 8)],
-        cut_pages: 1,
-    };
     for q_len in [1, 2] {
-        // Sequence lengths 16 * 64 + 1, 702, 8 * 64 + 1 and 900.
-        let ctx = [1025 - q_len, 702 - q_len, 513 - q_len, 900 - q_len];
+        let (ctx, holes) = missing_block_inputs(q_len);
         let s = DecodeShape {
             num_rows: ctx.len(),
             q_len,
@@ -751,7 +746,7 @@ pub fn check_seesaw_kernels_agree(
         let s = shape(max_splits);
         let mut k = k.clone();
         k.persist = persist;
-        let name = k.decode_launch(&s, (WideKernel::Seesaw, k.merge), dev.sms).0;
+        let name = k.decode_launch(&s, WideKernel::Seesaw, dev.sms).0;
         functions.push(name);
         names.push(format!("{name} ({persist:?})"));
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
@@ -902,7 +897,7 @@ fn run_flash_case(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());
     Ok(FlashRun {
-        kernel: k.decode_launch(&s, (wide, merge), dev.sms).0,
+        kernel: k.decode_launch(&s, wide, dev.sms).0,
         err,
         rearmed,
         finite,
@@ -986,22 +981,14 @@ pub fn check_flash_invariance(
         .filter(|(a, b)| a.to_bits() != b.to_bits())
         .count();
     let finite = alone.iter().all(|v| !v.is_nan() && *v != UNWRITTEN);
-    // The merges do the same arithmetic in the same order: same bits for the batch, from
-    // the global one and (the seesaw kernel) from its splits in sequence.
+    // The two merges do the same arithmetic in the same order: same bits for the batch.
     let across = if wide.hopper() && merge == SplitMerge::Cluster {
-        let mut others = vec![SplitMerge::Global];
-        if wide == WideKernel::Seesaw {
-            others.push(SplitMerge::Sequence);
-        }
-        let mut n = 0;
-        for other in others {
-            let got = run_merged(other, 3, &q_bits, &blocks, &seq, split)?;
-            n += got
-                .iter()
-                .zip(&batch)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
-        }
+        let global = run_merged(SplitMerge::Global, 3, &q_bits, &blocks, &seq, split)?;
+        let n = global
+            .iter()
+            .zip(&batch)
+            .filter(|(a, b)| a.to_bits() != b.to_bits())
+            .count();
         Some(n)
     } else {
         None
@@ -1015,8 +1002,7 @@ pub fn check_flash_invariance(
             by_itself.len(),
             2 * split,
             across.map_or(String::new(), |n| format!(
-                "; global merge{}: {n} of {} batch values differ",
-                if wide == WideKernel::Seesaw { " and splits in sequence" } else { "" },
+                "; global merge: {n} of {} batch values differ",
                 batch.len()
             ))
         ),
@@ -1062,9 +1048,58 @@ fn bf16_row_checks(
     Ok(())
 }
 
+/// The missing-block cases' contexts for `q_len` query tokens (sequence lengths 16 * 64 + 1,
+/// 702, 8 * 64 + 1 and 900) and their holes: two missing pages, and the longest request
+/// running a page past the table.
+fn missing_block_inputs(q_len: usize) -> ([usize; 4], Holes<'static>) {
+    let holes = Holes {
+        missing: &[(1, 3), (2, 8)],
+        cut_pages: 1,
+    };
+    ([1025 - q_len, 702 - q_len, 513 - q_len, 900 - q_len], holes)
+}
+
+/// A planted fault: `build` with `FS_SKIP_POISONED_ROWS`, where the persistent seesaw
+/// kernel never writes the rows whose window reaches a missing block. Its missing-block
+/// case (q 2 at 128 heads: four row blocks, the persistent kernel) must fail, or a pass
+/// of that case would not show the rows are written: with NaN as the outputs' poison, a
+/// row the reference expects NaN passed unwritten.
+fn check_planted_fault(dev: &GpuDevice, build: &FlashBuild) -> Result<CaseResult, GpuError> {
+    let faulty = FlashKernels::load_build(
+        dev,
+        FlashBuild {
+            defines: format!("{}#define FS_SKIP_POISONED_ROWS 1\n", build.defines),
+            out: DecodeOut::F32,
+            ..build.clone()
+        },
+    )?;
+    let (ctx, holes) = missing_block_inputs(2);
+    let path = (WideKernel::Seesaw, SplitMerge::Cluster);
+    let case = check_flash_decode(dev, &faulty, path, (2, 128, 64, 2048), &ctx, holes, 722)?;
+    let persistent = case.kernel == "flash_decode_seesaw";
+    Ok(CaseResult {
+        kernel: "planted_fault",
+        case: format!(
+            "FS_SKIP_POISONED_ROWS, the missing-block case must fail{}: {} ({})",
+            if persistent {
+                ""
+            } else {
+                " (NOT on the persistent kernel)"
+            },
+            if case.passed {
+                "it PASSED"
+            } else {
+                "it failed"
+            },
+            case.case
+        ),
+        max_rel_err: case.max_rel_err,
+        passed: !case.passed && persistent,
+    })
+}
+
 /// The decode paths to check: where the device has wgmma, both Hopper kernels with each
-/// split merge (the seesaw one also with its splits in sequence), and the mma.sync kernels
-/// (whose merge is `flash_combine`).
+/// split merge, and the mma.sync kernels (whose merge is `flash_combine`).
 fn wide_kernels(k: &FlashKernels) -> Vec<(WideKernel, SplitMerge)> {
     let mut paths = Vec::new();
     if k.wide.hopper() {
@@ -1072,19 +1107,17 @@ fn wide_kernels(k: &FlashKernels) -> Vec<(WideKernel, SplitMerge)> {
             paths.push((wide, SplitMerge::Cluster));
             paths.push((wide, SplitMerge::Global));
         }
-        paths.insert(2, (WideKernel::Seesaw, SplitMerge::Sequence));
     }
     paths.push((WideKernel::Mma, SplitMerge::Global));
     paths
 }
 
-/// "; global merge" for a Hopper kernel merging through global partials, "; splits in
-/// sequence" for the seesaw kernel asked to run them so.
+/// "; global merge" for a Hopper kernel merging through global partials.
 fn merge_label(wide: WideKernel, merge: SplitMerge) -> &'static str {
-    match merge {
-        SplitMerge::Global if wide.hopper() => "; global merge",
-        SplitMerge::Sequence if wide == WideKernel::Seesaw => "; splits in sequence",
-        _ => "",
+    if wide.hopper() && merge == SplitMerge::Global {
+        "; global merge"
+    } else {
+        ""
     }
 }
 
@@ -1145,7 +1178,7 @@ pub fn check_out_of_memory(dev: &GpuDevice) -> CaseResult {
 /// Every kernel check over the grid of shapes: attention kernels against f64, dense
 /// kernels against the CPU model's f32 blocks.
 pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
-    use specmla_gpu::ops::{FlashBuild, Persist};
+    use specmla_gpu::ops::Persist;
     let k = Kernels::load(dev)?;
     // f32 rows against the f64 reference; the engine's bf16 rows against them
     // (check_flash_bf16_rows). Few CTAs for the persistent seesaw kernel: every case of
@@ -1253,6 +1286,9 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
         }
     }
     missing_block_checks(dev, &k, &fk, &mut results)?;
+    if fk.wide == WideKernel::Seesaw {
+        results.push(check_planted_fault(dev, &build)?);
+    }
     for wide in wide_kernels(&fk) {
         results.push(check_flash_stale_schedule(dev, &fk, wide, 800)?);
     }

@@ -48,9 +48,6 @@ const SEESAW_2WG: &str = "flash_decode_seesaw_2wg";
 /// of CTAs each taking every `gridDim.x`-th row block (`fs_decode<true>`); or a balanced
 /// schedule's pieces, a CTA per part and row block (`flash_balanced.rs`).
 pub(super) const SEESAW_PERSISTENT: &str = "flash_decode_seesaw";
-/// The persistent kernel with each request's splits in sequence in one CTA, merged at the
-/// last one's end (`fs_decode<true, true>`): [`WideKernel::launch_function`] says when.
-pub(super) const SEESAW_SEQUENCE: &str = "flash_decode_seesaw_seq";
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -104,27 +101,30 @@ impl WideKernel {
         }
     }
 
-    /// The CUDA function and threads a CTA for launch `s` (its requests, their 64-row
-    /// blocks and its grid of `max_splits` splits a request: the engine sizes that by its
-    /// policy's cap, by default at least 2) on `sms` multiprocessors, its splits merged by
-    /// `merge`. The seesaw family has a persistent kernel with a copy warpgroup (384
-    /// threads), the same with each request's splits in sequence ([`SEESAW_SEQUENCE`]), and
-    /// one whose product warpgroups issue their own copies, a CTA a row block
-    /// ([`SEESAW_2WG`], 256); all give the same bits. On the H100 the copy warpgroup was
-    /// 2-5% faster at one split and four or more row blocks (q 2 and 4 at 128 heads; runs 55
-    /// and 64) and 1-7% slower at several splits (short split CTAs and a merge; run 64). At
-    /// two row blocks (q 1) it is faster only where CTAs take several row blocks (run 128,
-    /// 3 rounds: B 96 L 4k 2.3% and B 128 0.5% faster, B 64 with one row block a CTA 2.7%
-    /// slower); three row blocks take the same rule, unmeasured. Several splits run in
-    /// sequence where [`sequence_splits`] says so.
-    pub fn launch_function(self, merge: SplitMerge, s: &FlashShape, sms: usize) -> (&'static str, u32) {
-        let row_blocks = s.query_rows().div_ceil(FLASH_ROWS);
-        let several_a_cta = row_blocks >= 2 && s.batch * row_blocks > sms;
+    /// The CUDA function and threads a CTA for a launch of `requests` requests of
+    /// `row_blocks` 64-row blocks each on `sms` multiprocessors, and a grid of `max_splits`
+    /// splits a request (the launch's `FlashShape::max_splits`: the engine sizes it by its
+    /// policy's cap, by default at least 2, so it takes `_2wg`). The seesaw family has a
+    /// persistent kernel with a copy warpgroup (384 threads) and one whose product
+    /// warpgroups issue their own copies, a CTA a row block ([`SEESAW_2WG`], 256); both give
+    /// the same bits. On the H100 the copy warpgroup was 2-5% faster at one split and four
+    /// or more row blocks (q 2 and 4 at 128 heads; runs 55 and 64) and 1-7% slower at
+    /// several splits (short split CTAs and a merge; run 64). At two row blocks (q 1) it
+    /// is faster only where CTAs take several row blocks (run 128, 3 rounds: B 96 L 4k 2.3%
+    /// and B 128 0.5% faster, B 64 with one row block a CTA 2.7% slower); three row blocks
+    /// take the same rule, unmeasured.
+    pub fn launch_function(
+        self,
+        max_splits: usize,
+        row_blocks: usize,
+        requests: usize,
+        sms: usize,
+    ) -> (&'static str, u32) {
+        let several_a_cta = row_blocks >= 2 && requests * row_blocks > sms;
         match self {
-            Self::Seesaw if s.max_splits == 1 && (row_blocks >= 4 || several_a_cta) => {
+            Self::Seesaw if max_splits == 1 && (row_blocks >= 4 || several_a_cta) => {
                 (self.function(), SEESAW_THREADS)
             }
-            Self::Seesaw if sequence_splits(merge, s, sms) => (SEESAW_SEQUENCE, SEESAW_THREADS),
             Self::Seesaw => (SEESAW_2WG, 256),
             _ => (self.function(), 256),
         }
@@ -264,7 +264,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 20] = [
+const DIAGNOSTIC_DEFINES: [&str; 19] = [
     "FW_NO_LOAD",
     "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
@@ -284,7 +284,6 @@ const DIAGNOSTIC_DEFINES: [&str; 20] = [
     "FS_NO_COMBINE",
     "FS_NO_L2_PREFETCH",
     "FS_SKIP_POISONED_ROWS",
-    "FS_NO_MERGE_PREFETCH",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {
@@ -590,22 +589,16 @@ impl FlashBufs {
     }
 }
 
-/// How a Hopper kernel merges a request's splits (one split needs no merge). Every way
+/// How a Hopper kernel merges a request's splits (one split needs no merge). Either way
 /// in split order with the same arithmetic per element, so the bits depend on the split
 /// plan alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SplitMerge {
     /// The splits run as one cluster and merge through distributed shared memory; more than
-    /// [`MAX_CLUSTER_SPLITS`] take the global merge. Where the batch fills the device, the
-    /// splits run in sequence instead ([`sequence_splits`]).
+    /// [`MAX_CLUSTER_SPLITS`] take the global merge.
     Cluster,
     /// Every split writes an f32 partial; the last to finish merges them from L2.
     Global,
-    /// A request's splits run one after another in one CTA of the persistent kernel
-    /// ([`SEESAW_SEQUENCE`]), each writing its partial as the global merge does, and the
-    /// last merges them; wherever that kernel can take the launch, else as `Cluster`. For
-    /// checks and timing: `Cluster` picks it by itself where it costs no more.
-    Sequence,
 }
 
 /// The most splits a request's cluster takes (the portable cluster size).
@@ -613,33 +606,9 @@ pub const MAX_CLUSTER_SPLITS: usize = 8;
 
 impl SplitMerge {
     /// Whether a Hopper launch whose requests take up to `splits` splits runs them as
-    /// clusters, where they run in parallel: the cluster merge (or `Sequence` where its
-    /// kernel cannot take the launch), with 2 to [`MAX_CLUSTER_SPLITS`] splits.
+    /// clusters: the cluster merge, with 2 to [`MAX_CLUSTER_SPLITS`] splits.
     pub fn in_clusters(self, splits: usize) -> bool {
-        self != Self::Global && (2..=MAX_CLUSTER_SPLITS).contains(&splits)
-    }
-}
-
-/// Whether the seesaw family runs launch `s`'s splits in sequence ([`SEESAW_SEQUENCE`]):
-/// 2 to [`MAX_CLUSTER_SPLITS`] splits a request (its merge holds that many), split lengths
-/// of whole pair iterations (128 keys), and a merge other than `Global`; under `Cluster`
-/// only where the splits' CTAs in parallel would take as many waves of their shorter
-/// runs: `ceil(items * splits / sms) >= splits * ceil(items / sms)` for its
-/// `requests * row blocks` items, so what is in sequence costs no more tiles a
-/// multiprocessor and saves each split's cold start. (q 1 at 128 heads, two splits: from
-/// B 64 on 132 multiprocessors, but not at B 80, where three waves of half-length CTAs
-/// beat two whole ones.)
-pub fn sequence_splits(merge: SplitMerge, s: &FlashShape, sms: usize) -> bool {
-    let items = s.batch * s.query_rows().div_ceil(FLASH_ROWS);
-    let splits = s.max_splits;
-    let can = (2..=MAX_CLUSTER_SPLITS).contains(&splits)
-        && s.split_size_tokens.is_multiple_of(128)
-        && items > 0
-        && sms > 0;
-    match merge {
-        SplitMerge::Global => false,
-        SplitMerge::Sequence => can,
-        SplitMerge::Cluster => can && (items * splits).div_ceil(sms) >= splits * items.div_ceil(sms),
+        self == Self::Cluster && (2..=MAX_CLUSTER_SPLITS).contains(&splits)
     }
 }
 
@@ -776,24 +745,16 @@ impl FlashBuild {
 
     /// The lab's build: `SPECMLA_FLASH_CONFIG` (tiles), `SPECMLA_FLASH_DEFINES`
     /// (diagnostic switches), `SPECMLA_NO_CLUSTER_MERGE` (the global merge),
-    /// `SPECMLA_SEQUENCE_SPLITS` (splits in sequence wherever the kernel can),
     /// `SPECMLA_NO_PERSIST` (a CTA a row block) and `SPECMLA_FLASH_OUT` (f32 rows), the
-    /// last four for A/B timing, each defaulting to [`Self::engine`]'s.
+    /// last three for A/B timing, each defaulting to [`Self::engine`]'s.
     pub fn from_env() -> Result<Self, GpuError> {
-        let global = std::env::var_os("SPECMLA_NO_CLUSTER_MERGE").is_some();
-        let sequence = std::env::var_os("SPECMLA_SEQUENCE_SPLITS").is_some();
         Ok(Self {
             config: FlashConfig::from_env()?,
             defines: diagnostic_defines()?,
-            merge: match (global, sequence) {
-                (true, true) => {
-                    return Err(GpuError::NoDevice(
-                        "SPECMLA_NO_CLUSTER_MERGE and SPECMLA_SEQUENCE_SPLITS ask for two merges".into(),
-                    ))
-                }
-                (true, false) => SplitMerge::Global,
-                (false, true) => SplitMerge::Sequence,
-                (false, false) => SplitMerge::Cluster,
+            merge: if std::env::var_os("SPECMLA_NO_CLUSTER_MERGE").is_some() {
+                SplitMerge::Global
+            } else {
+                SplitMerge::Cluster
             },
             persist: if std::env::var_os("SPECMLA_NO_PERSIST").is_some() {
                 Persist::Off
@@ -860,7 +821,6 @@ impl FlashKernels {
             "flash_decode_narrow",
             "flash_decode_wgmma",
             "flash_decode_seesaw",
-            SEESAW_SEQUENCE,
             SEESAW_2WG,
             "flash_combine",
             "flash_combine_slots",
@@ -884,7 +844,6 @@ impl FlashKernels {
             ("flash_decode_narrow", flash.smem_bytes()),
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
             ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
-            (SEESAW_SEQUENCE, SEESAW_SMEM_BYTES),
             (SEESAW_2WG, SEESAW_SMEM_BYTES),
             ("flash_prefill", super::PrefillTile::Rows64.smem_bytes()),
             (
@@ -897,7 +856,6 @@ impl FlashKernels {
                 .iter()
                 .any(|w| w.function() == name)
                 || name == SEESAW_2WG
-                || name == SEESAW_SEQUENCE
                 || super::PrefillTile::ALL
                     .iter()
                     .any(|t| t.hopper() && t.function() == name);
@@ -937,12 +895,14 @@ impl FlashKernels {
     pub fn decode_launch(
         &self,
         s: &FlashShape,
-        (wide, merge): (WideKernel, SplitMerge),
+        wide: WideKernel,
         sms: usize,
     ) -> (&'static str, Option<u32>) {
-        let family = self.decode_function(s.query_rows(), s.page, wide);
+        let rows = s.query_rows();
+        let family = self.decode_function(rows, s.page, wide);
         if wide.hopper() && family == wide.function() {
-            let (name, threads) = wide.launch_function(merge, s, sms);
+            let row_blocks = rows.div_ceil(FLASH_ROWS);
+            let (name, threads) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
             (name, Some(threads))
         } else {
             (family, None)
@@ -979,18 +939,8 @@ impl FlashKernels {
         let clustered = self.wide.hopper() && self.merge.in_clusters(splits);
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
-                // Split launches in parallel: requests and row blocks do not change the
-                // kernel, and an empty batch never runs its splits in sequence.
-                let split_launch = FlashShape {
-                    batch: 0,
-                    q_len: 1,
-                    heads: 1,
-                    page: 64,
-                    width: 1,
-                    split_size_tokens: 64,
-                    max_splits: splits,
-                };
-                let (name, threads) = self.wide.launch_function(self.merge, &split_launch, sms);
+                // Split launches: the row blocks do not change the kernel.
+                let (name, threads) = self.wide.launch_function(splits, 0, 0, sms);
                 max_active_clusters(dev, &self.fns[name], threads, bytes as u32, splits as u32)
             }
             None => Ok(sms / splits.max(1)),
@@ -1039,14 +989,12 @@ impl FlashKernels {
         unsafe { self.flash_decode_merged((wide, self.merge), dev, s, b, scale) }
     }
 
-    /// The CTAs of a persistent seesaw kernel where `wide` launches one for shape `s` on
-    /// `sms` multiprocessors ([`WideKernel::launch_function`], the build's merge), else `None`.
+    /// The CTAs of the persistent seesaw kernel where `wide` launches it for shape `s` on
+    /// `sms` multiprocessors ([`WideKernel::launch_function`]), else `None`.
     pub fn persistent_ctas(&self, wide: WideKernel, s: FlashShape, sms: usize) -> Option<usize> {
         let row_blocks = s.query_rows().div_ceil(FLASH_ROWS);
-        let (name, _) = wide.launch_function(self.merge, &s, sms);
-        [SEESAW_PERSISTENT, SEESAW_SEQUENCE]
-            .contains(&name)
-            .then(|| self.persist.ctas(s.batch, row_blocks, sms))
+        let (name, _) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
+        (name == SEESAW_PERSISTENT).then(|| self.persist.ctas(s.batch, row_blocks, sms))
     }
 
     /// [`Self::flash_decode_with`] with the Hopper kernels' split merge given.
@@ -1094,7 +1042,7 @@ impl FlashKernels {
         );
         let (name, hopper_threads) = match work {
             Some(_) => (SEESAW_PERSISTENT, Some(SEESAW_THREADS)),
-            None => self.decode_launch(&s, (wide, merge), dev.sms),
+            None => self.decode_launch(&s, wide, dev.sms),
         };
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
         let hopper = hopper_threads.is_some();
@@ -1161,8 +1109,7 @@ impl FlashKernels {
             let slots = b.cache.len() / FLASH_DIM;
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
-            let persistent = name == SEESAW_PERSISTENT || name == SEESAW_SEQUENCE;
-            if persistent {
+            if name == SEESAW_PERSISTENT {
                 // Its later items' Q: 64-row boxes of the [batch * rows, 576] queries.
                 let q_rows = s.batch * rows;
                 args.push(Arg::Map(TensorMap::bf16_rows(
@@ -1171,14 +1118,12 @@ impl FlashKernels {
                     q_rows,
                     (64, 64),
                 )?));
-                // Its balanced schedule, or none (null: the round-robin grid); the splits'
-                // kernel has only the round-robin one.
+                // Its balanced schedule, or none (null: the round-robin grid).
                 match work {
                     Some(w) => {
                         args.extend::<[Arg; 2]>([w.part_items.ptr().into(), w.items.ptr().into()])
                     }
-                    None if name == SEESAW_PERSISTENT => args.extend([Arg::Ptr(0), Arg::Ptr(0)]),
-                    None => {}
+                    None => args.extend([Arg::Ptr(0), Arg::Ptr(0)]),
                 }
             }
         }
@@ -1190,9 +1135,8 @@ impl FlashKernels {
         let row_blocks = rows.div_ceil(FLASH_ROWS);
         let grid_dim = if let Some(w) = work {
             ((w.parts * row_blocks) as u32, 1, 1)
-        } else if name == SEESAW_PERSISTENT || name == SEESAW_SEQUENCE {
-            // A CTA takes whole row blocks, one split a request or all of a request's splits
-            // in sequence (launch_function picks it only then).
+        } else if name == SEESAW_PERSISTENT {
+            // The kernel takes one split a request (launch_function picks it only then).
             (self.persist.ctas(s.batch, row_blocks, dev.sms) as u32, 1, 1)
         } else {
             (row_blocks as u32, s.max_splits as u32, s.batch as u32)
@@ -1209,7 +1153,7 @@ impl FlashKernels {
         // bound (they do not check the entries); the narrow
         // kernel runs only for at most 16 rows; a cluster holds one request's splits of one
         // 64-row block, which is what the Hopper kernels' on-chip merge expects.
-        if hopper && work.is_none() && name != SEESAW_SEQUENCE && merge.in_clusters(s.max_splits) {
+        if hopper && work.is_none() && merge.in_clusters(s.max_splits) {
             let f = &self.fns[name];
             unsafe { launch_cluster(dev, f, name, cfg, s.max_splits as u32, &args) }?;
         } else {
@@ -1300,33 +1244,16 @@ mod tests {
         assert!(parse_defines("FD_OUT_BF16").is_err());
     }
 
-    /// A launch of `requests` requests of `row_blocks` 64-row blocks at 128 heads (16 where
-    /// one row block), up to `splits` splits of `split` keys.
-    fn launch_shape(splits: usize, split: usize, row_blocks: usize, requests: usize) -> super::FlashShape {
-        let heads = if row_blocks == 1 { 16 } else { 128 };
-        super::FlashShape {
-            batch: requests,
-            q_len: (row_blocks * 64).div_ceil(heads).max(1),
-            heads,
-            page: 64,
-            width: 64,
-            split_size_tokens: split,
-            max_splits: splits,
-        }
-    }
-
     /// The seesaw family's kernel per launch shape (runs 65 and 128's measurements), the
     /// others' one kernel whatever the shape.
     #[test]
     fn the_seesaw_copy_warpgroup_takes_one_split_of_four_row_blocks_or_of_several_a_cta() {
-        use super::SplitMerge::Global;
         use super::WideKernel::{Mma, Seesaw, Wgmma};
         let (persistent, two) = (
             ("flash_decode_seesaw", 384),
             ("flash_decode_seesaw_2wg", 256),
         );
-        // (kernel, splits, row blocks, requests): on 132 multiprocessors; the global merge
-        // never runs splits in sequence.
+        // (kernel, splits, row blocks, requests): on 132 multiprocessors.
         for (wide, splits, blocks, requests, want) in [
             (Seesaw, 1, 8, 1, persistent),
             (Seesaw, 1, 4, 64, persistent),
@@ -1339,59 +1266,15 @@ mod tests {
             (Seesaw, 1, 1, 512, two),
             (Seesaw, 2, 8, 64, two),
             (Seesaw, 2, 2, 128, two),
-            (Seesaw, 2, 2, 0, two),
+            (Seesaw, 2, 0, 0, two),
             (Wgmma, 1, 8, 64, ("flash_decode_wgmma", 256)),
             (Mma, 1, 8, 64, ("flash_decode", 256)),
         ] {
-            let s = launch_shape(splits, 2048, blocks, requests);
             assert_eq!(
-                wide.launch_function(Global, &s, 132),
+                wide.launch_function(splits, blocks, requests, 132),
                 want,
                 "{wide:?} {splits} {blocks} {requests}"
             );
-        }
-    }
-
-    /// Under the cluster merge, splits run in sequence where their parallel CTAs would take
-    /// as many waves of half their length; the sequence merge takes every launch its kernel
-    /// can; neither takes split lengths of odd tiles, one split or more than a cluster.
-    #[test]
-    fn splits_run_in_sequence_where_parallel_ones_would_save_no_wave() {
-        use super::SplitMerge::{Cluster, Global, Sequence};
-        use super::{sequence_splits, WideKernel::Seesaw};
-        // (merge, splits, split keys, row blocks, requests, in sequence): 132 multiprocessors.
-        for (merge, splits, split, blocks, requests, want) in [
-            // q 1 at 128 heads, two splits of 2048: B 32 fills one wave in parallel; B 64
-            // takes two waves of half-length CTAs, or one of whole ones.
-            (Cluster, 2, 2048, 2, 32, false),
-            (Cluster, 2, 2048, 2, 64, true),
-            (Cluster, 2, 2048, 2, 66, true),
-            // 134 items: 3 waves of halves (1.5) beat 2 whole ones.
-            (Cluster, 2, 2048, 2, 67, false),
-            (Cluster, 2, 2048, 2, 80, false),
-            (Cluster, 2, 2048, 2, 100, true),
-            (Cluster, 2, 2048, 2, 128, true),
-            // 16 heads, one row block: two splits of 1024 from B 128.
-            (Cluster, 2, 1024, 1, 66, false),
-            (Cluster, 2, 1024, 1, 128, true),
-            (Cluster, 4, 2048, 2, 128, true),
-            (Cluster, 9, 2048, 2, 128, false),
-            (Cluster, 2, 2112, 2, 128, false),
-            (Cluster, 1, 2048, 8, 128, false),
-            (Global, 2, 2048, 2, 128, false),
-            (Sequence, 2, 2048, 2, 1, true),
-            (Sequence, 8, 1024, 1, 3, true),
-            (Sequence, 9, 1024, 1, 3, false),
-            (Sequence, 2, 64, 2, 128, false),
-            (Sequence, 2, 2048, 2, 0, false),
-        ] {
-            let s = launch_shape(splits, split, blocks, requests);
-            let got = sequence_splits(merge, &s, 132);
-            assert_eq!(got, want, "{merge:?} {splits} x {split} {blocks} {requests}");
-            let kernel = Seesaw.launch_function(merge, &s, 132).0;
-            if splits > 1 {
-                assert_eq!(kernel == "flash_decode_seesaw_seq", want, "{merge:?} {s:?}");
-            }
         }
     }
 

@@ -46,7 +46,11 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return stopped("kernel checks", &e),
     };
-    match if cli.kernels_only { Ok((Vec::new(), Vec::new())) } else { run_gemm(&dev) } {
+    let gemm = match cli.kernels_only {
+        true => Ok((Vec::new(), Vec::new())),
+        false => run_gemm(&dev),
+    };
+    match gemm {
         Ok((r, notes)) => {
             results.extend(r);
             for n in notes {
@@ -55,7 +59,11 @@ fn main() -> ExitCode {
         }
         Err(e) => return stopped("GEMM checks", &e),
     }
-    match if cli.kernels_only { Ok(Vec::new()) } else { run_invariance(&dev) } {
+    let engine = match cli.kernels_only {
+        true => Ok(Vec::new()),
+        false => run_invariance(&dev),
+    };
+    match engine {
         Ok(r) => results.extend(r),
         Err(e) => {
             // The device already ran the kernel checks: a failure here is the engine's.
