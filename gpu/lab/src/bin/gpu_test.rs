@@ -20,7 +20,7 @@ use specmla_gpu_lab::invariance::run_invariance;
 #[command(name = "gpu-test", version)]
 struct Cli {
     /// The kernel checks alone (attention, dense, prefill), without the GEMM checks and the
-    /// engine's invariance cases: a quicker pass while a kernel changes. A full run is
+    /// engine's invariance cases, a somewhat shorter pass while a kernel changes. A full run is
     /// what counts as the device's verdict.
     #[arg(long)]
     kernels_only: bool,
