@@ -60,6 +60,13 @@ __device__ __forceinline__ void fw_tma(unsigned dst, const FwTensorMap* map, int
         "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
         ::"r"(dst), "l"(map), "r"(col), "r"(slot), "r"(bar) : "memory");
 }
+// The same with an L2 cache policy (from createpolicy) on the box's reads.
+__device__ __forceinline__ void fw_tma_hint(unsigned dst, const FwTensorMap* map, int col, int slot,
+                                            unsigned bar, unsigned long long policy) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n"
+        ::"r"(dst), "l"(map), "r"(col), "r"(slot), "r"(bar), "l"(policy) : "memory");
+}
 __device__ __forceinline__ void fw_expect(unsigned bar, unsigned bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
@@ -166,11 +173,20 @@ __device__ __forceinline__ void fw_load_q(unsigned char* qs, const unsigned shor
 // with `expect_bytes`, each block's mbarrier armed with them just before its copy.
 __device__ __forceinline__ void fw_issue_box(unsigned dst, const FwTensorMap* map, int slot, unsigned mask,
                                              unsigned bar0, unsigned bar_stride, unsigned expect_bytes = 0) {
+#ifdef FW_EVICT_FIRST
+    // Diagnostic: the boxes read with an L2 evict-first policy, as FlashMLA reads its keys.
+    unsigned long long first;
+    asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
+#endif
 #pragma unroll
     for (int c = 0; c < 9; ++c)
         if (mask >> c & 1) {
             if (expect_bytes) fw_expect(bar0 + c * bar_stride, expect_bytes);
+#ifdef FW_EVICT_FIRST
+            fw_tma_hint(dst + c * FW_BLOCK_BYTES, map, c * 64, slot, bar0 + c * bar_stride, first);
+#else
             fw_tma(dst + c * FW_BLOCK_BYTES, map, c * 64, slot, bar0 + c * bar_stride);
+#endif
         }
 }
 __device__ __forceinline__ void fw_issue_boxes(unsigned dst, const FwTensorMap* map, const int* bt, int page,

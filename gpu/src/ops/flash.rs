@@ -264,7 +264,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 19] = [
+const DIAGNOSTIC_DEFINES: [&str; 20] = [
     "FW_NO_LOAD",
     "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
@@ -284,6 +284,7 @@ const DIAGNOSTIC_DEFINES: [&str; 19] = [
     "FS_NO_COMBINE",
     "FS_NO_L2_PREFETCH",
     "FS_SKIP_POISONED_ROWS",
+    "FW_EVICT_FIRST",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {
