@@ -175,8 +175,8 @@ __device__ __forceinline__ void fw_issue_box(unsigned dst, const FwTensorMap* ma
                                              unsigned bar0, unsigned bar_stride, unsigned expect_bytes = 0) {
 #ifdef FW_EVICT_FIRST
     // Diagnostic: the boxes read with an L2 evict-first policy, as FlashMLA reads its keys.
-    // On the H100 (run 155) 5-22% slower at 128 heads beside the L2 prefetch; without it
-    // -0.8% to +2.6%, no better everywhere.
+    // On the H100 (run 155), beside the L2 prefetch: up to 22% slower at 128 heads (q 1
+    // B 64 and 16 heads unchanged); without it -1.7% to +2.6%, no better everywhere.
     unsigned long long first;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
 #endif

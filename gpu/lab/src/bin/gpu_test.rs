@@ -46,9 +46,10 @@ fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => return stopped("kernel checks", &e),
     };
-    let gemm = match cli.kernels_only {
-        true => Ok((Vec::new(), Vec::new())),
-        false => run_gemm(&dev),
+    let gemm = if cli.kernels_only {
+        Ok((Vec::new(), Vec::new()))
+    } else {
+        run_gemm(&dev)
     };
     match gemm {
         Ok((r, notes)) => {
@@ -59,9 +60,10 @@ fn main() -> ExitCode {
         }
         Err(e) => return stopped("GEMM checks", &e),
     }
-    let engine = match cli.kernels_only {
-        true => Ok(Vec::new()),
-        false => run_invariance(&dev),
+    let engine = if cli.kernels_only {
+        Ok(Vec::new())
+    } else {
+        run_invariance(&dev)
     };
     match engine {
         Ok(r) => results.extend(r),
