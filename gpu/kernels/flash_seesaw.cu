@@ -22,7 +22,7 @@
 // its right blocks and rope when warpgroup 1 has. A warpgroup takes a tile's blocks in the
 // order they free up.
 
-#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 25 * 8 + 16)
+#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 23 * 8 + 16)
 // Two warpgroups of products and softmax, then one that issues the copies (the copy
 // warpgroup), with its registers handed to the other two.
 #define FS_THREADS 384
@@ -193,133 +193,6 @@ __device__ __forceinline__ void fs_item_end(const float* o, const float* m, floa
     }
     FW_EPI_MARK(2);
 }
-
-// mbarrier waits and arrives across the CTA pair of flash_decode_seesaw_pair: the peer's
-// shared-memory writes before its arrive are seen after the wait (cluster scope).
-// The wait loops on a vote, so ptxas sees it uniform over the warp: after a per-thread
-// loop, the accumulators read below sat in a path it takes for divergent, and every wgmma
-// of the kernel was serialized (C7520).
-__device__ __forceinline__ bool fs_try_wait_cluster(unsigned bar, unsigned parity) {
-    unsigned done;
-    asm volatile(
-        "{\n.reg .pred p;\n"
-        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-        "selp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-    return done != 0;
-}
-__device__ __forceinline__ void fs_bar_wait_cluster(unsigned bar, unsigned parity) {
-    while (!__all_sync(0xffffffff, fs_try_wait_cluster(bar, parity))) {
-    }
-}
-__device__ __forceinline__ void fs_arrive_remote(unsigned bar_in_peer) {
-    asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar_in_peer) : "memory");
-}
-
-// Where a pair's exchange lands in the receiving CTA's Q tile: [32][128] float4 (thread
-// t's 32 groups of four accumulators, t fastest: a warp's stores are 512 whole bytes),
-// then [128] float2 (thread t's two rows' LSE).
-#define FS_PAIR_LSE_AT (32 * 128 * 16)
-
-// The end of a two-split item of flash_decode_seesaw_pair: CTA r of the pair ran split r
-// of the request's row block, and the pair merges the two in shared memory, with the
-// cluster merge's arithmetic (fw_cluster_merge, fw_merge_rows) so the bits are the same.
-// Warpgroup g holds columns 256 g.. of every row, in the same accumulator layout in both
-// CTAs, so thread t of one warpgroup holds the same values of the other split as thread t
-// of the same warpgroup in the peer: CTA r's warpgroup 1 - r pushes its normalized values
-// and LSEs into the peer's Q tile (free once the peer's scores are done: `xq`, arrived on
-// by the peer), arriving on the peer's `xp`; CTA r's warpgroup r waits on its own `xp`,
-// merges its columns in split order and writes them (CTA 0's also the LSE). Then this
-// CTA's Q tile is free again and takes the next item's Q. `xphase`: two-split items
-// before this one.
-__device__ __forceinline__ void fs_pair_end(float* o, const float* m, float* l, const int* lrow, const bool* live,
-                                            float* red, const FsItem& c, const FsItem& next, bool has_next,
-                                            unsigned char* q_tile, const FwTensorMap* q_map, unsigned q_full, unsigned xq,
-                                            unsigned xp, int xphase, int rows, int heads, int batch,
-                                            fd_out* __restrict__ out, float* __restrict__ lse) {
-    // wg through a shuffle: ptxas then sees the branches below as uniform over each warp
-    // (in a path it takes for divergent, writing the accumulators serializes every wgmma).
-    const int tid = threadIdx.x, lane = tid % 32, wg = __shfl_sync(0xffffffff, tid / 128, 0), t = tid % 128;
-    const unsigned rank = blockIdx.y, peer = rank ^ 1u, qs = smem_addr(q_tile);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffff, l[i], 2);
-        if (lane % 4 == 0) red[wg * 64 + lrow[i]] = l[i];
-    }
-    // Both warpgroups past their last products: this CTA's scores are done with its Q tile.
-    fs_sync(FS_BAR_ALL, FW_THREADS);
-    if (tid == 0) fs_arrive_remote(fw_mapa(xq, peer));
-    float inv[2], lse_own[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        const float total = red[lrow[i]] + red[64 + lrow[i]];
-        inv[i] = total > 0.f ? 1.f / total : 0.f;
-        lse_own[i] = fw_lse_of(m[i], total);
-        // Poisoned: its causal window reaches a missing block (flash_decode.cu).
-        if (c.mapped < c.seq_len - rows / heads + (c.row0 + lrow[i]) / heads + 1) inv[i] = lse_own[i] = NAN_F;
-    }
-    const unsigned parity = xphase & 1;
-    if (wg != (int)rank) {
-        fs_bar_wait_cluster(xq, parity);  // the peer's Q tile is free
-        const unsigned dst = fw_mapa(qs, peer);
-#pragma unroll
-        for (int j = 0; j < 32; ++j)
-            fw_st_cluster4(dst + (j * 128 + t) * 16, make_float4(o[4 * j] * inv[0], o[4 * j + 1] * inv[0],
-                                                                 o[4 * j + 2] * inv[1], o[4 * j + 3] * inv[1]));
-        asm volatile("st.shared::cluster.v2.f32 [%0], {%1, %2};\n" ::"r"(dst + FS_PAIR_LSE_AT + t * 8),
-                     "f"(lse_own[0]), "f"(lse_own[1])
-                     : "memory");
-        fs_arrive_remote(fw_mapa(xp, peer));
-        return;
-    }
-    fs_bar_wait_cluster(xp, parity);  // the peer's values are here
-    const unsigned char* buf = q_tile;
-    const float2 lse_peer = *(const float2*)(buf + FS_PAIR_LSE_AT + t * 8);
-    const FdLseLayout lay{batch, rows, heads};
-    float w0[2], w1[2], den[2], r[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        // fw_cluster_merge's weights: splits 0 and 1 of eight, the rest absent.
-        const float peer_lse = i == 0 ? lse_peer.x : lse_peer.y;
-        // (The absent splits' -inf leave the maximum as it is.)
-        const float lt0 = rank == 0 ? lse_own[i] : peer_lse, lt1 = rank == 0 ? peer_lse : lse_own[i];
-        const float mx = fd_max(fd_max(NEG_INF, lt0), lt1);
-        w0[i] = mx == NEG_INF ? 0.f : __expf(lt0 - mx);
-        den[i] = 0.f + w0[i];
-        w1[i] = mx == NEG_INF ? 0.f : __expf(lt1 - mx);
-        den[i] += w1[i];
-        r[i] = 1.f / den[i];
-        if (rank == 0 && live[i] && lane % 4 == 0)
-            lse[lay.at(c.b, c.row0 + lrow[i])] = den[i] == 0.f ? NEG_INF : mx + logf(den[i]);
-    }
-#pragma unroll
-    for (int j = 0; j < 32; ++j) {
-        const float4 v = *(const float4*)(buf + (j * 128 + t) * 16);
-        const float got[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int i = e / 2;
-            const float mine = o[4 * j + e] * inv[i];
-            const float v0 = rank == 0 ? mine : got[e], v1 = rank == 0 ? got[e] : mine;
-            const float acc = __fmaf_rn(w1[i], v1, __fmaf_rn(w0[i], v0, 0.f));
-            o[4 * j + e] = den[i] == 0.f ? 0.f : acc * r[i];
-        }
-    }
-    // Every thread of this warpgroup is done with the exchange: the Q tile takes the next Q.
-    fs_sync(FS_BAR_GROUP + wg, 128);
-    if (has_next && t == 0) {
-        fw_proxy_fence();
-        fw_expect(q_full, 9 * FW_BLOCK_BYTES);
-        fw_issue_box(qs, q_map, next.b * rows + next.row0, 0x1FF, q_full, 0);
-    }
-    const int col0 = wg * 256 + (lane % 4) * 2;
-#pragma unroll
-    for (int i = 0; i < 2; ++i)
-        fw_store_row(out + ((long long)c.b * rows + c.row0 + lrow[i]) * FD_DV + col0, o + 2 * i, 1.f, lane, live[i]);
-}
 #endif
 
 // The seesaw decode, with (kCopyGroup: FS_THREADS threads) or without (FW_THREADS) the copy
@@ -332,7 +205,7 @@ __device__ __forceinline__ void fs_pair_end(float* o, const float* m, float* l, 
 // the previous one's end: its Q loads by TMA (`q_map`, over the queries) once the last
 // scores are done, and each stage's first tile once the previous item's last products
 // have freed it, the copy warpgroup taking the stages' tiles across items as one sequence.
-template <bool kCopyGroup, bool kPair = false>
+template <bool kCopyGroup>
 __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #ifndef FW_HAVE_WGMMA
     __trap();  // the host only launches this on sm_90a
@@ -346,8 +219,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     const unsigned bars = smem_addr(red + 2 * 64);                     // [stage][block] mbarriers
     const unsigned empties = bars + 18 * 8;                            // [4] blocks free to reload
     const unsigned q_full = empties + 4 * 8;                           // a later item's Q in
-    const unsigned xq = q_full + 8, xp = xq + 8;                       // a pair's exchange
-    int* last = (int*)(red + 2 * 64 + 2 * 25);
+    int* last = (int*)(red + 2 * 64 + 2 * 23);
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks);
     // K-major operands (Q, K, the probabilities) and N-major V, at the start of the Q tile and
     // of stage 0; every product's descriptor is one of these moved by a byte offset.
@@ -379,7 +251,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // This CTA's items: one, or every gridDim.x-th of the row blocks (see above), or with a
     // balanced schedule (`part_items` not null) its part's segments for its row block.
     const int row_blocks = (rows + 63) / 64;
-    const bool balanced = kCopyGroup && !kPair && part_items != nullptr;
+    const bool balanced = kCopyGroup && part_items != nullptr;
     const int part = blockIdx.x / row_blocks, part_rb = blockIdx.x % row_blocks;
     const int first_item = balanced ? part_items[part] : 0;
     const int items = !kCopyGroup ? 1
@@ -409,7 +281,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             const int g = blockIdx.x + i * gridDim.x;
             c.b = g / row_blocks;
             c.row0 = g % row_blocks * 64;
-            c.sp = kPair ? (int)blockIdx.y : 0;
+            c.sp = 0;
         } else {
             c.b = blockIdx.z;
             c.row0 = blockIdx.x * 64;
@@ -422,23 +294,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         c.mapped = fd_mapped(mapped_kv_tokens, c.b, width, page);
         c.kv_end = min(min(c.kv_start + sched.len, c.seq_len), c.mapped);  // nothing past a hole
         c.tiles = c.kv_end > c.kv_start ? (c.kv_end - c.kv_start + 63) / 64 : 0;
-        if (kPair && c.sp >= c.count) c.tiles = 0;  // not this CTA's: nothing to load
         return c;
     };
-    // The next item from i on that this CTA runs: with a pair, rank 1 skips the requests
-    // that take one split (rank 0 runs them alone).
-    // (Through a shuffle: ptxas then sees the item loop's bound as uniform over each warp;
-    // taken from loaded splits counts, it serialized every wgmma of the kernel.)
-    auto next_own = [&](int i) {
-        if constexpr (kPair) {
-            while (i < items && item_at(i).sp >= item_at(i).count) ++i;
-            i = __shfl_sync(0xffffffff, i, 0);
-        }
-        return i;
-    };
-    const int first = next_own(0);
-    if (first >= items) return;
-    FsItem cur = item_at(first);
+    FsItem cur = item_at(0);
     // The request takes fewer splits than the grid: nothing reads this one.
     if (cur.sp >= cur.count) return;
 
@@ -571,7 +429,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(FS_COPY_REGS));
         const int w = __shfl_sync(0xffffffff, (tid / 32) % 4, 0), s = w / 2;
         if (lane != 0 || !kLoads) return;
-        FsWalk walk{cur, first, s - 2};
+        FsWalk walk{cur, 0, s - 2};
         if (!advance(walk, s) || !advance(walk, s)) return;  // none after the first
         FsWalk now = walk;
         int entry = entry_of(now.c, now.t);
@@ -587,18 +445,14 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         }
     };
     if (tid == 0) {
-        for (int i = 0; i < 24; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
-        // A pair's exchange arrives once a thread of the peer's pushing warpgroup.
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\n" ::"r"(xp) : "memory");
+        for (int i = 0; i < 23; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
-    // Both CTAs of a pair initialized before either arrives on the other's barriers.
-    if constexpr (kPair) fw_cluster_sync();
     if (tid == 0) {
         // Each stage's first tile, whichever item it belongs to.
         for (int s = 0; s < 2; ++s) {
-            FsWalk walk{cur, first, s - 2};
+            FsWalk walk{cur, 0, s - 2};
             if (advance(walk, s)) issue(walk.c, walk.t, 0x1FF, -1);
         }
     }
@@ -803,13 +657,10 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #endif
     // Uses of stage 0 and stage 1 by the items before this one (the mbarriers' phases).
     int uses_a = 0, uses_b = 0;
-    // With a pair: the Q tiles issued so far by an item's end, and the two-split items done.
-    int q_loads = 0, pair_items = 0;
-    for (int i = first; i < items; i = next_own(i + 1)) {
-        if (i > first) {
+    for (int i = 0; i < items; ++i) {
+        if (i > 0) {
             cur = item_at(i);
-            // This item's Q, issued at the previous item's end.
-            fw_bar_wait(q_full, kPair ? q_loads++ & 1 : (i - 1) & 1);
+            fw_bar_wait(q_full, (i - 1) & 1);  // this item's Q, issued at the previous item's end
             fs_sync(FS_BAR_ALL, FW_THREADS);   // and every thread past its reads of `red`
         }
 #if defined(FS_TRACE) && defined(FS_TRACE_THIRD)
@@ -976,14 +827,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         unsigned long long* const epi = trace == nullptr ? nullptr : trace + FS_TRACE_ITERS * 2 * FS_TRACE_EVENTS + 3;
 #endif
         if constexpr (kCopyGroup) {
-            const int after = next_own(i + 1);
-            const FsItem next = after < items ? item_at(after) : cur;
-            if (kPair && __shfl_sync(0xffffffff, cur.count, 0) == 2)
-                fs_pair_end(o, m, l, lrow, live, red, cur, next, after < items, qs, q_map, q_full, xq, xp,
-                            pair_items++, rows, heads, batch, out, lse);
-            else
-                fs_item_end(o, m, l, lrow, live, red, cur, next, after < items, qs_a, q_map, q_full, batch, rows,
-                            heads, out, lse, o_part, lse_part FW_EPI_ARG);
+            fs_item_end(o, m, l, lrow, live, red, cur, i + 1 < items ? item_at(i + 1) : cur, i + 1 < items, qs_a,
+                        q_map, q_full, batch, rows, heads, out, lse, o_part, lse_part FW_EPI_ARG);
         } else {
             __syncthreads();
             fw_epilogue(o, m, l, lrow, live, red, last, qs, cur.seq_len, cur.count, cur.sp, cur.b, batch,
@@ -1022,17 +867,6 @@ extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
     flash_decode_seesaw(FW_DECODE_PARAMS, const __grid_constant__ FwTensorMap q_map,
                         const int* __restrict__ part_items, const int4* __restrict__ work_items) {
     fs_decode<true>(FS_ARGS, &q_map, part_items, work_items);
-}
-// The persistent kernel with a request's two splits on a CTA pair (a cluster of two along
-// y, blockIdx.y = split): pair x takes row blocks x, x + gridDim.x, ... as the one-split
-// grid does, both CTAs the same items, and merges each on chip (fs_pair_end) where a
-// request takes two splits; rank 0 runs a one-split request alone. The host's pick for the
-// cluster merge of two splits where pairs take several row blocks. Same bits as the
-// cluster and global merges of flash_decode_seesaw_2wg.
-extern "C" __global__ void __launch_bounds__(FS_THREADS, 1)
-    flash_decode_seesaw_pair(FW_DECODE_PARAMS, const __grid_constant__ FwTensorMap q_map,
-                             const int* __restrict__ part_items, const int4* __restrict__ work_items) {
-    fs_decode<true, true>(FS_ARGS, &q_map, part_items, work_items);
 }
 // 256 threads, the product warpgroups issuing their own reloads: the host's pick otherwise.
 extern "C" __global__ void __launch_bounds__(FW_THREADS, 1) flash_decode_seesaw_2wg(FW_DECODE_PARAMS) {

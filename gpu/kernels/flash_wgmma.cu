@@ -345,11 +345,9 @@ __device__ __forceinline__ void fw_merge_rows(const float* recv, const float* wt
             acc.z = __fmaf_rn(w, v.z, acc.z);
             acc.w = __fmaf_rn(w, v.w, acc.w);
         }
-        // Times the reciprocal, as every split merge of the seesaw kernels does (the pair's
-        // registers have no room for a division an element).
-        const float den = wts[k * 9 + 8], r = 1.f / den;
+        const float den = wts[k * 9 + 8];
         fd_put4(out + k * FD_DV + c, den == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                                : make_float4(acc.x * r, acc.y * r, acc.z * r, acc.w * r));
+                                                : make_float4(acc.x / den, acc.y / den, acc.z / den, acc.w / den));
     }
 }
 
@@ -491,9 +489,9 @@ __device__ void merge_splits(const float* __restrict__ o_part, const float* __re
         for (int u = 0; u < 8; ++u) {
             int i = i0 + u * FW_THREADS;
             if (i >= n4) break;
-            const float d = den[i / (FD_DV / 4)], r = 1.f / d;  // times the reciprocal: fw_merge_rows
+            float d = den[i / (FD_DV / 4)];
             fd_put4(dst + 4 * i, d == 0.f ? make_float4(0.f, 0.f, 0.f, 0.f)
-                                          : make_float4(acc[u].x * r, acc[u].y * r, acc[u].z * r, acc[u].w * r));
+                                          : make_float4(acc[u].x / d, acc[u].y / d, acc[u].z / d, acc[u].w / d));
         }
     }
     if (tid == 0) *counter = 0;

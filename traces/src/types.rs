@@ -34,7 +34,7 @@ pub struct TraceHeader {
     pub backend: String,
     /// The kernel family that decided the bits (version 5): the device's architecture and
     /// the attention path on the GPU (`"sm_90a; bf16 flash decode (flash_decode_seesaw,
-    /// running max raised past 2^8, splits merged times 1/sum); cuBLASLt bf16 GEMMs (...)"`),
+    /// running max raised past 2^8); cuBLASLt bf16 GEMMs (...)"`),
     /// `"CPU reference (f32)"` on the CPU. A replay compares bit for bit only where both
     /// the kind and this match.
     pub kernels: String,

@@ -621,7 +621,7 @@ pub(crate) fn flash_check_scale() -> f32 {
 /// A tensor-core decode check's device side: the workspace for a shape (outputs filled
 /// with [`UNWRITTEN`], so a row the kernel skips shows), the check's Q, block table and seq_lens,
 /// and the schedule the shape's policy gives for the seq_lens it is planned for.
-pub(crate) struct FlashLaunch {
+struct FlashLaunch {
     ws: specmla_gpu::ops::FlashWorkspace,
     q: Buf<u16>,
     table: Buf<i32>,
@@ -633,7 +633,7 @@ impl FlashLaunch {
     /// `s`'s workspace (rows of `k`'s output type) and policy (`split_size_tokens`,
     /// `max_splits`); `planned` is what the schedule is built from (the real `seq_lens`,
     /// or a stale copy's).
-    pub(crate) fn new(
+    fn new(
         (dev, k): (&GpuDevice, &FlashKernels),
         s: specmla_gpu::ops::FlashShape,
         (q_bits, table, seq_lens): (&[u16], &[i32], &[i32]),
@@ -660,7 +660,7 @@ impl FlashLaunch {
     /// # Safety
     /// The block table names blocks inside `cache` (or -1) for every key of each seq_len
     /// below the first -1 of its row.
-    pub(crate) unsafe fn run(
+    unsafe fn run(
         &self,
         dev: &GpuDevice,
         k: &FlashKernels,
@@ -746,7 +746,7 @@ pub fn check_seesaw_kernels_agree(
         let s = shape(max_splits);
         let mut k = k.clone();
         k.persist = persist;
-        let name = k.decode_launch(&s, (WideKernel::Seesaw, k.merge), dev.sms).0;
+        let name = k.decode_launch(&s, WideKernel::Seesaw, dev.sms).0;
         functions.push(name);
         names.push(format!("{name} ({persist:?})"));
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
@@ -897,7 +897,7 @@ fn run_flash_case(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());
     Ok(FlashRun {
-        kernel: k.decode_launch(&s, (wide, merge), dev.sms).0,
+        kernel: k.decode_launch(&s, wide, dev.sms).0,
         err,
         rearmed,
         finite,
@@ -1175,36 +1175,26 @@ pub fn check_out_of_memory(dev: &GpuDevice) -> CaseResult {
     }
 }
 
-/// The flash build the checks run (f32 rows, against the f64 reference) and its kernels.
-/// Few CTAs for the persistent seesaw kernels: every case of more than five row blocks
-/// (pairs) then runs several a CTA, each item's prologue under the previous one's end.
-pub fn check_build(dev: &GpuDevice) -> Result<(FlashBuild, FlashKernels), GpuError> {
-    let build = FlashBuild {
-        persist: specmla_gpu::ops::Persist::Ctas(5),
-        ..FlashBuild::from_env()?
-    };
-    let f32_build = FlashBuild {
-        out: DecodeOut::F32,
-        ..build.clone()
-    };
-    Ok((build, FlashKernels::load_build(dev, f32_build)?))
-}
-
-/// `build` with the engine's bf16 rows, checked against the f32 build's
-/// (check_flash_bf16_rows).
-pub fn bf16_build(dev: &GpuDevice, build: FlashBuild) -> Result<FlashKernels, GpuError> {
-    let bf16 = FlashBuild {
-        out: DecodeOut::Bf16,
-        ..build
-    };
-    FlashKernels::load_build(dev, bf16)
-}
-
 /// Every kernel check over the grid of shapes: attention kernels against f64, dense
 /// kernels against the CPU model's f32 blocks.
 pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
+    use specmla_gpu::ops::Persist;
     let k = Kernels::load(dev)?;
-    let (build, fk) = check_build(dev)?;
+    // f32 rows against the f64 reference; the engine's bf16 rows against them
+    // (check_flash_bf16_rows). Few CTAs for the persistent seesaw kernel: every case of
+    // more than five row blocks then runs several a CTA, each item's prologue under the
+    // previous one's end.
+    let build = FlashBuild {
+        persist: Persist::Ctas(5),
+        ..FlashBuild::from_env()?
+    };
+    let fk = FlashKernels::load_build(
+        dev,
+        FlashBuild {
+            out: DecodeOut::F32,
+            ..build.clone()
+        },
+    )?;
     let mut results = vec![check_out_of_memory(dev)];
     results.extend(crate::checks_dense::run_dense(dev, &k)?);
     results.extend(crate::checks_weights::run_weights(dev, &k)?);
@@ -1308,11 +1298,14 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
             results.push(check_seesaw_kernels_agree(dev, &fk, shape, 810 + i as u64)?);
         }
     }
-    let bf16k = bf16_build(dev, build)?;
+    let bf16k = FlashKernels::load_build(
+        dev,
+        FlashBuild {
+            out: DecodeOut::Bf16,
+            ..build
+        },
+    )?;
     bf16_row_checks(dev, (&fk, &bf16k), &mut results)?;
-    if fk.wide == WideKernel::Seesaw {
-        results.extend(crate::checks_pairs::run_pair_checks(dev, (&fk, &bf16k))?);
-    }
     if fk.wide == WideKernel::Seesaw {
         results.extend(crate::checks_balanced::run_balanced_checks(
             dev,

@@ -10,7 +10,6 @@ pub mod calibrate;
 pub mod checks;
 pub mod checks_balanced;
 pub mod checks_dense;
-pub mod checks_pairs;
 pub mod checks_gemm;
 pub mod checks_prefill;
 pub mod checks_weights;

@@ -38,7 +38,7 @@ const WGMMA_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 64 * 128 + 2 * 64 * 4 
 /// tile (probabilities go to a tile's rope block), two maxima and two row-sum rows, one
 /// mbarrier per stage and 64-column block, four for the copy warpgroup's reloads, one for a
 /// persistent CTA's later Q tiles, the last-split flag.
-const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 25 * 8 + 16;
+const SEESAW_SMEM_BYTES: usize = 1024 + 3 * 64 * 576 * 2 + 4 * 64 * 4 + 23 * 8 + 16;
 /// Threads of a `flash_decode_seesaw` CTA: two warpgroups of products, one of copies.
 /// [`SEESAW_2WG`] has the first two only (256 threads).
 pub(super) const SEESAW_THREADS: u32 = 384;
@@ -48,9 +48,6 @@ const SEESAW_2WG: &str = "flash_decode_seesaw_2wg";
 /// of CTAs each taking every `gridDim.x`-th row block (`fs_decode<true>`); or a balanced
 /// schedule's pieces, a CTA per part and row block (`flash_balanced.rs`).
 pub(super) const SEESAW_PERSISTENT: &str = "flash_decode_seesaw";
-/// The persistent kernel on CTA pairs: a cluster of two runs a request's two splits side
-/// by side and merges them on chip, taking row blocks as [`SEESAW_PERSISTENT`] does.
-pub(super) const SEESAW_PAIR: &str = "flash_decode_seesaw_pair";
 
 /// Which kernel takes requests of more than 16 query rows (at most 16 take
 /// `flash_decode_narrow`).
@@ -83,11 +80,9 @@ impl WideKernel {
     pub fn numerics(self) -> &'static str {
         match self {
             // The running maximum moves only when a tile raises it past 8 (log2 units):
-            // `raise_max` in flash_seesaw.cu. A request's splits merge times the reciprocal
-            // of the weights' sum (fw_merge_rows, merge_splits, fs_pair_end).
-            Self::Seesaw => "running max raised past 2^8, splits merged times 1/sum",
-            Self::Wgmma => "exact running max, splits merged times 1/sum",
-            Self::Mma => "exact running max",
+            // `raise_max` in flash_seesaw.cu.
+            Self::Seesaw => "running max raised past 2^8",
+            Self::Wgmma | Self::Mma => "exact running max",
         }
     }
 
@@ -118,25 +113,17 @@ impl WideKernel {
     /// is faster only where CTAs take several row blocks (run 128, 3 rounds: B 96 L 4k 2.3%
     /// and B 128 0.5% faster, B 64 with one row block a CTA 2.7% slower); three row blocks
     /// take the same rule, unmeasured.
-    ///
-    /// With `pairs` (the cluster merge, persistent kernels allowed), two splits a request
-    /// take [`SEESAW_PAIR`] where its pairs take several row blocks each (more row blocks
-    /// than half the multiprocessors), else `_2wg`'s clusters.
     pub fn launch_function(
         self,
         max_splits: usize,
         row_blocks: usize,
         requests: usize,
         sms: usize,
-        pairs: bool,
     ) -> (&'static str, u32) {
         let several_a_cta = row_blocks >= 2 && requests * row_blocks > sms;
         match self {
             Self::Seesaw if max_splits == 1 && (row_blocks >= 4 || several_a_cta) => {
                 (self.function(), SEESAW_THREADS)
-            }
-            Self::Seesaw if pairs && max_splits == 2 && requests * row_blocks > sms / 2 => {
-                (SEESAW_PAIR, SEESAW_THREADS)
             }
             Self::Seesaw => (SEESAW_2WG, 256),
             _ => (self.function(), 256),
@@ -682,13 +669,10 @@ pub struct FlashKernels {
     pub wide: WideKernel,
     /// How [`Self::flash_decode`] has the Hopper kernels merge a request's splits.
     pub merge: SplitMerge,
-    /// How many CTAs the persistent seesaw kernel runs (CTA pairs for [`SEESAW_PAIR`]).
+    /// How many CTAs the persistent seesaw kernel runs.
     pub persist: Persist,
     /// The element type of the merged rows the kernels write.
     pub out: DecodeOut,
-    /// How many clusters of two [`SEESAW_PAIR`] CTAs are resident at once (the driver's
-    /// count; 0 off Hopper).
-    pub pair_clusters: usize,
 }
 
 /// The grid of the persistent seesaw kernel (the copy warpgroup's, [`SEESAW_PERSISTENT`]),
@@ -700,8 +684,7 @@ pub enum Persist {
     PerMultiprocessor,
     /// At most this many CTAs: `gpu-test`'s few, so CTAs take many row blocks each.
     Ctas(usize),
-    /// One CTA a row block (`SPECMLA_NO_PERSIST`), to time what persistence saves; two
-    /// splits a request then take `_2wg`'s clusters, not [`SEESAW_PAIR`].
+    /// One CTA a row block (`SPECMLA_NO_PERSIST`), to time what persistence saves.
     Off,
 }
 
@@ -840,7 +823,6 @@ impl FlashKernels {
             "flash_decode_wgmma",
             "flash_decode_seesaw",
             SEESAW_2WG,
-            SEESAW_PAIR,
             "flash_combine",
             "flash_combine_slots",
             "flash_prefill",
@@ -864,7 +846,6 @@ impl FlashKernels {
             ("flash_decode_wgmma", WGMMA_SMEM_BYTES),
             ("flash_decode_seesaw", SEESAW_SMEM_BYTES),
             (SEESAW_2WG, SEESAW_SMEM_BYTES),
-            (SEESAW_PAIR, SEESAW_SMEM_BYTES),
             ("flash_prefill", super::PrefillTile::Rows64.smem_bytes()),
             (
                 "flash_prefill_wide",
@@ -876,7 +857,6 @@ impl FlashKernels {
                 .iter()
                 .any(|w| w.function() == name)
                 || name == SEESAW_2WG
-                || name == SEESAW_PAIR
                 || super::PrefillTile::ALL
                     .iter()
                     .any(|t| t.hopper() && t.function() == name);
@@ -892,12 +872,6 @@ impl FlashKernels {
                     "raising {name}'s shared memory limit"
                 )))?;
         }
-        let pair_clusters = if wide.hopper() {
-            let bytes = SEESAW_SMEM_BYTES as u32;
-            max_active_clusters(dev, &fns[SEESAW_PAIR], SEESAW_THREADS, bytes, 2)?
-        } else {
-            0
-        };
         Ok(Self {
             _module: module,
             fns,
@@ -906,7 +880,6 @@ impl FlashKernels {
             merge: build.merge,
             persist: build.persist,
             out: build.out,
-            pair_clusters,
         })
     }
 
@@ -923,16 +896,14 @@ impl FlashKernels {
     pub fn decode_launch(
         &self,
         s: &FlashShape,
-        (wide, merge): (WideKernel, SplitMerge),
+        wide: WideKernel,
         sms: usize,
     ) -> (&'static str, Option<u32>) {
         let rows = s.query_rows();
         let family = self.decode_function(rows, s.page, wide);
         if wide.hopper() && family == wide.function() {
             let row_blocks = rows.div_ceil(FLASH_ROWS);
-            let pairs = merge.in_clusters(2) && self.persist != Persist::Off;
-            let (name, threads) =
-                wide.launch_function(s.max_splits, row_blocks, s.batch, sms, pairs);
+            let (name, threads) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
             (name, Some(threads))
         } else {
             (family, None)
@@ -970,7 +941,7 @@ impl FlashKernels {
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
                 // Split launches: the row blocks do not change the kernel.
-                let (name, threads) = self.wide.launch_function(splits, 0, 0, sms, false);
+                let (name, threads) = self.wide.launch_function(splits, 0, 0, sms);
                 max_active_clusters(dev, &self.fns[name], threads, bytes as u32, splits as u32)
             }
             None => Ok(sms / splits.max(1)),
@@ -1023,7 +994,7 @@ impl FlashKernels {
     /// `sms` multiprocessors ([`WideKernel::launch_function`]), else `None`.
     pub fn persistent_ctas(&self, wide: WideKernel, s: FlashShape, sms: usize) -> Option<usize> {
         let row_blocks = s.query_rows().div_ceil(FLASH_ROWS);
-        let (name, _) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms, false);
+        let (name, _) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
         (name == SEESAW_PERSISTENT).then(|| self.persist.ctas(s.batch, row_blocks, sms))
     }
 
@@ -1072,7 +1043,7 @@ impl FlashKernels {
         );
         let (name, hopper_threads) = match work {
             Some(_) => (SEESAW_PERSISTENT, Some(SEESAW_THREADS)),
-            None => self.decode_launch(&s, (wide, merge), dev.sms),
+            None => self.decode_launch(&s, wide, dev.sms),
         };
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
         let hopper = hopper_threads.is_some();
@@ -1139,7 +1110,7 @@ impl FlashKernels {
             let slots = b.cache.len() / FLASH_DIM;
             let map = TensorMap::bf16_rows(b.cache, FLASH_DIM, slots, (64, s.page.min(64)))?;
             args.push(Arg::Map(map));
-            if name == SEESAW_PERSISTENT || name == SEESAW_PAIR {
+            if name == SEESAW_PERSISTENT {
                 // Its later items' Q: 64-row boxes of the [batch * rows, 576] queries.
                 let q_rows = s.batch * rows;
                 args.push(Arg::Map(TensorMap::bf16_rows(
@@ -1168,10 +1139,6 @@ impl FlashKernels {
         } else if name == SEESAW_PERSISTENT {
             // The kernel takes one split a request (launch_function picks it only then).
             (self.persist.ctas(s.batch, row_blocks, dev.sms) as u32, 1, 1)
-        } else if name == SEESAW_PAIR {
-            // Pairs along y (split 0 and 1, launched below as clusters of two).
-            let pairs = self.persist.ctas(s.batch, row_blocks, self.pair_clusters);
-            (pairs as u32, 2, 1)
         } else {
             (row_blocks as u32, s.max_splits as u32, s.batch as u32)
         };
@@ -1283,10 +1250,9 @@ mod tests {
     #[test]
     fn the_seesaw_copy_warpgroup_takes_one_split_of_four_row_blocks_or_of_several_a_cta() {
         use super::WideKernel::{Mma, Seesaw, Wgmma};
-        let (persistent, two, pair) = (
+        let (persistent, two) = (
             ("flash_decode_seesaw", 384),
             ("flash_decode_seesaw_2wg", 256),
-            ("flash_decode_seesaw_pair", 384),
         );
         // (kernel, splits, row blocks, requests): on 132 multiprocessors.
         for (wide, splits, blocks, requests, want) in [
@@ -1306,30 +1272,11 @@ mod tests {
             (Mma, 1, 8, 64, ("flash_decode", 256)),
         ] {
             assert_eq!(
-                wide.launch_function(splits, blocks, requests, 132, false),
+                wide.launch_function(splits, blocks, requests, 132),
                 want,
                 "{wide:?} {splits} {blocks} {requests}"
             );
         }
-        // With pairs allowed: two splits take them past 66 row blocks (a pair's each).
-        for (splits, blocks, requests, want) in [
-            (2, 2, 33, two),
-            (2, 2, 34, pair),
-            (2, 2, 64, pair),
-            (2, 1, 66, two),
-            (2, 1, 128, pair),
-            (2, 8, 64, pair),
-            (3, 2, 128, two),
-            (1, 2, 128, persistent),
-            (1, 1, 512, two),
-        ] {
-            assert_eq!(
-                Seesaw.launch_function(splits, blocks, requests, 132, true),
-                want,
-                "{splits} {blocks} {requests}"
-            );
-        }
-        assert_eq!(Mma.launch_function(2, 2, 128, 132, true).0, "flash_decode");
     }
 
     /// core's plan tests (`split::H100_OVERHEAD`) copy these values.
@@ -1352,7 +1299,7 @@ mod tests {
         const { assert!(super::SEESAW_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         const { assert!(super::WGMMA_SMEM_BYTES <= super::MAX_SMEM_BYTES) };
         assert_eq!(super::WGMMA_SMEM_BYTES, 230_944);
-        assert_eq!(super::SEESAW_SMEM_BYTES, 223_448);
+        assert_eq!(super::SEESAW_SMEM_BYTES, 223_432);
     }
 
     /// The module checks every kernel's shared-memory formula against the host's size at

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use specmla_gpu::{GpuDevice, GpuError};
-use specmla_gpu_lab::checks::{bf16_build, check_build, run_all, F32_TOL};
+use specmla_gpu_lab::checks::{run_all, F32_TOL};
 use specmla_gpu_lab::checks_dense::DENSE_TOL;
 use specmla_gpu_lab::checks_gemm::{run_gemm, GEMM_TOL};
 use specmla_gpu_lab::invariance::run_invariance;
@@ -24,10 +24,6 @@ struct Cli {
     /// what counts as the device's verdict.
     #[arg(long)]
     kernels_only: bool,
-    /// The CTA-pair decode's checks alone (`flash_decode_seesaw_pair`), a quick pass while
-    /// that kernel changes.
-    #[arg(long, conflicts_with = "kernels_only")]
-    pairs_only: bool,
 }
 
 fn main() -> ExitCode {
@@ -46,16 +42,11 @@ fn main() -> ExitCode {
          of f64 and bit for bit across M, invariance cases bit for bit",
         dev.name, dev.arch
     );
-    let all = if cli.pairs_only {
-        pair_checks(&dev)
-    } else {
-        run_all(&dev)
-    };
-    let mut results = match all {
+    let mut results = match run_all(&dev) {
         Ok(r) => r,
         Err(e) => return stopped("kernel checks", &e),
     };
-    let gemm = if cli.kernels_only || cli.pairs_only {
+    let gemm = if cli.kernels_only {
         Ok((Vec::new(), Vec::new()))
     } else {
         run_gemm(&dev)
@@ -69,7 +60,7 @@ fn main() -> ExitCode {
         }
         Err(e) => return stopped("GEMM checks", &e),
     }
-    let engine = if cli.kernels_only || cli.pairs_only {
+    let engine = if cli.kernels_only {
         Ok(Vec::new())
     } else {
         run_invariance(&dev)
@@ -99,20 +90,6 @@ fn main() -> ExitCode {
     } else {
         ExitCode::from(1)
     }
-}
-
-/// The pair checks with the builds run_all gives them; a device without the seesaw
-/// kernels (sm_90a) has no pair kernel to check, which is an error, not an empty pass.
-fn pair_checks(dev: &GpuDevice) -> Result<Vec<specmla_gpu_lab::checks::CaseResult>, GpuError> {
-    let (build, fk) = check_build(dev)?;
-    if fk.wide != specmla_gpu::ops::WideKernel::Seesaw {
-        return Err(GpuError::NoDevice(format!(
-            "--pairs-only: {} has no CTA-pair decode (it needs sm_90a)",
-            dev.arch
-        )));
-    }
-    let bf16k = bf16_build(dev, build)?;
-    specmla_gpu_lab::checks_pairs::run_pair_checks(dev, (&fk, &bf16k))
 }
 
 /// A run that stopped before its table: exit 2 where the machine is at fault, else 1
