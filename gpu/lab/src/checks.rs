@@ -689,10 +689,10 @@ impl FlashLaunch {
 /// three grids: the engine's (a CTA a multiprocessor), three CTAs (each taking a third of
 /// the row blocks of requests of 1 to 24 tiles in turn, every item's Q and first tiles
 /// loading under the one before) and a CTA a row block. Pages of 64; `q_len * heads` rows
-/// a request, five requests of 1 to 24 tiles; at two or three row blocks a request, where
-/// the copy warpgroup's kernel takes only launches of more row blocks than
-/// multiprocessors, `sms / row_blocks + 1` requests of the same five lengths in turn (at
-/// one row block it never takes a launch: not a case for this check). Where the rows are
+/// a request, five requests of 1 to 24 tiles; at two or three row blocks a request
+/// `sms / row_blocks + 1` requests of the same five lengths in turn, so CTAs of the
+/// engine's grid take several row blocks too (at one row block the copy warpgroup's kernel
+/// never takes a launch: not a case for this check). Where the rows are
 /// not a multiple of 64, a later item's Q rows past its request's are the next request's
 /// (the kernel loads a 64-row box): they must not reach the live rows.
 pub fn check_seesaw_kernels_agree(
@@ -704,9 +704,8 @@ pub fn check_seesaw_kernels_agree(
     use specmla_gpu::ops::{FlashShape, Persist, FLASH_DIM};
     let (page, split) = (64usize, 2048usize);
     let rows = q_len * heads;
-    // Under four row blocks a request, the copy warpgroup's kernel takes a launch only
-    // where CTAs take several row blocks: the five lengths again and again, past one row
-    // block a multiprocessor.
+    // Under four row blocks a request, the five lengths again and again, past one row
+    // block a multiprocessor: the engine's grid then has CTAs take several too.
     let row_blocks = rows.div_ceil(64);
     let requests = if row_blocks >= 4 {
         5
@@ -746,7 +745,7 @@ pub fn check_seesaw_kernels_agree(
         let s = shape(max_splits);
         let mut k = k.clone();
         k.persist = persist;
-        let name = k.decode_launch(&s, WideKernel::Seesaw, dev.sms).0;
+        let name = k.decode_launch(&s, WideKernel::Seesaw).0;
         functions.push(name);
         names.push(format!("{name} ({persist:?})"));
         // SAFETY: the check's block table covers every seq_len with blocks inside its cache.
@@ -897,7 +896,7 @@ fn run_flash_case(
     let err = max_rel_err(&got_out, &want_out).max(max_rel_err(&got_lse, &want_lse));
     let finite = got_out.iter().chain(&got_lse).all(|v| v.is_finite());
     Ok(FlashRun {
-        kernel: k.decode_launch(&s, wide, dev.sms).0,
+        kernel: k.decode_launch(&s, wide).0,
         err,
         rearmed,
         finite,

@@ -101,30 +101,24 @@ impl WideKernel {
         }
     }
 
-    /// The CUDA function and threads a CTA for a launch of `requests` requests of
-    /// `row_blocks` 64-row blocks each on `sms` multiprocessors, and a grid of `max_splits`
-    /// splits a request (the launch's `FlashShape::max_splits`: the engine sizes it by its
-    /// policy's cap, by default at least 2, so it takes `_2wg`). The seesaw family has a
-    /// persistent kernel with a copy warpgroup (384 threads) and one whose product
-    /// warpgroups issue their own copies, a CTA a row block ([`SEESAW_2WG`], 256); both give
-    /// the same bits. On the H100 the copy warpgroup was 2-5% faster at one split and four
-    /// or more row blocks (q 2 and 4 at 128 heads; runs 55 and 64) and 1-7% slower at
-    /// several splits (short split CTAs and a merge; run 64). At two row blocks (q 1) it
-    /// is faster only where CTAs take several row blocks (run 128, 3 rounds: B 96 L 4k 2.3%
-    /// and B 128 0.5% faster, B 64 with one row block a CTA 2.7% slower); three row blocks
-    /// take the same rule, unmeasured.
-    pub fn launch_function(
-        self,
-        max_splits: usize,
-        row_blocks: usize,
-        requests: usize,
-        sms: usize,
-    ) -> (&'static str, u32) {
-        let several_a_cta = row_blocks >= 2 && requests * row_blocks > sms;
+    /// The CUDA function and threads a CTA for a launch of requests of `row_blocks` 64-row
+    /// blocks each and a grid of `max_splits` splits a request (the launch's
+    /// `FlashShape::max_splits`: the engine sizes it by its policy's cap, by default at
+    /// least 2, so it takes `_2wg`). The seesaw family has a persistent kernel with a copy
+    /// warpgroup (384 threads) and one whose product warpgroups issue their own copies, a
+    /// CTA a row block ([`SEESAW_2WG`], 256); both give the same bits. On the H100 the copy
+    /// warpgroup was 2-5% faster at one split and four or more row blocks (q 2 and 4 at 128
+    /// heads; runs 55 and 64) and 1-7% slower at several splits (short split CTAs and a
+    /// merge; run 64). At two row blocks (q 1) it now wins at every batch measured, one row
+    /// block a CTA included (run 158, 3 rounds: B 48 and 64 at L 4k and B 64 at L 8k
+    /// 2.2-3.5% faster; the request's first row block pulls each next tile into L2 for the
+    /// second, which `_2wg` has no warpgroup to spare for). At one row block a request (16
+    /// heads) it was 19% slower (run 158: that prefetch, with no second row block to serve,
+    /// made the launches slower; `_2wg` keeps them). Three row blocks take the rule of two,
+    /// unmeasured.
+    pub fn launch_function(self, max_splits: usize, row_blocks: usize) -> (&'static str, u32) {
         match self {
-            Self::Seesaw if max_splits == 1 && (row_blocks >= 4 || several_a_cta) => {
-                (self.function(), SEESAW_THREADS)
-            }
+            Self::Seesaw if max_splits == 1 && row_blocks >= 2 => (self.function(), SEESAW_THREADS),
             Self::Seesaw => (SEESAW_2WG, 256),
             _ => (self.function(), 256),
         }
@@ -890,20 +884,14 @@ impl FlashKernels {
         rows <= 16 && self.flash.keys.is_multiple_of(64)
     }
 
-    /// The CUDA function [`Self::flash_decode_merged`] launches for shape `s` on `sms`
-    /// multiprocessors, with its CTA's threads where a Hopper kernel takes it (else the
-    /// configuration's).
-    pub fn decode_launch(
-        &self,
-        s: &FlashShape,
-        wide: WideKernel,
-        sms: usize,
-    ) -> (&'static str, Option<u32>) {
+    /// The CUDA function [`Self::flash_decode_merged`] launches for shape `s`, with its
+    /// CTA's threads where a Hopper kernel takes it (else the configuration's).
+    pub fn decode_launch(&self, s: &FlashShape, wide: WideKernel) -> (&'static str, Option<u32>) {
         let rows = s.query_rows();
         let family = self.decode_function(rows, s.page, wide);
         if wide.hopper() && family == wide.function() {
             let row_blocks = rows.div_ceil(FLASH_ROWS);
-            let (name, threads) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
+            let (name, threads) = wide.launch_function(s.max_splits, row_blocks);
             (name, Some(threads))
         } else {
             (family, None)
@@ -941,7 +929,7 @@ impl FlashKernels {
         match self.wide.smem_bytes().filter(|_| clustered) {
             Some(bytes) => {
                 // Split launches: the row blocks do not change the kernel.
-                let (name, threads) = self.wide.launch_function(splits, 0, 0, sms);
+                let (name, threads) = self.wide.launch_function(splits, 0);
                 max_active_clusters(dev, &self.fns[name], threads, bytes as u32, splits as u32)
             }
             None => Ok(sms / splits.max(1)),
@@ -994,7 +982,7 @@ impl FlashKernels {
     /// `sms` multiprocessors ([`WideKernel::launch_function`]), else `None`.
     pub fn persistent_ctas(&self, wide: WideKernel, s: FlashShape, sms: usize) -> Option<usize> {
         let row_blocks = s.query_rows().div_ceil(FLASH_ROWS);
-        let (name, _) = wide.launch_function(s.max_splits, row_blocks, s.batch, sms);
+        let (name, _) = wide.launch_function(s.max_splits, row_blocks);
         (name == SEESAW_PERSISTENT).then(|| self.persist.ctas(s.batch, row_blocks, sms))
     }
 
@@ -1043,7 +1031,7 @@ impl FlashKernels {
         );
         let (name, hopper_threads) = match work {
             Some(_) => (SEESAW_PERSISTENT, Some(SEESAW_THREADS)),
-            None => self.decode_launch(&s, wide, dev.sms),
+            None => self.decode_launch(&s, wide),
         };
         // Whether a Hopper kernel takes this launch (not the narrow or mma.sync fallback).
         let hopper = hopper_threads.is_some();
@@ -1245,36 +1233,34 @@ mod tests {
         assert!(parse_defines("FD_OUT_BF16").is_err());
     }
 
-    /// The seesaw family's kernel per launch shape (runs 65 and 128's measurements), the
+    /// The seesaw family's kernel per launch shape (runs 55, 64 and 158's measurements), the
     /// others' one kernel whatever the shape.
     #[test]
-    fn the_seesaw_copy_warpgroup_takes_one_split_of_four_row_blocks_or_of_several_a_cta() {
+    fn the_seesaw_copy_warpgroup_takes_one_split_of_two_or_more_row_blocks() {
         use super::WideKernel::{Mma, Seesaw, Wgmma};
         let (persistent, two) = (
             ("flash_decode_seesaw", 384),
             ("flash_decode_seesaw_2wg", 256),
         );
-        // (kernel, splits, row blocks, requests): on 132 multiprocessors.
-        for (wide, splits, blocks, requests, want) in [
-            (Seesaw, 1, 8, 1, persistent),
-            (Seesaw, 1, 4, 64, persistent),
-            // q 1 at 128 heads: one row block a CTA at B 64, several past B 66.
-            (Seesaw, 1, 2, 64, two),
-            (Seesaw, 1, 2, 66, two),
-            (Seesaw, 1, 2, 67, persistent),
-            (Seesaw, 1, 2, 128, persistent),
-            // One row block (16 heads) takes _2wg at any batch, as do split launches.
-            (Seesaw, 1, 1, 512, two),
-            (Seesaw, 2, 8, 64, two),
-            (Seesaw, 2, 2, 128, two),
-            (Seesaw, 2, 0, 0, two),
-            (Wgmma, 1, 8, 64, ("flash_decode_wgmma", 256)),
-            (Mma, 1, 8, 64, ("flash_decode", 256)),
+        // (kernel, splits, row blocks a request).
+        for (wide, splits, blocks, want) in [
+            (Seesaw, 1, 8, persistent),
+            (Seesaw, 1, 4, persistent),
+            (Seesaw, 1, 3, persistent),
+            // q 1 at 128 heads, one row block a CTA or several.
+            (Seesaw, 1, 2, persistent),
+            // One row block (16 heads) takes _2wg, as do split launches.
+            (Seesaw, 1, 1, two),
+            (Seesaw, 2, 8, two),
+            (Seesaw, 2, 2, two),
+            (Seesaw, 2, 0, two),
+            (Wgmma, 1, 8, ("flash_decode_wgmma", 256)),
+            (Mma, 1, 8, ("flash_decode", 256)),
         ] {
             assert_eq!(
-                wide.launch_function(splits, blocks, requests, 132),
+                wide.launch_function(splits, blocks),
                 want,
-                "{wide:?} {splits} {blocks} {requests}"
+                "{wide:?} {splits} {blocks}"
             );
         }
     }
