@@ -343,24 +343,32 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         fw_issue_boxes(dst, &cache_map, block_table + (long long)c.b * width, page, t0, boxes, mask, bar0, 8);
     };
     // The block-table entry prefetch_l2 takes for tile t of item c: -1 (no prefetch) past
-    // the item, on pages of fewer than 64 keys, or on another row block than 0.
+    // the item, on pages of fewer than 64 keys, where another of the request's row blocks
+    // takes tile t (row block t mod row_blocks does), or where the request has one row
+    // block (no other CTA reads its tiles).
     auto prefetch_entry = [&](const FsItem& c, int t) {
 #ifdef FS_NO_L2_PREFETCH
         return -1 + 0 * t;
 #else
-        return c.row0 == 0 && t < c.tiles ? entry_of(c, t) : -1;
+        return row_blocks > 1 && t % row_blocks == c.row0 / 64 && t < c.tiles ? entry_of(c, t) : -1;
 #endif
     };
-    // Tile t of item c (its entry e) pulled from memory into L2 by the request's CTA of
-    // row block 0 alone, from the copy warpgroup: the request's row blocks read each tile
-    // at about the same time, and without it every one of them waited for the same miss.
-    // A stage's next tile of the item, issued once the stage's current one is. On the H100
+    // Tile t of item c (its entry e) pulled from memory into L2 by one of the request's
+    // CTAs, from the copy warpgroup: the request's row blocks read each tile at about the
+    // same time, and without it every one of them waited for the same miss. A stage's
+    // next tile of the item, issued once the stage's current one is. On the H100
     // (`gpu-bench`, the same calls): four tiles ahead made q 1 L 16k 14% slower (run 144);
     // the next item's first tiles too gained 1-2% less (run 147); the same prefetch by the
     // product warpgroups' first thread, where there is no copy warpgroup, made those
-    // launches up to 17% slower (run 148, 16 heads). Against none (runs 147-149): q 1 at
-    // 128 heads 0.96-0.97x, part-full batches 0.96-0.99x, q 2 and q 4 B 64 0.99-1.00x,
-    // q 4 L 16k 1.003-1.008x. FS_NO_L2_PREFETCH (diagnostic) leaves it out.
+    // launches up to 17% slower (run 148, 16 heads). Against none (runs 147-149, every
+    // prefetch from row block 0): q 1 at 128 heads 0.96-0.97x, part-full batches
+    // 0.96-0.99x, q 2 and q 4 B 64 0.99-1.00x, q 4 L 16k 1.003-1.008x. The row blocks
+    // taking the tiles in turn instead made q 4 L 16k (8 row blocks) 2.1% faster, the rest
+    // 0.993-1.005x (run 160, medians of 3 rounds). At one row block a request (16
+    // heads), where no other CTA reads the tile, it made the launches 16-19% slower
+    // (one-split launches on this kernel, run 158; balanced launches, run 162: q 1 B 140
+    // and 200, q 4 B 140 at L 8k 0.81-0.84x without it), so a request of one row block
+    // takes none. FS_NO_L2_PREFETCH (diagnostic) leaves it out.
     auto prefetch_l2 = [&](const FsItem& c, int t, int e) {
         if (e < 0) return;
         const int t0 = c.kv_start + t * 64;

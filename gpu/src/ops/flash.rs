@@ -111,11 +111,11 @@ impl WideKernel {
     /// heads; runs 55 and 64) and 1-7% slower at several splits (short split CTAs and a
     /// merge; run 64). At two row blocks (q 1) it now wins at every batch measured, one row
     /// block a CTA included (run 158, 3 rounds: B 48 and 64 at L 4k and B 64 at L 8k
-    /// 2.2-3.5% faster; the request's first row block pulls each next tile into L2 for the
-    /// second, which `_2wg` has no warpgroup to spare for). At one row block a request (16
-    /// heads) it was 19% slower (run 158: that prefetch, with no second row block to serve,
-    /// made the launches slower; `_2wg` keeps them). Three row blocks take the rule of two,
-    /// unmeasured.
+    /// 2.2-3.5% faster; a request's row blocks pull its next tiles into L2 for each other,
+    /// which `_2wg` has no warpgroup to spare for). At one row block a request (16 heads) it
+    /// was 19% slower with that prefetch (run 158), and 0.9-1.0% slower without it, which
+    /// such requests now take (run 162), so `_2wg` keeps them. Three row blocks take the
+    /// rule of two, unmeasured.
     pub fn launch_function(self, max_splits: usize, row_blocks: usize) -> (&'static str, u32) {
         match self {
             Self::Seesaw if max_splits == 1 && row_blocks >= 2 => (self.function(), SEESAW_THREADS),
