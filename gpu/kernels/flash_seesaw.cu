@@ -363,8 +363,10 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // launches up to 17% slower (run 148, 16 heads). Against none (runs 147-149, every
     // prefetch from row block 0): q 1 at 128 heads 0.96-0.97x, part-full batches
     // 0.96-0.99x, q 2 and q 4 B 64 0.99-1.00x, q 4 L 16k 1.003-1.008x. The row blocks
-    // taking the tiles in turn instead made q 4 L 16k (8 row blocks) 2.1% faster, the rest
-    // 0.993-1.005x (run 160, medians of 3 rounds). At one row block a request (16
+    // taking the tiles in turn instead: q 1 L 16k 0.6-1.2% faster in two calls (runs 160
+    // and 166, medians of 3 rounds, each call's order of variants the other's reverse),
+    // q 4 L 16k 0.979x in the first and 1.001x in the second, the rest within 0.7%. At
+    // one row block a request (16
     // heads), where no other CTA reads the tile, it made the launches 16-19% slower
     // (one-split launches on this kernel, run 158; balanced launches, run 162: q 1 B 140
     // and 200, q 4 B 140 at L 8k 0.81-0.84x without it), so a request of one row block
