@@ -366,11 +366,10 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // taking the tiles in turn instead: q 1 L 16k 0.6-1.2% faster in two calls (runs 160
     // and 166, medians of 3 rounds, each call's order of variants the other's reverse),
     // q 4 L 16k 0.979x in the first and 1.001x in the second, the rest within 0.7%. At
-    // one row block a request (16
-    // heads), where no other CTA reads the tile, it made the launches 16-19% slower
-    // (one-split launches on this kernel, run 158; balanced launches, run 162: q 1 B 140
-    // and 200, q 4 B 140 at L 8k 0.81-0.84x without it), so a request of one row block
-    // takes none. FS_NO_L2_PREFETCH (diagnostic) leaves it out.
+    // one row block a request (16 heads), where no other CTA reads the tile, it made the
+    // launches 1.19-1.23x slower (one-split launches on this kernel, run 158: 1.19x;
+    // balanced launches, run 162: q 1 B 140 and 200, q 4 B 140 at L 8k 0.81-0.84x without
+    // it), so a request of one row block takes none. FS_NO_L2_PREFETCH (diagnostic) leaves it out.
     auto prefetch_l2 = [&](const FsItem& c, int t, int e) {
         if (e < 0) return;
         const int t0 = c.kv_start + t * 64;

@@ -111,9 +111,9 @@ impl WideKernel {
     /// heads; runs 55 and 64) and 1-7% slower at several splits (short split CTAs and a
     /// merge; run 64). At two row blocks (q 1) it now wins at every batch measured, one row
     /// block a CTA included (runs 158 and 166, 3 rounds each, the order of the kernels
-    /// reversed between them: B 48 and 64 at L 4k and B 64 at L 8k 1.5-4.8% faster; a
-    /// request's row blocks pull its next tiles into L2 for each other,
-    /// which `_2wg` has no warpgroup to spare for). At one row block a request (16 heads) it
+    /// reversed between them: B 48 and 64 at L 4k and B 64 at L 8k 1.5-4.8% faster; likely
+    /// the L2 prefetch of a request's tiles by its row blocks, which `_2wg` has no
+    /// warpgroup for, not traced). At one row block a request (16 heads) it
     /// was 19% slower with that prefetch (run 158), and 0.9-1.0% slower without it, which
     /// such requests now take (run 162), so `_2wg` keeps them. Three row blocks take the
     /// rule of two, unmeasured.
