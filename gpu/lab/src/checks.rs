@@ -691,8 +691,9 @@ impl FlashLaunch {
 /// loading under the one before) and a CTA a row block. Pages of 64; `q_len * heads` rows
 /// a request, five requests of 1 to 24 tiles; at two or three row blocks a request
 /// `sms / row_blocks + 1` requests of the same five lengths in turn, so CTAs of the
-/// engine's grid take several row blocks too (at one row block the copy warpgroup's kernel
-/// never takes a launch: not a case for this check). Where the rows are
+/// engine's grid take several row blocks too (at one row block only a balanced launch takes
+/// the copy warpgroup's kernel, which `checks_balanced` covers: not a case for this
+/// check). Where the rows are
 /// not a multiple of 64, a later item's Q rows past its request's are the next request's
 /// (the kernel loads a 64-row box): they must not reach the live rows.
 pub fn check_seesaw_kernels_agree(
