@@ -40,6 +40,8 @@ static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 
 #define FS_BAR_GROUP 5
 // Both product warpgroups (256 threads), where the copy warpgroup still runs: an item's end.
 #define FS_BAR_ALL 7
+// How far (log2 units) a tile's maximum may pass the running one before it moves (raise_max).
+#define FS_MAX_SLACK 8.f
 
 // FS_TRACE (diagnostic): the CTA of block (0, 0, 0) writes its timeline over o_part, as
 // clock64 readings by each warpgroup's first thread: FS_TRACE_EVENTS per warpgroup and pair
@@ -534,8 +536,16 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         for (int n = 0; n < 32; ++n) fw_pin(s[n]);
     };
     // Row maxima of s (raw scores; the scale is positive), masked where the tile reaches a
-    // row's causal limit; one value per row in a quad's every lane.
-    auto row_max = [&](int t, float* mx) {
+    // row's causal limit; one value per row in a quad's every lane. Where no row of the
+    // warp can move a running maximum of at least `m_ref` (log2 units; see raise_max), each
+    // thread's own maximum tells: then mx is -inf, which raise_max leaves every maximum
+    // at, and the quads' shuffles are skipped (the same bits: scaling by a positive factor
+    // is monotone, so the largest scaled value is the scaled largest). After a request's
+    // first tiles the lazy maximum rarely moves, so most tiles take one vote instead of four
+    // shuffles on the path from a tile's scores to its P V. On the H100 (run 187, same
+    // binary, 3 rounds against FS_QUAD_MAX, the shuffles always): 0.985-0.996x at 128 heads
+    // (q 1 B 64 0.985, q 2 B 64 0.987, q 4 B 64 0.996, q 4 L 16k 0.993), 16 heads 1.00x.
+    auto row_max = [&](int t, float* mx, const float* m_ref) {
         const int t0 = kv_start + t * 64;
         // One branch around the whole mask: inside the unrolled loops each element's own
         // test was speculated (selects), and every tile paid the mask's ~90 compares and
@@ -553,14 +563,26 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                         v = (live[i] && pos < limit[i]) ? v : NEG_INF;
                     }
         }
+        float own[2];
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-            float v_max = NEG_INF;
+            own[i] = NEG_INF;
 #pragma unroll
             for (int j = 0; j < 8; ++j)
 #pragma unroll
-                for (int e = 0; e < 2; ++e) v_max = fmaxf(v_max, s[4 * j + 2 * i + e]);
-            v_max = fmaxf(v_max, __shfl_xor_sync(0xffffffff, v_max, 1));
+                for (int e = 0; e < 2; ++e) own[i] = fmaxf(own[i], s[4 * j + 2 * i + e]);
+        }
+#if !defined(FS_EXACT_MAX) && !defined(FS_QUAD_MAX)
+        const bool quiet =
+            own[0] * scale_log2 <= m_ref[0] + FS_MAX_SLACK && own[1] * scale_log2 <= m_ref[1] + FS_MAX_SLACK;
+        if (__all_sync(0xffffffff, quiet)) {
+            mx[0] = mx[1] = NEG_INF;
+            return;
+        }
+#endif
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const float v_max = fmaxf(own[i], __shfl_xor_sync(0xffffffff, own[i], 1));
             mx[i] = fmaxf(v_max, __shfl_xor_sync(0xffffffff, v_max, 2));
         }
     };
@@ -602,7 +624,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #ifdef FS_EXACT_MAX
         return fmaxf(m_old, m_tile);
 #else
-        return m_tile > m_old + 8.f ? m_tile : m_old;
+        return m_tile > m_old + FS_MAX_SLACK ? m_tile : m_old;
 #endif
     };
     // exp2(from - to), the factor that moves sums taken at maximum `from` to maximum `to`.
@@ -703,7 +725,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 scores(ta, order_a, uses_a + it);
                 FS_MARK(it, 2);
                 float mx[2], m_a[2], a_a[2], sum[2];
-                row_max(ta, mx);
+                row_max(ta, mx, m);
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     m_a[i] = raise_max(m[i], mx[i] * scale_log2);
@@ -774,7 +796,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 if (has_b) {
                     scores(tb, order_b, uses_b + it);
                     FS_MARK(it, 2);
-                    row_max(tb, mx);
+                    // Its own maxima so far: tile A's can only be larger (raise_max never
+                    // lowers one), so a tile that cannot move these cannot move tile A's.
+                    row_max(tb, mx, m);
                 }
                 fs_sync(FS_BAR_MAX_A, 256);
                 FS_MARK(it, 3);

@@ -259,8 +259,9 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 20] = [
+const DIAGNOSTIC_DEFINES: [&str; 21] = [
     "FW_NO_LOAD",
+    "FS_QUAD_MAX",
     "FW_DIRECT_STORE",
     "FS_GROUP_BARRIERS",
     "FS_BT_INPLACE",
