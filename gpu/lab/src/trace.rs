@@ -3,8 +3,10 @@
 //! pair iteration and warpgroup (`gpu/kernels/flash_seesaw.cu`, `FS_MARK`). This module
 //! reads them back and says where each warpgroup's time goes in a steady iteration (which
 //! waits are long, how long each product drains) and how long the CTA spends before its
-//! first iteration and after its last. The marks go out as CSV for anything finer, such as
-//! lining the two warpgroups' phases up against each other.
+//! first iteration and after its last, and how the two warpgroups line up: each mark's
+//! median offset from warpgroup 0's first mark of the same iteration (which of the two
+//! products drains first, whose softmax runs with the tensor cores idle). The marks go
+//! out as CSV for anything finer.
 //!
 //! A mark right after a named barrier or a wgmma wait does not say when that wait ended:
 //! the clock can be read before the barrier completes (likely because ptxas emits
@@ -257,6 +259,26 @@ impl Timeline {
         out
     }
 
+    /// Each warpgroup's marks as offsets from warpgroup 0's first mark of the same
+    /// iteration, the median over the steady iterations (negative: before it; `None`: a
+    /// mark recorded in none of them). The phase means give each warpgroup's own gaps;
+    /// these say how the two line up.
+    pub fn mark_offsets(&self) -> [[Option<i64>; TRACE_EVENTS]; 2] {
+        let steady = self.steady();
+        std::array::from_fn(|wg| {
+            std::array::from_fn(|e| {
+                let mut v: Vec<i64> = steady
+                    .iter()
+                    .filter(|m| m[0][0] != 0 && m[wg][e] != 0)
+                    .map(|m| m[wg][e] as i64 - m[0][0] as i64)
+                    .collect();
+                v.sort_unstable();
+                let n = v.len();
+                (n > 0).then(|| (v[(n - 1) / 2] + v[n / 2]).div_euclid(2))
+            })
+        })
+    }
+
     /// Cycles from the CTA's start to its first iteration (the Q tile's and the first
     /// tiles' loads), and from its last iteration's last mark to its end (the epilogue);
     /// the second only where every iteration was recorded.
@@ -328,6 +350,17 @@ impl Timeline {
             for (name, c) in &phases {
                 lines.push(format!("  {name:<36} {c:>8.0} {:>5.1}%", 100.0 * c / whole));
             }
+        }
+        for (wg, row) in self.mark_offsets().iter().enumerate() {
+            let at: Vec<String> = row
+                .iter()
+                .enumerate()
+                .filter_map(|(e, c)| c.map(|c| format!("{e}:{c}")))
+                .collect();
+            lines.push(format!(
+                "warpgroup {wg}'s marks from warpgroup 0's first (median cycles): {}",
+                at.join(" ")
+            ));
         }
         lines.extend(cta_report(&self.ctas));
         lines
@@ -494,6 +527,42 @@ mod tests {
         assert!(report
             .iter()
             .any(|l| l.contains("wait for P_A") && l.contains("35.0%")));
+    }
+
+    #[test]
+    fn mark_offsets_line_the_warpgroups_up_against_warpgroup_0s_first_mark() {
+        let mut w = synthetic(10);
+        // Warpgroup 1 starts 40 cycles before warpgroup 0 in every iteration, and 25 more
+        // in iterations 4 and 5; its mark 1 is recorded in none of them.
+        for it in 0..10 {
+            let shift = 40 + if it == 4 || it == 5 { 25 } else { 0 };
+            for e in 0..TRACE_EVENTS {
+                let at = (it * 2 + 1) * TRACE_EVENTS + e;
+                w[at] = if e == 1 { 0 } else { w[at] - shift };
+            }
+        }
+        let t = Timeline::from_words(&w, 10).unwrap();
+        let off = t.mark_offsets();
+        assert_eq!(off[0][0], Some(0));
+        assert_eq!(off[0][3], Some(240));
+        // Steady iterations 2..8: shifts 40, 40, 65, 65, 40, 40; the median is 40.
+        assert_eq!(off[1][0], Some(-40));
+        assert_eq!(off[1][7], Some(350 + 300 - 40));
+        assert_eq!(off[1][1], None);
+        // An even count takes the mean of its two middles, floored: warpgroup 1's mark 2
+        // lost in iterations 2 and 6 leaves 60, 35, 35, 60 (100 less each shift).
+        for it in [2, 6] {
+            w[(it * 2 + 1) * TRACE_EVENTS + 2] = 0;
+        }
+        let t = Timeline::from_words(&w, 10).unwrap();
+        assert_eq!(t.mark_offsets()[1][2], Some(47));
+        let report = t.report();
+        assert!(
+            report.iter().any(|l| l.starts_with("warpgroup 1's marks")
+                && l.contains(" 0:-40 2:")
+                && !l.contains(" 1:")),
+            "{report:?}"
+        );
     }
 
     #[test]
