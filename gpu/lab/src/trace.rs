@@ -532,9 +532,10 @@ mod tests {
     #[test]
     fn mark_offsets_line_the_warpgroups_up_against_warpgroup_0s_first_mark() {
         let mut w = synthetic(10);
-        // Warpgroup 1 starts 40 cycles before warpgroup 0 in every iteration, and 25 more
-        // in iterations 4 and 5; its mark 1 is recorded in none of them.
-        for it in 0..10 {
+        // Warpgroup 1 starts 40 cycles before warpgroup 0 in every iteration after the
+        // first (which starts at cycle 10), and 25 more in iterations 4 and 5; its mark 1 is
+        // recorded in none of them.
+        for it in 1..10 {
             let shift = 40 + if it == 4 || it == 5 { 25 } else { 0 };
             for e in 0..TRACE_EVENTS {
                 let at = (it * 2 + 1) * TRACE_EVENTS + e;
