@@ -535,16 +535,33 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #pragma unroll
         for (int n = 0; n < 32; ++n) fw_pin(s[n]);
     };
+    // The running maximum after a tile whose own is `m_tile` (log2 units): it moves only
+    // when the tile raises it by more than 8, so most tiles leave O and l as they are
+    // (factor 1, the rescale skipped); the probabilities then reach 2^8 at most, which
+    // bf16 and f32 carry as well as values up to 1 (the maximum only keeps exp2 in range;
+    // the output divides it out). A NaN tile maximum leaves m as fmaxf does. On the H100
+    // (run 88, same binary) the exact maximum (FS_EXACT_MAX) made a steady q 4 iteration
+    // 6465 cycles against 6256 and the launches at 128 heads 1-2% slower.
+    auto raise_max = [&](float m_old, float m_tile) {
+#ifdef FS_EXACT_MAX
+        return fmaxf(m_old, m_tile);
+#else
+        return m_tile > m_old + FS_MAX_SLACK ? m_tile : m_old;
+#endif
+    };
     // Row maxima of s (raw scores; the scale is positive), masked where the tile reaches a
-    // row's causal limit; one value per row in a quad's every lane. Where no row of the
-    // warp can move a running maximum of at least `m_ref` (log2 units; see raise_max), each
-    // thread's own maximum tells: then mx is -inf, which raise_max leaves every maximum
-    // at, and the quads' shuffles are skipped (the same bits: scaling by a positive factor
-    // is monotone, so the largest scaled value is the scaled largest). After a request's
+    // row's causal limit; one value per row in a quad's every lane. Where raise_max says
+    // that no thread's own maximum would move its rows' running maxima `m_ref` (log2
+    // units), no row's maximum would: then mx is -inf, which raise_max leaves every
+    // maximum at, and the quads' shuffles are skipped (the same bits: scaling by a positive
+    // factor is monotone, so the largest scaled value is the scaled largest; raise_max
+    // moves a maximum only upward and only for a larger tile maximum). After a request's
     // first tiles the lazy maximum rarely moves, so most tiles take one vote instead of four
     // shuffles on the path from a tile's scores to its P V. On the H100 (run 187, same
     // binary, 3 rounds against FS_QUAD_MAX, the shuffles always): 0.985-0.996x at 128 heads
-    // (q 1 B 64 0.985, q 2 B 64 0.987, q 4 B 64 0.996, q 4 L 16k 0.993), 16 heads 1.00x.
+    // (q 1 B 64 0.985, q 2 B 64 0.987, q 4 B 64 0.996, q 4 L 16k 0.993), 16 heads 1.00x;
+    // that build wrote the test as raise_max's inequality inverted (two selects fewer a
+    // row, and no vote under FS_EXACT_MAX).
     auto row_max = [&](int t, float* mx, const float* m_ref) {
         const int t0 = kv_start + t * 64;
         // One branch around the whole mask: inside the unrolled loops each element's own
@@ -572,9 +589,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #pragma unroll
                 for (int e = 0; e < 2; ++e) own[i] = fmaxf(own[i], s[4 * j + 2 * i + e]);
         }
-#if !defined(FS_EXACT_MAX) && !defined(FS_QUAD_MAX)
-        const bool quiet =
-            own[0] * scale_log2 <= m_ref[0] + FS_MAX_SLACK && own[1] * scale_log2 <= m_ref[1] + FS_MAX_SLACK;
+#ifndef FS_QUAD_MAX
+        const bool quiet = raise_max(m_ref[0], own[0] * scale_log2) == m_ref[0] &&
+                           raise_max(m_ref[1], own[1] * scale_log2) == m_ref[1];
         if (__all_sync(0xffffffff, quiet)) {
             mx[0] = mx[1] = NEG_INF;
             return;
@@ -612,20 +629,6 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 }
             }
         }
-    };
-    // The running maximum after a tile whose own is `m_tile` (log2 units): it moves only
-    // when the tile raises it by more than 8, so most tiles leave O and l as they are
-    // (factor 1, the rescale skipped); the probabilities then reach 2^8 at most, which
-    // bf16 and f32 carry as well as values up to 1 (the maximum only keeps exp2 in range;
-    // the output divides it out). A NaN tile maximum leaves m as fmaxf does. On the H100
-    // (run 88, same binary) the exact maximum (FS_EXACT_MAX) made a steady q 4 iteration
-    // 6465 cycles against 6256 and the launches at 128 heads 1-2% slower.
-    auto raise_max = [&](float m_old, float m_tile) {
-#ifdef FS_EXACT_MAX
-        return fmaxf(m_old, m_tile);
-#else
-        return m_tile > m_old + FS_MAX_SLACK ? m_tile : m_old;
-#endif
     };
     // exp2(from - to), the factor that moves sums taken at maximum `from` to maximum `to`.
     auto factor = [&](float from, float to) { return fw_exp2(from - (to == NEG_INF ? 0.f : to)); };
