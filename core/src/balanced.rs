@@ -205,21 +205,117 @@ pub fn balanced_schedule(kv_lens: &[u32], policy: BalancedPolicy) -> BalancedSch
         req == tiles.len(),
         "balanced schedule left requests unplanned"
     );
-    let mut next = 0u32;
-    s.partial_slot = s
-        .num_splits
-        .iter()
-        .map(|&n| {
-            if n > 1 {
-                next += n;
-                next - n
-            } else {
-                NO_SLOT
-            }
-        })
-        .collect();
-    s.partial_slots = next as usize;
+    s.assign_slots();
     s
+}
+
+impl BalancedSchedule {
+    /// Dense partial slots for the requests of several splits, in request order.
+    fn assign_slots(&mut self) {
+        let mut next = 0u32;
+        self.partial_slot = self
+            .num_splits
+            .iter()
+            .map(|&n| {
+                if n > 1 {
+                    next += n;
+                    next - n
+                } else {
+                    NO_SLOT
+                }
+            })
+            .collect();
+        self.partial_slots = next as usize;
+    }
+}
+
+/// The batch-invariant mode's schedule for the persistent kernel: each request cut where
+/// `split` cuts it ([`SplitPolicy::split_of`]: absolute positions, from the request's own
+/// length), never elsewhere, so its pieces, their partials and their merge are the same in
+/// every batch; only which part runs a piece depends on the batch, and a piece's bits do
+/// not. The pieces, in request and key order, go to the parts as contiguous runs whose
+/// largest cost (tiles plus `fixed_tiles` a piece) is the least any contiguous division
+/// reaches. Unlike the grid of one CTA a split, a part's later pieces start under the
+/// earlier ones' ends (the persistent kernel's copy warpgroup loads ahead), so finer
+/// invariant splits cost a piece's partial and merge, not a cold start.
+///
+/// A split length must be a whole number of tiles (a caller bug otherwise, and panics).
+pub fn invariant_balanced_schedule(
+    kv_lens: &[u32],
+    split: SplitPolicy,
+    policy: BalancedPolicy,
+) -> BalancedSchedule {
+    let unit = policy.tile_keys.max(1);
+    let mut segments = Vec::new();
+    let mut num_splits = Vec::with_capacity(kv_lens.len());
+    for (r, &len) in kv_lens.iter().enumerate() {
+        let (split_len, n) = split.split_of(len as usize);
+        assert_eq!(split_len as usize % unit, 0, "splits of whole tiles");
+        let per = split_len / unit as u32;
+        let tiles = (len as usize).div_ceil(unit).max(1) as u32;
+        num_splits.push(n);
+        segments.extend((0..n).map(|i| Segment {
+            request: r as u32,
+            tile_begin: i * per,
+            tile_end: ((i + 1) * per).min(tiles),
+            split: i,
+        }));
+    }
+    let costs: Vec<usize> = segments
+        .iter()
+        .map(|g| (g.tile_end - g.tile_begin) as usize + policy.fixed_tiles)
+        .collect();
+    let cap = least_contiguous_cap(&costs, policy.parts.max(1));
+    let mut part_starts = vec![0u32];
+    let mut load = 0;
+    for (i, &c) in costs.iter().enumerate() {
+        if load + c > cap {
+            part_starts.push(i as u32);
+            load = 0;
+        }
+        load += c;
+    }
+    part_starts.resize(policy.parts.max(1) + 1, segments.len() as u32);
+    let mut s = BalancedSchedule {
+        policy,
+        part_starts,
+        segments,
+        num_splits,
+        partial_slot: Vec::new(),
+        partial_slots: 0,
+    };
+    s.assign_slots();
+    s
+}
+
+/// The least cap under which `costs`, taken in order, fill at most `parts` contiguous runs
+/// of at most the cap each (a binary search over the cap; greedy filling is optimal for
+/// a given cap).
+fn least_contiguous_cap(costs: &[usize], parts: usize) -> usize {
+    let runs = |cap: usize| {
+        let (mut n, mut load) = (1, 0);
+        for &c in costs {
+            if load + c > cap {
+                n += 1;
+                load = 0;
+            }
+            load += c;
+        }
+        n
+    };
+    let (mut lo, mut hi) = (
+        costs.iter().copied().max().unwrap_or(0),
+        costs.iter().sum::<usize>(),
+    );
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if runs(mid) <= parts {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    lo
 }
 
 #[cfg(test)]
@@ -356,7 +452,94 @@ mod tests {
         }
     }
 
+    /// Worked by hand: requests of 701, 1501 and 91 keys (11, 24 and 2 tiles), splits of
+    /// 512+ keys (8 tiles), up to 8: pieces of 8 + 3, 8 + 8 + 8 and 2 tiles, costs 13, 8,
+    /// 13, 13, 13, 7 (67 in all) on 2 parts: the least cap is 34, so the second request's
+    /// first piece shares part 0 with the first request and its other two run on part 1.
+    #[test]
+    fn invariant_pieces_are_the_split_policys_dealt_in_order() {
+        let split = SplitPolicy {
+            split_size_tokens: 512,
+            max_splits: 8,
+        };
+        let s = invariant_balanced_schedule(&[701, 1501, 91], split, policy(2));
+        assert_eq!(ranges(&s, 0), vec![(0, 0, 8), (0, 8, 11), (1, 0, 8)]);
+        assert_eq!(ranges(&s, 1), vec![(1, 8, 16), (1, 16, 24), (2, 0, 2)]);
+        assert_eq!(s.num_splits, vec![2, 3, 1]);
+        assert_eq!(s.partial_slot, vec![0, 2, NO_SLOT]);
+        assert_eq!(s.partial_slots, 5);
+        // Alone on 66 parts, the second request's pieces are the same, a part each.
+        let alone = invariant_balanced_schedule(&[1501], split, policy(66));
+        assert_eq!(
+            (0..3).map(|p| ranges(&alone, p)).collect::<Vec<_>>(),
+            vec![vec![(0, 0, 8)], vec![(0, 8, 16)], vec![(0, 16, 24)]]
+        );
+        assert!(alone.part(3).is_empty());
+    }
+
+    /// The least largest cost over every division of `costs` into at most `parts`
+    /// contiguous runs, by dynamic programming (the reference for the binary search).
+    fn least_max_by_dp(costs: &[usize], parts: usize) -> usize {
+        let n = costs.len();
+        let mut best = vec![vec![usize::MAX; n + 1]; parts + 1];
+        best[0][0] = 0;
+        for p in 1..=parts {
+            best[p][0] = 0;
+            for i in 1..=n {
+                for j in 0..i {
+                    let run: usize = costs[j..i].iter().sum();
+                    best[p][i] = best[p][i].min(best[p - 1][j].max(run));
+                }
+            }
+        }
+        best[parts][n]
+    }
+
     proptest! {
+        /// The invariant schedule: each request's pieces are its split policy's, the same
+        /// alone as in any batch on any parts; every tile runs once; the largest part costs
+        /// the least any contiguous division reaches; slots are dense.
+        #[test]
+        fn invariant_pieces_do_not_depend_on_the_batch(
+            lens in proptest::collection::vec(0u32..9_000, 1..12),
+            parts in 1usize..9,
+            unit_tiles in 1usize..40,
+            max_splits in 1usize..6,
+        ) {
+            let split = SplitPolicy { split_size_tokens: 64 * unit_tiles, max_splits };
+            let pol = BalancedPolicy { parts, tile_keys: 64, fixed_tiles: 5 };
+            let s = invariant_balanced_schedule(&lens, split, pol);
+            prop_assert_eq!(s.parts(), parts);
+            let pieces = |sched: &BalancedSchedule, r: u32| -> Vec<(u32, u32, u32)> {
+                sched.segments.iter().filter(|g| g.request == r)
+                    .map(|g| (g.tile_begin, g.tile_end, g.split)).collect()
+            };
+            for (r, &len) in lens.iter().enumerate() {
+                let alone = invariant_balanced_schedule(&[len], split, policy(1));
+                prop_assert_eq!(pieces(&s, r as u32), pieces(&alone, 0));
+                let tiles = (len as usize).div_ceil(64).max(1) as u32;
+                let p = pieces(&s, r as u32);
+                prop_assert_eq!(p.len() as u32, s.num_splits[r]);
+                prop_assert_eq!((p[0].0, p[p.len() - 1].1), (0, tiles));
+                prop_assert!(p.windows(2).all(|w| w[0].1 == w[1].0));
+            }
+            let costs: Vec<usize> = s.segments.iter()
+                .map(|g| (g.tile_end - g.tile_begin) as usize + 5).collect();
+            let largest = (0..parts)
+                .map(|p| s.part(p).iter().map(|g| (g.tile_end - g.tile_begin) as usize + 5).sum::<usize>())
+                .max().unwrap_or(0);
+            prop_assert_eq!(largest, least_max_by_dp(&costs, parts));
+            let mut slots = Vec::new();
+            for r in 0..lens.len() {
+                if s.num_splits[r] > 1 {
+                    slots.extend(s.partial_slot[r]..s.partial_slot[r] + s.num_splits[r]);
+                } else {
+                    prop_assert_eq!(s.partial_slot[r], NO_SLOT);
+                }
+            }
+            prop_assert_eq!(slots, (0..s.partial_slots as u32).collect::<Vec<_>>());
+        }
+
         /// Every tile of every request is run once, pieces in key order and split order,
         /// no part costs more than the payload, and partial slots are dense, two a part at
         /// most.

@@ -11,7 +11,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::shuffled_ids;
-use specmla_core::balanced::BalancedPolicy;
+use specmla_core::balanced::{invariant_balanced_schedule, BalancedPolicy};
 use specmla_core::split::{invariant_split_plan, SplitPolicy, SplitSchedule};
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::launch::{copy, Buf};
@@ -321,6 +321,9 @@ pub struct FlashVariant {
     /// A balanced schedule of this policy instead of `plan`'s splits (the seesaw kernel's
     /// persistent launch and `flash_combine_slots`; `plan` is then unused).
     pub balanced: Option<BalancedPolicy>,
+    /// With `balanced`: the batch-invariant schedule of `plan`'s splits
+    /// (`invariant_balanced_schedule`) instead of the fast mode's cuts.
+    pub invariant: bool,
 }
 
 impl FlashVariant {
@@ -331,6 +334,7 @@ impl FlashVariant {
             plan,
             mode,
             balanced: None,
+            invariant: false,
         }
     }
 }
@@ -360,7 +364,17 @@ impl VariantState {
                 work: None,
             });
         };
-        let sched = policy.schedule(&vec![s.context as u32; s.batch]);
+        let lens = vec![s.context as u32; s.batch];
+        let sched = if v.invariant {
+            let (split_size_tokens, max_splits) = v.plan;
+            let split = SplitPolicy {
+                split_size_tokens,
+                max_splits,
+            };
+            invariant_balanced_schedule(&lens, split, policy)
+        } else {
+            policy.schedule(&lens)
+        };
         // One split a request for the mapped keys; the workspace's partials hold the slots.
         let one = (s.context.div_ceil(64) * 64, 1);
         let shape = BalancedWork::shape(sched.partial_slots, inp.flash_shape(one));

@@ -811,6 +811,23 @@ pub(crate) struct FlashCaseInputs {
 }
 
 impl FlashCaseInputs {
+    /// Request `r` alone: its queries (`rows` of them) and block-table row over the same
+    /// cache, the table as wide.
+    pub(crate) fn alone(&self, r: usize, rows: usize) -> Self {
+        use specmla_gpu::ops::FLASH_DIM;
+        let q = r * rows * FLASH_DIM..(r + 1) * rows * FLASH_DIM;
+        Self {
+            seq_lens: vec![self.seq_lens[r]],
+            max_len: self.seq_lens[r] as usize,
+            width: self.width,
+            table: self.table[r * self.width..(r + 1) * self.width].to_vec(),
+            cache_bits: self.cache_bits.clone(),
+            cache: self.cache.clone(),
+            q_bits: self.q_bits[q.clone()].to_vec(),
+            q: self.q[q].to_vec(),
+        }
+    }
+
     pub(crate) fn new(
         (q_len, heads, page): (usize, usize, usize),
         ctx: &[usize],

@@ -11,7 +11,7 @@ use crate::checks::{
     FlashCaseInputs, Holes, BF16_TOL, UNWRITTEN,
 };
 use crate::reference::decode_f64;
-use specmla_core::balanced::{BalancedPolicy, BalancedSchedule};
+use specmla_core::balanced::{invariant_balanced_schedule, BalancedPolicy, BalancedSchedule};
 use specmla_core::split::SplitPolicy;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::ops::{
@@ -49,7 +49,20 @@ fn run_balanced(
     reference: bool,
 ) -> Result<BalancedRun, GpuError> {
     let inp = FlashCaseInputs::new((c.q_len, c.heads, c.page), c.ctx, c.holes, seed);
-    let batch = c.ctx.len();
+    run_balanced_on(dev, k, c, &inp, None, reference)
+}
+
+/// Runs `inp` (`c` gives its shape and parts) on core's balanced schedule, or with
+/// `invariant` on the batch-invariant one of those splits (`invariant_balanced_schedule`).
+fn run_balanced_on(
+    dev: &GpuDevice,
+    k: &FlashKernels,
+    c: BalancedCase,
+    inp: &FlashCaseInputs,
+    invariant: Option<SplitPolicy>,
+    reference: bool,
+) -> Result<BalancedRun, GpuError> {
+    let batch = inp.seq_lens.len();
     let rows = c.q_len * c.heads;
     let row_blocks = rows.div_ceil(FLASH_ROWS);
     let policy = BalancedPolicy {
@@ -59,7 +72,10 @@ fn run_balanced(
         ..BalancedPolicy::for_device(dev.sms, row_blocks)
     };
     let lens: Vec<u32> = inp.seq_lens.iter().map(|&l| l as u32).collect();
-    let sched: BalancedSchedule = policy.schedule(&lens);
+    let sched: BalancedSchedule = match invariant {
+        Some(split) => invariant_balanced_schedule(&lens, split, policy),
+        None => policy.schedule(&lens),
+    };
     let work = BalancedWork::upload(dev, &sched)?;
     // The split schedule only for its mapped keys (the balanced kernel reads no split).
     let one = SplitPolicy {
@@ -156,6 +172,67 @@ pub fn check_flash_balanced(
     })
 }
 
+/// Batch invariance of the persistent kernel on the invariant schedule: request 1 of three
+/// (700, 1500 and 90 keys before its `q_len` tokens; splits of 512+ keys, up to 8, so it
+/// takes 3) on 2 parts, where its pieces share parts with the others', gives the same bits
+/// alone on the device's parts, where each piece has a part to itself; the batch's rows
+/// within tolerance of f64 (the f32 build). The check can fail: the same request alone
+/// with splits of 1024 must come out different.
+pub fn check_invariant_persistent(
+    dev: &GpuDevice,
+    k: &FlashKernels,
+    (q_len, heads, page): (usize, usize, usize),
+    seed: u64,
+) -> Result<CaseResult, GpuError> {
+    assert_eq!(k.out, DecodeOut::F32);
+    let ctx = [700usize, 1500, 90];
+    let c = case(q_len, heads, page, &ctx, Some(2), Holes::default());
+    let inp = FlashCaseInputs::new((q_len, heads, page), &ctx, c.holes, seed);
+    let split = |split_size_tokens| SplitPolicy {
+        split_size_tokens,
+        max_splits: 8,
+    };
+    let batch = run_balanced_on(dev, k, c, &inp, Some(split(512)), true)?;
+    let rows = q_len * heads;
+    let alone_in = inp.alone(1, rows);
+    let own = BalancedCase { parts: None, ..c };
+    let alone = run_balanced_on(dev, k, own, &alone_in, Some(split(512)), false)?;
+    let resplit = run_balanced_on(dev, k, own, &alone_in, Some(split(1024)), false)?;
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+    let o = rows * FLASH_DV;
+    // Request 1's LSE in the batch's [heads, 3 q_len], in the order of its own [heads, q_len].
+    let lse_in_batch = (0..heads).flat_map(|h| (0..q_len).map(move |j| h * 3 * q_len + q_len + j));
+    let mut in_batch = bits(&batch.out[o..2 * o]);
+    in_batch.extend(lse_in_batch.map(|i| batch.lse[i].to_bits()));
+    let by_itself: Vec<u32> = bits(&alone.out)
+        .into_iter()
+        .chain(bits(&alone.lse))
+        .collect();
+    let differ = in_batch
+        .iter()
+        .zip(&by_itself)
+        .filter(|(a, b)| a != b)
+        .count();
+    let moved = bits(&resplit.out)
+        .iter()
+        .zip(&bits(&alone.out))
+        .filter(|(a, b)| a != b)
+        .count();
+    let finite = alone.out.iter().all(|v| !v.is_nan() && *v != UNWRITTEN);
+    let err = batch.err.unwrap_or(f64::INFINITY);
+    Ok(CaseResult {
+        kernel: "flash_balanced",
+        case: format!(
+            "invariant schedule, q {q_len} heads {heads} page {page} ctx {ctx:?} on 2 parts: {} cut request(s), up to {} splits; f32 {err:.1e} from f64; request 1 alone on the device's parts: {differ} of {} values differ; with splits of 1024: {moved} differ (must be > 0)",
+            batch.cuts,
+            batch.most_splits,
+            in_batch.len()
+        ),
+        max_rel_err: err,
+        passed: differ == 0 && moved > 0 && finite && err <= BF16_TOL && batch.most_splits == 3,
+    })
+}
+
 /// The balanced cases `gpu-test` runs (sm_90a only): 2, 8 and 4 row blocks a request (the
 /// last with 16 live rows), pages of 16, 64 and 128, few parts so that most requests are
 /// cut, the device's parts over one long request (a merge of one split a part), missing
@@ -205,6 +282,14 @@ pub fn run_balanced_checks(
         let parts = rng.gen_bool(0.75).then(|| rng.gen_range(1..=8));
         let c = case(q_len, heads, 64, &ctx, parts, none);
         results.push(check_flash_balanced(dev, builds, c, 0, 1100 + i)?);
+    }
+    for (i, shape) in [(1, 128, 64), (4, 16, 16)].into_iter().enumerate() {
+        results.push(check_invariant_persistent(
+            dev,
+            builds.0,
+            shape,
+            1200 + i as u64,
+        )?);
     }
     Ok(results)
 }

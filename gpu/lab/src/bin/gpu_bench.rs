@@ -401,6 +401,16 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             }),
             ..v(fk.wide, (64, 1), mode)
         };
+        // `plan`'s splits, cut nowhere else, on the persistent kernel
+        // (`invariant_balanced_schedule`): batch-invariant like the split grid.
+        let persistent = |plan: (usize, usize), mode| FlashVariant {
+            balanced: Some(BalancedPolicy::for_device(
+                sms,
+                (s.q_len * s.heads).div_ceil(FLASH_ROWS),
+            )),
+            invariant: true,
+            ..v(fk.wide, plan, mode)
+        };
         let mut variants = Vec::new();
         if cli.sweep_splits {
             for (n, mode) in SWEEP_SPLITS {
@@ -413,10 +423,16 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                 for (fixed, mode) in [(2, "balanced-2"), (5, "balanced"), (8, "balanced-8")] {
                     variants.push(balanced(fixed, mode));
                 }
+                for (n, mode) in [(1, "persist=1"), (2, "persist=2"), (4, "persist=4")] {
+                    variants.push(persistent(equal_split_plan(s.context, n, 64).into(), mode));
+                }
             }
         } else {
             let fast = fast_plan(&s);
             variants.push(v(fk.wide, invariant(&s), "invariant"));
+            if fk.wide == WideKernel::Seesaw {
+                variants.push(persistent(invariant(&s), "inv-persist"));
+            }
             // The fast mode: the split plan, or on the seesaw kernel a balanced schedule
             // where the cost model prices it lower.
             let row_blocks = (s.q_len * s.heads).div_ceil(FLASH_ROWS);
