@@ -621,7 +621,7 @@ pub(crate) fn flash_check_scale() -> f32 {
 /// A tensor-core decode check's device side: the workspace for a shape (outputs filled
 /// with [`UNWRITTEN`], so a row the kernel skips shows), the check's Q, block table and seq_lens,
 /// and the schedule the shape's policy gives for the seq_lens it is planned for.
-struct FlashLaunch {
+pub(crate) struct FlashLaunch {
     ws: specmla_gpu::ops::FlashWorkspace,
     q: Buf<u16>,
     table: Buf<i32>,
@@ -633,7 +633,7 @@ impl FlashLaunch {
     /// `s`'s workspace (rows of `k`'s output type) and policy (`split_size_tokens`,
     /// `max_splits`); `planned` is what the schedule is built from (the real `seq_lens`,
     /// or a stale copy's).
-    fn new(
+    pub(crate) fn new(
         (dev, k): (&GpuDevice, &FlashKernels),
         s: specmla_gpu::ops::FlashShape,
         (q_bits, table, seq_lens): (&[u16], &[i32], &[i32]),
@@ -660,7 +660,7 @@ impl FlashLaunch {
     /// # Safety
     /// The block table names blocks inside `cache` (or -1) for every key of each seq_len
     /// below the first -1 of its row.
-    unsafe fn run(
+    pub(crate) unsafe fn run(
         &self,
         dev: &GpuDevice,
         k: &FlashKernels,

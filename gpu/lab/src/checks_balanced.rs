@@ -8,15 +8,15 @@ use rand_chacha::ChaCha8Rng;
 
 use crate::checks::{
     bf16_rows_differ, download, flash_check_scale, max_rel_err, schedule_of, upload, CaseResult,
-    FlashCaseInputs, Holes, BF16_TOL, UNWRITTEN,
+    FlashCaseInputs, FlashLaunch, Holes, BF16_TOL, UNWRITTEN,
 };
 use crate::reference::decode_f64;
 use specmla_core::balanced::{invariant_balanced_schedule, BalancedPolicy, BalancedSchedule};
 use specmla_core::split::SplitPolicy;
 use specmla_gpu::device::{GpuDevice, GpuError};
 use specmla_gpu::ops::{
-    BalancedWork, DecodeOut, FlashKernels, FlashSchedule, FlashShape, FlashWorkspace, FLASH_DIM,
-    FLASH_DV, FLASH_ROWS,
+    BalancedWork, DecodeOut, FlashKernels, FlashSchedule, FlashShape, FlashWorkspace, SplitMerge,
+    WideKernel, FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 
 /// One balanced case: requests of `ctx` keys before their `q_len` new tokens at `heads`
@@ -176,8 +176,9 @@ pub fn check_flash_balanced(
 /// (700, 1500 and 90 keys before its `q_len` tokens; splits of 512+ keys, up to 8, so it
 /// takes 3) on 2 parts, where its pieces share parts with the others', gives the same bits
 /// alone on the device's parts, where each piece has a part to itself; the batch's rows
-/// within tolerance of f64 (the f32 build). The check can fail: the same request alone
-/// with splits of 1024 must come out different.
+/// within tolerance of f64 (the f32 build); and the split grid's launch of the batch on the
+/// same splits gives the batch's bits. The check can fail: the same request alone with
+/// splits of 1024 must come out different.
 pub fn check_invariant_persistent(
     dev: &GpuDevice,
     k: &FlashKernels,
@@ -220,16 +221,50 @@ pub fn check_invariant_persistent(
         .count();
     let finite = alone.out.iter().all(|v| !v.is_nan() && *v != UNWRITTEN);
     let err = batch.err.unwrap_or(f64::INFINITY);
+    // The split grid (one CTA a split, the cluster merge) must give the same bits for the
+    // batch: then an invariant launch may take either kernel, by cost, per batch.
+    let grid = {
+        let s = FlashShape {
+            batch: ctx.len(),
+            q_len,
+            heads,
+            page,
+            width: inp.width,
+            split_size_tokens: 512,
+            max_splits: 8,
+        };
+        let launch = FlashLaunch::new(
+            (dev, k),
+            s,
+            (&inp.q_bits, &inp.table, &inp.seq_lens),
+            &inp.seq_lens,
+        )?;
+        let cache = upload(dev, &inp.cache_bits)?;
+        // SAFETY: the case's block table has no hole and names blocks inside its cache.
+        let (out, lse) =
+            unsafe { launch.run(dev, k, (WideKernel::Seesaw, SplitMerge::Cluster), s, &cache) }?;
+        bits(&out)
+            .iter()
+            .chain(&bits(&lse))
+            .zip(bits(&batch.out).iter().chain(&bits(&batch.lse)))
+            .filter(|(a, b)| a != b)
+            .count()
+    };
     Ok(CaseResult {
         kernel: "flash_balanced",
         case: format!(
-            "invariant schedule, q {q_len} heads {heads} page {page} ctx {ctx:?} on 2 parts: {} cut request(s), up to {} splits; f32 {err:.1e} from f64; request 1 alone on the device's parts: {differ} of {} values differ; with splits of 1024: {moved} differ (must be > 0)",
+            "invariant schedule, q {q_len} heads {heads} page {page} ctx {ctx:?} on 2 parts: {} cut request(s), up to {} splits; f32 {err:.1e} from f64; request 1 alone on the device's parts: {differ} of {} values differ; with splits of 1024: {moved} differ (must be > 0); the split grid's batch: {grid} values differ",
             batch.cuts,
             batch.most_splits,
             in_batch.len()
         ),
         max_rel_err: err,
-        passed: differ == 0 && moved > 0 && finite && err <= BF16_TOL && batch.most_splits == 3,
+        passed: differ == 0
+            && grid == 0
+            && moved > 0
+            && finite
+            && err <= BF16_TOL
+            && batch.most_splits == 3,
     })
 }
 
