@@ -108,6 +108,13 @@ pub fn mapped_kv_tokens(row: &[u32], page_size: usize) -> u32 {
 /// q 1) up to 2 of 2048+; four or more (H 128, q 2 and up) one split, no merge at all.
 ///
 /// Batches far below 32 requests leave SMs idle under this plan; the fast plan does not.
+///
+/// Measured again with faster kernels (run 195, H 128 q 1, `--sweep-splits`), the q 1
+/// trade-off has moved: at L 4k two splits cost 20-23% at B 64 and 128 and save 23% at B
+/// 32 and 35% at B 16; at L 16k on the persistent kernel (`inv-persist`) they cost 6% at
+/// B 64 and 128 and save 38-45% at B 32 and 16. No batch-blind count serves both ends at
+/// L 4k; an engine sets its own (`EngineConfig::split_size_tokens`, `max_splits`), as
+/// SGLang's deterministic mode takes its split size from a setting.
 pub fn invariant_split_plan(query_rows: usize, block_rows: usize) -> SplitPolicy {
     let (split_size_tokens, max_splits) = match query_rows.div_ceil(block_rows) {
         0 | 1 => (1024, 2),
