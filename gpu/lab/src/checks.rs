@@ -923,6 +923,14 @@ fn run_flash_case(
     })
 }
 
+/// How many of two runs' values differ in their bits (NaNs compared as bits too).
+pub(crate) fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 /// Batch invariance of the tensor-core decode: request 1 of a batch of three gives the
 /// same bits alone (its own block-table row and seq_len, a batch of one) as in the batch,
 /// with the same fixed split size. Both the wide and the narrow kernel. On a Hopper kernel
@@ -992,21 +1000,12 @@ pub fn check_flash_invariance(
         .zip(&by_itself)
         .filter(|(a, b)| a != b)
         .count();
-    let moved = resplit
-        .iter()
-        .zip(&alone)
-        .filter(|(a, b)| a.to_bits() != b.to_bits())
-        .count();
+    let moved = bits_differ(&resplit, &alone);
     let finite = alone.iter().all(|v| !v.is_nan() && *v != UNWRITTEN);
     // The two merges do the same arithmetic in the same order: same bits for the batch.
     let across = if wide.hopper() && merge == SplitMerge::Cluster {
         let global = run_merged(SplitMerge::Global, 3, &q_bits, &blocks, &seq, split)?;
-        let n = global
-            .iter()
-            .zip(&batch)
-            .filter(|(a, b)| a.to_bits() != b.to_bits())
-            .count();
-        Some(n)
+        Some(bits_differ(&global, &batch))
     } else {
         None
     };

@@ -7,8 +7,8 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::checks::{
-    bf16_rows_differ, download, flash_check_scale, max_rel_err, schedule_of, upload, CaseResult,
-    FlashCaseInputs, FlashLaunch, Holes, BF16_TOL, UNWRITTEN,
+    bf16_rows_differ, bits_differ, download, flash_check_scale, max_rel_err, schedule_of, upload,
+    CaseResult, FlashCaseInputs, FlashLaunch, Holes, BF16_TOL, UNWRITTEN,
 };
 use crate::reference::decode_f64;
 use specmla_core::balanced::{invariant_balanced_schedule, BalancedPolicy, BalancedSchedule};
@@ -199,39 +199,31 @@ pub fn check_invariant_persistent(
     let own = BalancedCase { parts: None, ..c };
     let alone = run_balanced_on(dev, k, own, &alone_in, Some(split(512)), false)?;
     let resplit = run_balanced_on(dev, k, own, &alone_in, Some(split(1024)), false)?;
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
     let o = rows * FLASH_DV;
     // Request 1's LSE in the batch's [heads, 3 q_len], in the order of its own [heads, q_len].
     let lse_in_batch = (0..heads).flat_map(|h| (0..q_len).map(move |j| h * 3 * q_len + q_len + j));
-    let mut in_batch = bits(&batch.out[o..2 * o]);
-    in_batch.extend(lse_in_batch.map(|i| batch.lse[i].to_bits()));
-    let by_itself: Vec<u32> = bits(&alone.out)
-        .into_iter()
-        .chain(bits(&alone.lse))
+    let in_batch: Vec<f32> = batch.out[o..2 * o]
+        .iter()
+        .copied()
+        .chain(lse_in_batch.map(|i| batch.lse[i]))
         .collect();
-    let differ = in_batch
-        .iter()
-        .zip(&by_itself)
-        .filter(|(a, b)| a != b)
-        .count();
-    let moved = bits(&resplit.out)
-        .iter()
-        .zip(&bits(&alone.out))
-        .filter(|(a, b)| a != b)
-        .count();
+    let by_itself = [&alone.out[..], &alone.lse[..]].concat();
+    let differ = bits_differ(&in_batch, &by_itself);
+    let moved = bits_differ(&resplit.out, &alone.out);
     let finite = alone.out.iter().all(|v| !v.is_nan() && *v != UNWRITTEN);
     let err = batch.err.unwrap_or(f64::INFINITY);
     // The split grid (one CTA a split, the cluster merge) must give the same bits for the
     // batch: then an invariant launch may take either kernel, by cost, per batch.
     let grid = {
+        let policy = split(512);
         let s = FlashShape {
             batch: ctx.len(),
             q_len,
             heads,
             page,
             width: inp.width,
-            split_size_tokens: 512,
-            max_splits: 8,
+            split_size_tokens: policy.split_size_tokens,
+            max_splits: policy.max_splits,
         };
         let launch = FlashLaunch::new(
             (dev, k),
@@ -243,12 +235,7 @@ pub fn check_invariant_persistent(
         // SAFETY: the case's block table has no hole and names blocks inside its cache.
         let (out, lse) =
             unsafe { launch.run(dev, k, (WideKernel::Seesaw, SplitMerge::Cluster), s, &cache) }?;
-        bits(&out)
-            .iter()
-            .chain(&bits(&lse))
-            .zip(bits(&batch.out).iter().chain(&bits(&batch.lse)))
-            .filter(|(a, b)| a != b)
-            .count()
+        bits_differ(&out, &batch.out) + bits_differ(&lse, &batch.lse)
     };
     Ok(CaseResult {
         kernel: "flash_balanced",

@@ -393,21 +393,20 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     for s in decode_shapes {
         let inp = DecodeInputs::new(&dev, &k, s, 11)?;
         let v = FlashVariant::split;
+        let row_blocks = (s.q_len * s.heads).div_ceil(FLASH_ROWS);
+        let parts = BalancedPolicy::for_device(sms, row_blocks);
         // FlashMLA's parts, with a fixed cost of `fixed` tiles (FlashMLA's is 5).
         let balanced = |fixed: usize, mode| FlashVariant {
             balanced: Some(BalancedPolicy {
                 fixed_tiles: fixed,
-                ..BalancedPolicy::for_device(sms, (s.q_len * s.heads).div_ceil(FLASH_ROWS))
+                ..parts
             }),
             ..v(fk.wide, (64, 1), mode)
         };
         // `plan`'s splits, cut nowhere else, on the persistent kernel
         // (`invariant_balanced_schedule`): batch-invariant like the split grid.
         let persistent = |plan: (usize, usize), mode| FlashVariant {
-            balanced: Some(BalancedPolicy::for_device(
-                sms,
-                (s.q_len * s.heads).div_ceil(FLASH_ROWS),
-            )),
+            balanced: Some(parts),
             invariant: true,
             ..v(fk.wide, plan, mode)
         };
@@ -435,7 +434,6 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             }
             // The fast mode: the split plan, or on the seesaw kernel a balanced schedule
             // where the cost model prices it lower.
-            let row_blocks = (s.q_len * s.heads).div_ceil(FLASH_ROWS);
             let shape = (s.batch, row_blocks, s.context);
             let plan = fast_decode_plan(shape, sms, &resident, FlashKernels::CTA_OVERHEAD);
             variants.push(match plan {
