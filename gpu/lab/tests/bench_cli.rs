@@ -34,9 +34,13 @@ fn zero_shapes_are_refused_before_touching_the_device() {
 fn without_a_gpu_it_says_why_in_one_line() {
     let dir = std::env::temp_dir().join(format!("specmla-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    for (i, extra) in [&[][..], &["--sweep-splits", "--heads", "16"][..]]
-        .into_iter()
-        .enumerate()
+    for (i, extra) in [
+        &[][..],
+        &["--sweep-splits", "--heads", "16"][..],
+        &["--twin", "--decode-only"][..],
+    ]
+    .into_iter()
+    .enumerate()
     {
         let csv = dir.join(format!("b{i}.csv"));
         let mut args = vec!["--quick", "--csv", csv.to_str().unwrap()];
@@ -52,4 +56,15 @@ fn without_a_gpu_it_says_why_in_one_line() {
         assert!(err.starts_with("error: "), "{args:?}: {err}");
         assert!(!csv.exists(), "no CSV without measurements");
     }
+}
+
+#[test]
+fn the_twin_is_refused_beside_the_sweep() {
+    // The sweep times no fast launch to repeat.
+    let (code, err) = bench(&["--twin", "--sweep-splits"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--twin") && err.contains("--sweep-splits"),
+        "{err}"
+    );
 }

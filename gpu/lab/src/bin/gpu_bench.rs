@@ -78,6 +78,10 @@ struct Cli {
     /// the data the plans are chosen from.
     #[arg(long)]
     sweep_splits: bool,
+    /// Also time the fast launch a second time in the same rounds, as mode `fast-twin`:
+    /// two identical launches whose ratio is the noise floor of a comparison within a call.
+    #[arg(long, conflicts_with = "sweep_splits")]
+    twin: bool,
     /// Instead of the kernels, time whole real-width steps through the engine: 64 rows of
     /// 1 + 3 tokens at 4096 keys (`--batch`, `--context` and `--q-len` (1 + K) change
     /// them), GEMMs pinned vs heuristic, graphs on vs off (with `--quick`, graphs on only).
@@ -436,7 +440,7 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             // where the cost model prices it lower.
             let shape = (s.batch, row_blocks, s.context);
             let plan = fast_decode_plan(shape, sms, &resident, FlashKernels::CTA_OVERHEAD);
-            variants.push(match plan {
+            let fast_variant = match plan {
                 FastPlan::Balanced(p) if fk.wide == WideKernel::Seesaw => FlashVariant {
                     balanced: Some(p),
                     ..v(fk.wide, (64, 1), "fast")
@@ -444,7 +448,14 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                 FastPlan::Split(p) => v(fk.wide, p.into(), "fast"),
                 // Off the seesaw kernel: the split plan.
                 FastPlan::Balanced(_) => v(fk.wide, fast, "fast"),
-            });
+            };
+            variants.push(fast_variant);
+            if cli.twin {
+                variants.push(FlashVariant {
+                    mode: "fast-twin",
+                    ..fast_variant
+                });
+            }
             // On Hopper the peers in the same rounds: the first wgmma kernel (both
             // warpgroups on every tile) on the fast plan, and the mma.sync kernels (wide or
             // narrow) on the invariant one.
