@@ -59,12 +59,20 @@ fn without_a_gpu_it_says_why_in_one_line() {
 }
 
 #[test]
-fn the_twin_is_refused_beside_the_sweep() {
-    // The sweep times no fast launch to repeat.
-    let (code, err) = bench(&["--twin", "--sweep-splits"]);
-    assert_eq!(code, Some(2), "{err}");
-    assert!(
-        err.contains("--twin") && err.contains("--sweep-splits"),
-        "{err}"
-    );
+fn the_twin_is_refused_where_no_fast_launch_is_timed() {
+    for other in [
+        &["--sweep-splits"][..],
+        &["--timeline", "tl"][..],
+        &["--prefill-only"][..],
+        &["--verify-step"][..],
+    ] {
+        let mut args = vec!["--twin"];
+        args.extend_from_slice(other);
+        let (code, err) = bench(&args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains("--twin") && err.contains(other[0]),
+            "{args:?}: {err}"
+        );
+    }
 }

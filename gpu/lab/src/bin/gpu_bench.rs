@@ -80,7 +80,11 @@ struct Cli {
     sweep_splits: bool,
     /// Also time the fast launch a second time in the same rounds, as mode `fast-twin`:
     /// two identical launches whose ratio is the noise floor of a comparison within a call.
-    #[arg(long, conflicts_with = "sweep_splits")]
+    /// Only where the fast launch is timed: refused beside the modes that time none.
+    #[arg(
+        long,
+        conflicts_with_all = ["sweep_splits", "timeline", "prefill_only", "verify_step", "prefill_step", "calibrate"]
+    )]
     twin: bool,
     /// Instead of the kernels, time whole real-width steps through the engine: 64 rows of
     /// 1 + 3 tokens at 4096 keys (`--batch`, `--context` and `--q-len` (1 + K) change
