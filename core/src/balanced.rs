@@ -245,11 +245,26 @@ pub fn invariant_balanced_schedule(
     split: SplitPolicy,
     policy: BalancedPolicy,
 ) -> BalancedSchedule {
+    let splits: Vec<(u32, u32)> = kv_lens
+        .iter()
+        .map(|&l| split.split_of(l as usize))
+        .collect();
+    balanced_schedule_of_splits(kv_lens, &splits, policy)
+}
+
+/// [`invariant_balanced_schedule`] of a schedule already split: request r's keys in
+/// `splits[r].1` splits of `splits[r].0` keys (a plan's [`crate::split::SplitSchedule`],
+/// read as given). A split length must be a whole number of tiles.
+pub fn balanced_schedule_of_splits(
+    kv_lens: &[u32],
+    splits: &[(u32, u32)],
+    policy: BalancedPolicy,
+) -> BalancedSchedule {
+    assert_eq!(kv_lens.len(), splits.len(), "a split a request");
     let unit = policy.tile_keys.max(1);
     let mut segments = Vec::new();
     let mut num_splits = Vec::with_capacity(kv_lens.len());
-    for (r, &len) in kv_lens.iter().enumerate() {
-        let (split_len, n) = split.split_of(len as usize);
+    for (r, (&len, &(split_len, n))) in kv_lens.iter().zip(splits).enumerate() {
         assert_eq!(split_len as usize % unit, 0, "splits of whole tiles");
         let per = split_len / unit as u32;
         let tiles = (len as usize).div_ceil(unit).max(1) as u32;
@@ -257,7 +272,9 @@ pub fn invariant_balanced_schedule(
         segments.extend((0..n).map(|i| Segment {
             request: r as u32,
             tile_begin: i * per,
-            tile_end: ((i + 1) * per).min(tiles),
+            // A split past the keys (no plan makes one) is an empty piece, never a
+            // reversed one.
+            tile_end: ((i + 1) * per).min(tiles).max(i * per),
             split: i,
         }));
     }

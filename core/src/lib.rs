@@ -20,6 +20,7 @@ pub mod fault;
 pub mod fired;
 pub mod grammar;
 pub mod graph_buffers;
+pub mod invariant_launch;
 pub mod invariants;
 pub mod memory;
 pub mod metadata;

@@ -6,6 +6,7 @@ use specmla_core::config::ModelDims;
 
 use crate::device::{GpuDevice, GpuError};
 use crate::launch::Buf;
+use crate::ops::BalancedWork;
 
 /// Activations and per-step inputs for up to `cap` tokens and `rows_cap` rows.
 pub struct Workspace {
@@ -190,6 +191,9 @@ pub struct FlashScratch {
     pub max_splits: usize,
     /// A GEMM's input rounded to bf16, `[cap, widest input]`.
     pub gemm_in: Buf<u16>,
+    /// The eager step's balanced work, where its decode launch takes the persistent kernel
+    /// (uploaded once a step, read by every layer's launch).
+    pub decode_work: Option<BalancedWork>,
 }
 
 impl FlashScratch {
@@ -234,6 +238,7 @@ impl FlashScratch {
             )?,
             max_splits,
             gemm_in: Buf::uninit(dev, cap * gemm_input_width(d), "workspace bf16 GEMM input")?,
+            decode_work: None,
         })
     }
 }

@@ -324,6 +324,10 @@ pub struct FlashVariant {
     /// With `balanced`: the batch-invariant schedule of `plan`'s splits
     /// (`invariant_balanced_schedule`) instead of the fast mode's cuts.
     pub invariant: bool,
+    /// Without `balanced`: the grid's splits a request where they are fewer than `plan`'s
+    /// cap (the batch's largest count, [`specmla_core::invariant_launch`]); the schedule
+    /// stays `plan`'s.
+    pub grid_splits: Option<usize>,
 }
 
 impl FlashVariant {
@@ -335,6 +339,7 @@ impl FlashVariant {
             mode,
             balanced: None,
             invariant: false,
+            grid_splits: None,
         }
     }
 }
@@ -356,7 +361,10 @@ impl VariantState {
     ) -> Result<Self, GpuError> {
         let s = inp.shape;
         let Some(policy) = v.balanced else {
-            let shape = inp.flash_shape(v.plan);
+            let shape = FlashShape {
+                max_splits: v.grid_splits.unwrap_or(v.plan.1),
+                ..inp.flash_shape(v.plan)
+            };
             return Ok(Self {
                 ws: FlashWorkspace::new(dev, shape, k.out, None)?,
                 sched: inp.schedule(dev, v.plan)?.1,

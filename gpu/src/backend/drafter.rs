@@ -6,7 +6,7 @@ use std::sync::Arc;
 use specmla_core::backend::DrafterOutput;
 use specmla_core::drafter::{DFlashPass, DrafterPass, HiddenSource};
 
-use super::{as_i32, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
+use super::{as_i32, CacheOf, DecodeLaunch, GpuBackend, Region, Result, SplitForm};
 use crate::launch::{copy, Buf, DPtr};
 use crate::ops::{DecodeBufs, DecodeShape};
 use crate::workspace::Workspace;
@@ -111,6 +111,8 @@ impl GpuBackend {
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
             mapped_kv: ws.mapped_kv.ptr(),
+            // Drafter passes replay as graphs: the cap's grid.
+            splits: SplitForm::Cap,
         };
         k.fill(dev, attn, 0.0, rows * hv)?;
         self.decode(w, ws, CacheOf::Drafter, dl, rows, attn)?;

@@ -14,11 +14,16 @@ use specmla_core::config::{EngineConfig, KvCacheDtype};
 use specmla_core::memory::Allocation;
 use specmla_core::split::SplitPolicy;
 
-use super::{CacheOf, DecodeLaunch, GpuBackend, Result};
+use specmla_core::balanced::balanced_schedule_of_splits;
+use specmla_core::invariant_launch::{invariant_launch, InvariantLaunch};
+use specmla_core::metadata::MlaDecodeMetadata;
+
+use super::{CacheOf, DecodeLaunch, GpuBackend, GpuBackendError, Result, SplitForm};
 use crate::device::GpuDevice;
 use crate::launch::{Buf, DPtr};
 use crate::ops::{
-    FlashBufs, FlashKernels, FlashOut, FlashShape, Gemm, GemmAlgo, FLASH_DIM, FLASH_DV,
+    BalancedWork, FlashBufs, FlashKernels, FlashOut, FlashShape, Gemm, GemmAlgo, WideKernel,
+    FLASH_DIM, FLASH_DV, FLASH_ROWS,
 };
 use crate::workspace::Workspace;
 
@@ -132,6 +137,18 @@ impl GpuBackend {
             .expect("a flash backend's workspaces have flash scratch");
         let (dev, md) = (self.dev(), self.md);
         let q = q.need(dl.rows * dl.q_len * md.heads * FLASH_DIM);
+        let max_splits = match dl.splits {
+            SplitForm::Cap => fs.max_splits,
+            SplitForm::Grid(n) if n <= fs.max_splits => n,
+            SplitForm::Grid(n) => {
+                return Err(GpuBackendError::BadPlan(format!(
+                    "a launch of {n} splits a request past the workspace's {}",
+                    fs.max_splits
+                )))
+            }
+            // A one-split shape; BalancedWork::shape sizes its partials below.
+            SplitForm::Persistent => 1,
+        };
         let shape = FlashShape {
             batch: dl.rows,
             q_len: dl.q_len,
@@ -139,7 +156,7 @@ impl GpuBackend {
             page: self.cfg.scheduler.page_size,
             width: dl.width,
             split_size_tokens: fp.policy.split_size_tokens,
-            max_splits: fs.max_splits,
+            max_splits,
         };
         let bufs = FlashBufs {
             q,
@@ -160,7 +177,65 @@ impl GpuBackend {
         // plan's, computed from that table (a -1 entry ends them); its split lengths come
         // from the plan's schedule under the config's policy, whose unit the flash path
         // requires to be a multiple of 64 (`portable_because`), checked by split_schedule.
-        unsafe { fp.fk.flash_decode(dev, shape, bufs, md.softmax_scale()) }?;
+        let scale = md.softmax_scale();
+        match (dl.splits, &fs.decode_work) {
+            (SplitForm::Persistent, Some(work)) => {
+                let shape = BalancedWork::shape(work.partial_slots, shape);
+                // SAFETY: as above; the work is core's schedule of this launch's split
+                // schedule, uploaded this step (eager_split_form).
+                unsafe { fp.fk.flash_decode_balanced(dev, shape, bufs, work, scale) }?
+            }
+            (SplitForm::Persistent, None) => {
+                unreachable!("a persistent launch without the step's balanced work")
+            }
+            // SAFETY: as above.
+            _ => unsafe { fp.fk.flash_decode(dev, shape, bufs, scale) }?,
+        }
         Ok(())
+    }
+
+    /// The split form of an eager step's uniform decode launch (`q_len` tokens a row):
+    /// core's `invariant_launch` over the plan's split schedule `d.split`, on this device.
+    /// Where it picks the persistent kernel, the step's balanced work (core's schedule of
+    /// the same splits) is uploaded into `ws` for every layer's launch; otherwise it is
+    /// cleared. Off the seesaw kernel (or on pages its copy engine does not take) the grid.
+    pub(super) fn eager_split_form(
+        &self,
+        ws: &mut Workspace,
+        d: &MlaDecodeMetadata,
+        q_len: usize,
+    ) -> Result<SplitForm> {
+        let fp = self
+            .flash
+            .as_ref()
+            .expect("the caller checked the flash path");
+        let (dev, rows) = (self.dev(), d.kernel_rows);
+        let splits: Vec<(u32, u32)> = d.split.split_len_tokens[..rows]
+            .iter()
+            .copied()
+            .zip(d.split.num_splits[..rows].iter().copied())
+            .collect();
+        let largest = splits.iter().map(|&(_, n)| n as usize).max().unwrap_or(1);
+        let query_rows = q_len * self.md.heads;
+        let page = self.cfg.scheduler.page_size;
+        let seesaw = fp.fk.wide == WideKernel::Seesaw
+            && fp.fk.decode_function(query_rows, page, WideKernel::Seesaw)
+                == WideKernel::Seesaw.function();
+        let fs = ws.flash.as_mut().expect("a flash backend's workspaces");
+        fs.decode_work = None;
+        if !seesaw || largest == 1 {
+            return Ok(SplitForm::Grid(largest));
+        }
+        // invariant_launch reads the resident groups at the batch's largest count alone.
+        let resident = fp.fk.resident_split_groups(dev, dev.sms, largest)?;
+        let row_blocks = query_rows.div_ceil(FLASH_ROWS);
+        match invariant_launch(&splits, row_blocks, dev.sms, &|_| resident) {
+            InvariantLaunch::Grid { max_splits } => Ok(SplitForm::Grid(max_splits)),
+            InvariantLaunch::Persistent(policy) => {
+                let sched = balanced_schedule_of_splits(&d.plan_seq_lens[..rows], &splits, policy);
+                fs.decode_work = Some(BalancedWork::upload(dev, &sched)?);
+                Ok(SplitForm::Persistent)
+            }
+        }
     }
 }

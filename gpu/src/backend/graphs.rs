@@ -9,7 +9,7 @@ use specmla_core::cudagraph::GraphShape;
 use specmla_core::plan::StepPlan;
 
 use super::timing::TimedGraph;
-use super::{CacheOf, CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Result};
+use super::{CacheOf, CapturedGraph, DecodeLaunch, GpuBackend, GpuBackendError, Result, SplitForm};
 use crate::device::GpuError;
 use crate::launch::copy;
 use crate::workspace::Workspace;
@@ -26,6 +26,7 @@ impl GpuBackend {
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
             mapped_kv: ws.mapped_kv.ptr(),
+            splits: SplitForm::Cap,
         }
     }
 

@@ -89,6 +89,21 @@ struct DecodeLaunch {
     split_lens: DPtr<i32>,
     num_splits: DPtr<i32>,
     mapped_kv: DPtr<i32>,
+    /// How the flash kernels run the launch's splits.
+    splits: SplitForm,
+}
+
+/// How a flash decode launch runs its splits. A graph freezes its grid, so it launches
+/// the policy's cap; an eager launch takes what core's `invariant_launch` picks for the
+/// plan's schedule (the same bits either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum SplitForm {
+    /// The split grid of the policy's cap (`FlashScratch::max_splits`).
+    Cap,
+    /// The split grid of this many splits a request: the launch's largest count.
+    Grid(usize),
+    /// The persistent kernel on the step's balanced work (`FlashScratch::decode_work`).
+    Persistent,
 }
 
 /// Which latent cache a decode launch reads.

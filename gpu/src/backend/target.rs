@@ -8,7 +8,7 @@ use specmla_core::block_pool::PAD_SLOT;
 use specmla_core::fault::Fault;
 use specmla_core::plan::StepPlan;
 
-use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Region, Result};
+use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Region, Result, SplitForm};
 use crate::launch::{copy, DPtr};
 use crate::ops::{ContextChunk, PagedContext, RowScratch, RowTokens, State};
 use crate::weights::LayerWeights;
@@ -210,17 +210,21 @@ impl GpuBackend {
         let mut seq: Vec<i32> = c.seq_lens.iter().map(|&s| s as i32).collect();
         seq.resize(rows, 0);
         ws.seq_lens.write(&dev, &seq)?;
+        let mut uniform_splits = SplitForm::Cap;
         if let Some(d) = &plan.mla.decode {
             let [lens, counts, mapped] = self.split_schedule(&d.split, d.kernel_rows)?;
             ws.split_lens.write(&dev, &lens)?;
             ws.num_splits.write(&dev, &counts)?;
             ws.mapped_kv.write(&dev, &mapped)?;
+            if let (Some(q), Some(_)) = (d.uniform_query_len, &self.flash) {
+                uniform_splits = self.eager_split_form(ws, d, q)?;
+            }
         }
         let idx: Vec<i32> = plan.logits_indices.iter().map(|&i| i as i32).collect();
         self.set_gather_rows(ws, &idx, n)?;
         let ws_ref: &Workspace = ws;
         self.target_layers(ws_ref, n, &|me, l, w, attn| {
-            me.eager_decode(ws_ref, plan, l, w, attn)?;
+            me.eager_decode(ws_ref, plan, (l, uniform_splits), w, attn)?;
             match me.prefill_on_flash() {
                 true => me.prefill_flash(ws_ref, plan, (l, w), attn),
                 false => me.timed(Region::Attention, || {
@@ -235,14 +239,15 @@ impl GpuBackend {
         self.read_target(ws, n, &rows)
     }
 
-    /// Decode rows of an eager step: one uniform launch, or, when the plan's decode rows
-    /// are not uniform, one launch per run of rows with equal query lengths
-    /// ([`equal_runs`]), each at its rows' token start.
+    /// Decode rows of an eager step: one uniform launch (its splits run as `uniform`,
+    /// [`GpuBackend::eager_split_form`]), or, when the plan's decode rows are not uniform,
+    /// one launch per run of rows with equal query lengths ([`equal_runs`]), each at its
+    /// rows' token start on a grid of its largest split count.
     pub(super) fn eager_decode(
         &self,
         ws: &Workspace,
         plan: &StepPlan,
-        l: usize,
+        (l, uniform): (usize, SplitForm),
         w: &LayerWeights,
         attn: DPtr<f32>,
     ) -> Result<()> {
@@ -261,6 +266,7 @@ impl GpuBackend {
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
             mapped_kv: ws.mapped_kv.ptr(),
+            splits: uniform,
         };
         let n = plan.num_tokens();
         if let Some(q) = d.uniform_query_len {
@@ -285,6 +291,7 @@ impl GpuBackend {
                 split_lens: ws.split_lens.ptr().offset(i),
                 num_splits: ws.num_splits.ptr().offset(i),
                 mapped_kv: ws.mapped_kv.ptr().offset(i),
+                splits: run_grid(&d.split.num_splits[i..i + run]),
                 ..base
             };
             if launch.q_len > 0 {
@@ -417,9 +424,22 @@ fn kernel_table_rows(plan: &StepPlan) -> usize {
     c.num_rows().max(kernel).max(1)
 }
 
+/// The grid of a run of decode rows whose split counts are `counts`: its largest count.
+fn run_grid(counts: &[u32]) -> SplitForm {
+    SplitForm::Grid(counts.iter().map(|&n| n as usize).max().unwrap_or(1).max(1))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::equal_runs;
+    use super::{equal_runs, run_grid, SplitForm};
+
+    /// A run's grid is as wide as its most split row, never narrower than one split.
+    #[test]
+    fn a_runs_grid_takes_its_largest_split_count() {
+        assert_eq!(run_grid(&[1, 3, 2]), SplitForm::Grid(3));
+        assert_eq!(run_grid(&[0]), SplitForm::Grid(1));
+        assert_eq!(run_grid(&[]), SplitForm::Grid(1));
+    }
 
     #[test]
     fn runs_of_equal_query_lengths() {

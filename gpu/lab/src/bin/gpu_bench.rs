@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use specmla_core::balanced::{fast_decode_plan, BalancedPolicy, FastPlan};
+use specmla_core::invariant_launch::{invariant_launch, splits_of, InvariantLaunch};
 use specmla_core::split::{equal_split_plan, fast_split_plan, invariant_split_plan};
 use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel, FLASH_ROWS};
 use specmla_gpu::{GpuDevice, GpuError};
@@ -436,7 +437,30 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             }
         } else {
             let fast = fast_plan(&s);
-            variants.push(v(fk.wide, invariant(&s), "invariant"));
+            // The invariant mode as its plan launches it (`invariant_launch`: the grid of the
+            // batch's largest split count, or the persistent kernel), then the two it picks
+            // between: the grid of the policy's cap (as a graph launches it) and the
+            // persistent kernel on the same splits.
+            let lens = vec![s.context as u32; s.batch];
+            let policy = invariant_split_plan(s.q_len * s.heads, FLASH_ROWS);
+            let picked =
+                match invariant_launch(&splits_of(&lens, policy), row_blocks, sms, &resident) {
+                    InvariantLaunch::Persistent(p) if fk.wide == WideKernel::Seesaw => {
+                        FlashVariant {
+                            balanced: Some(p),
+                            invariant: true,
+                            ..v(fk.wide, policy.into(), "invariant")
+                        }
+                    }
+                    InvariantLaunch::Grid { max_splits } => FlashVariant {
+                        grid_splits: Some(max_splits),
+                        ..v(fk.wide, policy.into(), "invariant")
+                    },
+                    // Off the seesaw kernel there is no persistent launch.
+                    InvariantLaunch::Persistent(_) => v(fk.wide, policy.into(), "invariant"),
+                };
+            variants.push(picked);
+            variants.push(v(fk.wide, invariant(&s), "inv-graph"));
             if fk.wide == WideKernel::Seesaw {
                 variants.push(persistent(invariant(&s), "inv-persist"));
             }

@@ -1,0 +1,210 @@
+//! Which kernel runs a batch-invariant decode launch. The split schedule (each request's
+//! split length and count, from the policy and the request's own length) fixes the bits.
+//! Two launches run the same splits with the same bits: the split grid (a CTA a split, the
+//! splits merged in clusters or through memory) and the persistent kernel on
+//! [`invariant_balanced_schedule`](crate::balanced::invariant_balanced_schedule) (the
+//! pieces dealt to parts, a cut request's partials merged after the launch). `gpu-test`
+//! checks that they agree bit for bit, so a launch may take either, per batch, by cost;
+//! the choice is this module's, the backend only runs it.
+//!
+//! The rule comes from the H100 (run 205, `gpu-bench`: both launches on the same splits at
+//! 45 shapes, one process; its table is this module's test):
+//! - no request cut: the grid of one split a request (the host then takes the persistent
+//!   one-split kernel wherever a request has two or more row blocks). A grid of the
+//!   policy's cap would hold empty splits: at 128 heads, q 1, B 64, L 2k it took 132.5 µs
+//!   against 73.2.
+//! - requests of two or more row blocks cut into splits of [`PERSISTENT_SPLIT_KEYS`] keys or
+//!   more: the persistent kernel, 0.940-1.001 of the grid's time at 12 shapes (128 heads,
+//!   q 1, L 8k and 16k, B 16-128). Its copy warpgroup and its L2 prefetch among a request's
+//!   row blocks make a key cheaper, and long pieces pay for the partials and the combine.
+//! - otherwise the persistent kernel where the grid's waves would idle more than
+//!   [`GRID_IDLE_TENTHS`] tenths of the multiprocessors' time (0.872-0.975 at four such
+//!   shapes, idle 24-52%), else the grid (1.009-1.062 for the persistent kernel at whole
+//!   or nearly whole waves, idle 3%: its partial stores and combine cost more than the
+//!   wave's idle multiprocessors).
+
+use serde::{Deserialize, Serialize};
+
+use crate::balanced::BalancedPolicy;
+use crate::split::SplitPolicy;
+
+/// Each request's `(split_len_tokens, num_splits)` under `split`: what
+/// [`invariant_launch`] reads, for callers that hold lengths and a policy.
+pub fn splits_of(kv_lens: &[u32], split: SplitPolicy) -> Vec<(u32, u32)> {
+    kv_lens
+        .iter()
+        .map(|&l| split.split_of(l as usize))
+        .collect()
+}
+
+/// How a batch-invariant decode launch runs its splits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum InvariantLaunch {
+    /// The split grid, `max_splits` splits a request: the batch's largest split count,
+    /// which may be below the policy's cap.
+    Grid { max_splits: usize },
+    /// The persistent kernel on the invariant balanced schedule over these parts.
+    Persistent(BalancedPolicy),
+}
+
+/// The shortest split (keys) that takes the persistent kernel by its length alone, where
+/// a request has two or more row blocks.
+pub const PERSISTENT_SPLIT_KEYS: usize = 4096;
+
+/// The grid's idle share, in tenths of its waves' time, past which a cut batch takes the
+/// persistent kernel. Any share between the 3% and the 24% run 205 saw separates its
+/// shapes; one tenth sits between.
+pub const GRID_IDLE_TENTHS: usize = 1;
+
+/// The launch of requests split as `splits` (each request's `(split_len_tokens,
+/// num_splits)`: the plan's schedule, read as given), `row_blocks` 64-row blocks a
+/// request, on `sms` multiprocessors, where `resident(n)` groups of n split CTAs run at
+/// once (the driver's count of resident clusters past one split). See the module header.
+pub fn invariant_launch(
+    splits: &[(u32, u32)],
+    row_blocks: usize,
+    sms: usize,
+    resident: &dyn Fn(usize) -> usize,
+) -> InvariantLaunch {
+    let largest = splits.iter().map(|&(_, n)| n as usize).max().unwrap_or(1);
+    let grid = InvariantLaunch::Grid {
+        max_splits: largest,
+    };
+    let policy = BalancedPolicy::for_device(sms, row_blocks);
+    // No request cut, or parts whose CTAs could not all be resident: the grid.
+    if largest == 1 || policy.parts * row_blocks.max(1) > sms {
+        return grid;
+    }
+    let shortest_cut = splits
+        .iter()
+        .filter(|&&(_, n)| n > 1)
+        .map(|&(len, _)| len as usize)
+        .min()
+        .unwrap_or(0);
+    if row_blocks >= 2 && shortest_cut >= PERSISTENT_SPLIT_KEYS {
+        return InvariantLaunch::Persistent(policy);
+    }
+    // The grid's waves against the groups they hold: idle past a tenth, persistent.
+    let groups = splits.len() * row_blocks;
+    let per_wave = resident(largest).max(1);
+    let waves = groups.div_ceil(per_wave);
+    if waves * per_wave * 10 > groups * (10 + GRID_IDLE_TENTHS) {
+        InvariantLaunch::Persistent(policy)
+    } else {
+        grid
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::split::{h100_resident_groups, invariant_split_plan};
+
+    fn launch(heads: usize, q: usize, batch: usize, context: u32) -> InvariantLaunch {
+        let rows = heads * q;
+        let split = invariant_split_plan(rows, 64);
+        invariant_launch(
+            &splits_of(&vec![context; batch], split),
+            rows.div_ceil(64),
+            132,
+            &h100_resident_groups,
+        )
+    }
+
+    /// Run 205 on the H100 (`gpu-bench`, binary of 366d9b3, 10 repetitions): the split
+    /// grid of the policy's cap (as a graph launches it) against the persistent kernel on
+    /// the same splits, as (heads, q_len, batch, context, persistent / grid time). The rule
+    /// takes the faster launch wherever they differ by more than 2.1%; two identical
+    /// launches differed by up to 1.7% in that session (run 204). The one shape it misses
+    /// by more than that floor: 16 heads, q 1, B 128, L 4k, where it keeps the grid and the
+    /// persistent kernel was 2.1% faster. With no request cut it takes the one-split grid.
+    #[test]
+    fn the_launch_is_the_faster_one_run_205_measured() {
+        let persist = |h, q, b, l| matches!(launch(h, q, b, l), InvariantLaunch::Persistent(_));
+        #[rustfmt::skip]
+        let cut = [
+            (16usize, 1usize, 64usize, 4096u32, 1.038f64), (16, 1, 64, 8192, 1.029),
+            (16, 1, 128, 4096, 0.979), (16, 1, 128, 8192, 1.000), (16, 1, 140, 4096, 0.872),
+            (16, 1, 140, 8192, 0.885), (16, 1, 200, 4096, 0.921), (16, 1, 200, 8192, 0.941),
+            (16, 4, 64, 8192, 1.039), (16, 4, 128, 8192, 1.041), (16, 4, 140, 8192, 0.919),
+            (128, 1, 16, 4096, 0.975), (128, 1, 16, 8192, 0.965), (128, 1, 16, 16384, 0.940),
+            (128, 1, 32, 4096, 1.062), (128, 1, 32, 8192, 1.001), (128, 1, 32, 16384, 0.969),
+            (128, 1, 64, 4096, 1.009), (128, 1, 64, 8192, 0.974), (128, 1, 64, 16384, 0.961),
+            (128, 1, 96, 4096, 1.010), (128, 1, 96, 8192, 0.974), (128, 1, 96, 16384, 0.965),
+            (128, 1, 128, 4096, 1.021), (128, 1, 128, 8192, 0.974),
+            (128, 1, 128, 16384, 0.967),
+        ];
+        for (h, q, b, l, ratio) in cut {
+            let p = persist(h, q, b, l);
+            let ok = (p && ratio <= 1.0) || (!p && ratio >= 1.0) || (ratio - 1.0).abs() <= 0.0215;
+            assert!(
+                ok,
+                "H {h} q {q} B {b} L {l}: persistent {p}, measured {ratio}"
+            );
+        }
+        // The one-split shapes: 128 heads q 1 at L 2k (the cap's grid 132.5 against 73.2
+        // us at B 64), q 2 and q 4 (a cap of one already).
+        for (h, q, b, l) in [(128, 1, 64, 2048), (128, 1, 128, 2048), (128, 2, 40, 4096)] {
+            assert_eq!(launch(h, q, b, l), InvariantLaunch::Grid { max_splits: 1 });
+        }
+    }
+
+    /// The grid is as wide as the batch's most split request needs, not the cap.
+    #[test]
+    fn the_grid_takes_the_batchs_largest_split_count() {
+        let split = SplitPolicy {
+            split_size_tokens: 64,
+            max_splits: 8,
+        };
+        // 200 keys take 4 splits of 64, 100 keys 2, 64 keys 1: groups of 4 on the H100
+        // (30 resident); 3 requests leave the wave nine tenths idle.
+        let l = invariant_launch(
+            &splits_of(&[64, 200, 100], split),
+            1,
+            132,
+            &h100_resident_groups,
+        );
+        assert_eq!(
+            l,
+            InvariantLaunch::Persistent(BalancedPolicy::for_device(132, 1))
+        );
+        // 30 requests fill the wave: the grid, 4 splits a request (the cap is 8).
+        let l = invariant_launch(&splits_of(&[200; 30], split), 1, 132, &h100_resident_groups);
+        assert_eq!(l, InvariantLaunch::Grid { max_splits: 4 });
+    }
+
+    /// Splits of 4096 keys and more at two or more row blocks take the persistent kernel
+    /// even where the grid's waves are whole; at one row block they do not.
+    #[test]
+    fn long_splits_take_the_persistent_kernel_past_one_row_block() {
+        let split = SplitPolicy {
+            split_size_tokens: 4096,
+            max_splits: 2,
+        };
+        let lens = vec![8192u32; 33];
+        let two = invariant_launch(&splits_of(&lens, split), 2, 132, &h100_resident_groups);
+        assert_eq!(
+            two,
+            InvariantLaunch::Persistent(BalancedPolicy::for_device(132, 2))
+        );
+        // 66 requests of one row block: one whole wave of pairs.
+        let lens = vec![8192u32; 66];
+        let one = invariant_launch(&splits_of(&lens, split), 1, 132, &h100_resident_groups);
+        assert_eq!(one, InvariantLaunch::Grid { max_splits: 2 });
+    }
+
+    /// An empty batch and parts that could not be resident keep the grid.
+    #[test]
+    fn degenerate_batches_keep_the_grid() {
+        let split = invariant_split_plan(128, 64);
+        let none = invariant_launch(&splits_of(&[], split), 2, 132, &h100_resident_groups);
+        assert_eq!(none, InvariantLaunch::Grid { max_splits: 1 });
+        let wide = invariant_launch(
+            &splits_of(&[8192; 4], split),
+            200,
+            132,
+            &h100_resident_groups,
+        );
+        assert_eq!(wide, InvariantLaunch::Grid { max_splits: 2 });
+    }
+}
