@@ -173,6 +173,20 @@ fn graph_vs_eager<B: Backend>(
     Ok(r)
 }
 
+/// Plain decode (no speculation), graph against eager, the configuration changed by
+/// `adapt` first. At 128 heads its decode rows (q 1, two 64-row blocks) are where the GPU
+/// backend's eager launches take the persistent kernel on a cut batch (core's
+/// `invariant_launch`) while its graphs run the split grid of the policy's cap: the two
+/// must give the same bits.
+pub fn plain_decode_graph_vs_eager<B: Backend>(
+    make: &Factory<'_, B>,
+    adapt: &dyn Fn(&mut EngineConfig),
+) -> Result<InvarianceCase, String> {
+    let mut cfg = EngineConfig::tiny(BackendProfile::FlashMla, SpecConfig::off());
+    adapt(&mut cfg);
+    graph_vs_eager(make, "plain decode", &cfg, false)
+}
+
 /// Every invariance case, on the backend `make` builds, with the tiny model.
 pub fn run_invariance<B: Backend>(make: &Factory<'_, B>) -> Result<Vec<InvarianceCase>, String> {
     run_invariance_on(make, &|_| {})
@@ -231,5 +245,6 @@ pub fn run_invariance_on<B: Backend>(
     dflash.scheduler.max_model_len = 160;
     dflash.scheduler.num_gpu_blocks = 96;
     out.push(graph_vs_eager(make, "DFlash K=8", &dflash, false)?);
+    out.push(plain_decode_graph_vs_eager(make, adapt)?);
     Ok(out)
 }
