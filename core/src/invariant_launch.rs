@@ -8,11 +8,18 @@
 //! the choice is this module's, the backend only runs it.
 //!
 //! The rule comes from the H100 (run 205, `gpu-bench`: both launches on the same splits at
-//! 45 shapes, one process; with run 207's it is this module's test):
-//! - no request cut: the grid of one split a request (the host then takes the persistent
-//!   one-split kernel wherever a request has two or more row blocks). A grid of the
-//!   policy's cap would hold empty splits: at 128 heads, q 1, B 64, L 2k it took 132.5 µs
-//!   against 73.2.
+//! 45 shapes, one process; with runs 207 and 208 it is this module's test):
+//! - no request cut, one row block a request: the grid of one split a request (a grid of
+//!   the policy's cap would hold empty splits). Two or more row blocks: the persistent
+//!   kernel on the balanced schedule of whole requests, which at such batches measured
+//!   0.956-1.009 of the one-split grid's time (runs 205, 206, 210, 214: 0.956-0.976 at the
+//!   part-full 128-head q 2 B 40 and q 4 B 36; at q 1 L 2k B 64 1.005-1.008, where the
+//!   cap's grid took 132.5 µs against 73.2), and 0.929-1.006 at 11 shapes it had not
+//!   seen (run 215; at q 1 L 2k against the cap's grid). At one row block the persistent
+//!   kernel took 1.09x (run 207, 16 heads q 1 B 64 L 1k). There the one-split grid took
+//!   1.011x and 1.040x the cap's grid (16 heads L 1k, q 1 B 64 and q 4 B 100, runs 207 and
+//!   215), whose empty split CTAs it spares; why the cap's clusters ran faster was not
+//!   traced.
 //! - requests of two or more row blocks cut into splits of [`PERSISTENT_SPLIT_KEYS`] keys or
 //!   more: the persistent kernel, 0.940-1.001 of the grid's time at 12 shapes (128 heads,
 //!   q 1, L 8k and 16k, B 16-128). Its copy warpgroup and its L2 prefetch among a request's
@@ -80,9 +87,14 @@ pub fn invariant_launch(
         max_splits: largest,
     };
     let policy = BalancedPolicy::for_device(sms, row_blocks);
-    // No request cut, or parts whose CTAs could not all be resident: the grid.
-    if largest == 1 || policy.parts * row_blocks.max(1) > sms {
+    // No request, parts whose CTAs could not all be resident, or whole requests of one
+    // row block: the grid; whole requests of more: the persistent kernel.
+    let one_block = row_blocks < 2;
+    if splits.is_empty() || policy.parts * row_blocks.max(1) > sms || (largest == 1 && one_block) {
         return grid;
+    }
+    if largest == 1 {
+        return InvariantLaunch::Persistent(policy);
     }
     let shortest_cut = splits
         .iter()
@@ -132,8 +144,7 @@ mod tests {
     /// persistent / grid time). The rule takes the faster launch wherever they differ by
     /// more than 2.1%; two identical launches differed by up to 1.7% (run 204). The one
     /// shape it misses by more than that floor: 16 heads, q 1, B 128, L 4k, where it keeps
-    /// the grid and the persistent kernel was 2.1% faster. With no request cut it takes
-    /// the one-split grid.
+    /// the grid and the persistent kernel was 2.1% faster.
     #[test]
     fn the_launch_is_the_faster_one_runs_205_207_and_208_measured() {
         let persist = |h, q, b, l| matches!(launch(h, q, b, l), InvariantLaunch::Persistent(_));
@@ -172,16 +183,21 @@ mod tests {
                 "H {h} q {q} B {b} L {l}: persistent {p}, measured {ratio}"
             );
         }
-        // The one-split shapes: 128 heads q 1 at L 2k (the cap's grid 132.5 against 73.2
-        // us at B 64 in run 205), q 2 (a cap of one already), 16 heads at L 1k.
-        for (h, q, b, l) in [
-            (128, 1, 64, 2048),
-            (128, 1, 112, 2048),
-            (128, 2, 40, 4096),
-            (16, 1, 64, 1024),
+        // Whole requests: the persistent kernel from two row blocks (128 heads q 1 at L
+        // 2k, q 2 and q 4), the one-split grid at one (16 heads at L 1k).
+        for (h, q, b, l, rb) in [
+            (128, 1, 64, 2048, 2),
+            (128, 1, 112, 2048, 2),
+            (128, 2, 40, 4096, 4),
+            (128, 4, 36, 4096, 8),
         ] {
-            assert_eq!(launch(h, q, b, l), InvariantLaunch::Grid { max_splits: 1 });
+            let p = InvariantLaunch::Persistent(BalancedPolicy::for_device(132, rb));
+            assert_eq!(launch(h, q, b, l), p);
         }
+        assert_eq!(
+            launch(16, 1, 64, 1024),
+            InvariantLaunch::Grid { max_splits: 1 }
+        );
     }
 
     /// The grid is as wide as the batch's most split request needs, not the cap.

@@ -223,7 +223,7 @@ impl GpuBackend {
                 == WideKernel::Seesaw.function();
         let fs = ws.flash.as_mut().expect("a flash backend's workspaces");
         fs.decode_work = None;
-        if !seesaw || largest == 1 {
+        if !seesaw {
             return Ok(SplitForm::Grid(largest));
         }
         // invariant_launch reads the resident groups at the batch's largest count alone.
