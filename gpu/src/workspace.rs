@@ -191,9 +191,10 @@ pub struct FlashScratch {
     pub max_splits: usize,
     /// A GEMM's input rounded to bf16, `[cap, widest input]`.
     pub gemm_in: Buf<u16>,
-    /// The eager step's balanced work, where its decode launch takes the persistent kernel
-    /// (uploaded once a step, read by every layer's launch).
-    pub decode_work: Option<BalancedWork>,
+    /// An eager step's balanced work, where its uniform decode launch takes the persistent
+    /// kernel (written once a step, read by every layer's launch), for up to `rows_cap`
+    /// requests of up to `max_splits` pieces.
+    pub decode_work: BalancedWork,
 }
 
 impl FlashScratch {
@@ -207,6 +208,7 @@ impl FlashScratch {
             + one(max_splits * rows) * 4
             + one(rows.div_ceil(64) + rows_cap) * 4
             + one(cap * gemm_input_width(d)) * 2
+            + BalancedWork::capacity_bytes(rows_cap, max_splits)
     }
 
     fn new(
@@ -238,7 +240,7 @@ impl FlashScratch {
             )?,
             max_splits,
             gemm_in: Buf::uninit(dev, cap * gemm_input_width(d), "workspace bf16 GEMM input")?,
-            decode_work: None,
+            decode_work: BalancedWork::with_capacity(dev, rows_cap, max_splits)?,
         })
     }
 }

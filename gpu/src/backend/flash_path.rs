@@ -178,18 +178,15 @@ impl GpuBackend {
         // from the plan's schedule under the config's policy, whose unit the flash path
         // requires to be a multiple of 64 (`portable_because`), checked by split_schedule.
         let scale = md.softmax_scale();
-        match (dl.splits, &fs.decode_work) {
-            (SplitForm::Persistent, Some(work)) => {
-                let shape = BalancedWork::shape(work.partial_slots, shape);
-                // SAFETY: as above; the work is core's schedule of this launch's split
-                // schedule, uploaded this step (eager_split_form).
-                unsafe { fp.fk.flash_decode_balanced(dev, shape, bufs, work, scale) }?
-            }
-            (SplitForm::Persistent, None) => {
-                unreachable!("a persistent launch without the step's balanced work")
-            }
+        if dl.splits == SplitForm::Persistent {
+            let work = &fs.decode_work;
+            let shape = BalancedWork::shape(work.partial_slots, shape);
+            // SAFETY: as above; the work is core's schedule of this launch's split
+            // schedule, written this step (eager_split_form).
+            unsafe { fp.fk.flash_decode_balanced(dev, shape, bufs, work, scale) }?
+        } else {
             // SAFETY: as above.
-            _ => unsafe { fp.fk.flash_decode(dev, shape, bufs, scale) }?,
+            unsafe { fp.fk.flash_decode(dev, shape, bufs, scale) }?
         }
         Ok(())
     }
@@ -197,8 +194,8 @@ impl GpuBackend {
     /// The split form of an eager step's uniform decode launch (`q_len` tokens a row):
     /// core's `invariant_launch` over the plan's split schedule `d.split`, on this device.
     /// Where it picks the persistent kernel, the step's balanced work (core's schedule of
-    /// the same splits) is uploaded into `ws` for every layer's launch; otherwise it is
-    /// cleared. Off the seesaw kernel (or on pages its copy engine does not take) the grid.
+    /// the same splits) is written into `ws`'s buffers for every layer's launch. Off the
+    /// seesaw kernel (or on pages its copy engine does not take) the grid.
     pub(super) fn eager_split_form(
         &self,
         ws: &mut Workspace,
@@ -221,8 +218,6 @@ impl GpuBackend {
         let seesaw = fp.fk.wide == WideKernel::Seesaw
             && fp.fk.decode_function(query_rows, page, WideKernel::Seesaw)
                 == WideKernel::Seesaw.function();
-        let fs = ws.flash.as_mut().expect("a flash backend's workspaces");
-        fs.decode_work = None;
         if !seesaw {
             return Ok(SplitForm::Grid(largest));
         }
@@ -233,7 +228,14 @@ impl GpuBackend {
             InvariantLaunch::Grid { max_splits } => Ok(SplitForm::Grid(max_splits)),
             InvariantLaunch::Persistent(policy) => {
                 let sched = balanced_schedule_of_splits(&d.plan_seq_lens[..rows], &splits, policy);
-                fs.decode_work = Some(BalancedWork::upload(dev, &sched)?);
+                let fs = ws.flash.as_mut().expect("a flash backend's workspaces");
+                if !fs.decode_work.rewrite(dev, &sched)? {
+                    return Err(GpuBackendError::BadPlan(format!(
+                        "a balanced schedule of {} pieces on {} parts past the workspace's",
+                        sched.segments.len(),
+                        sched.parts()
+                    )));
+                }
                 Ok(SplitForm::Persistent)
             }
         }

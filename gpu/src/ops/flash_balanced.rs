@@ -41,37 +41,101 @@ impl BalancedWork {
     /// Uploads `s`, whose tiles must be the kernel's 64 keys (anything else is a caller
     /// bug, and panics).
     pub fn upload(dev: &GpuDevice, s: &BalancedSchedule) -> Result<Self, GpuError> {
-        assert_eq!(
-            s.policy.tile_keys, 64,
-            "the balanced kernel runs tiles of 64 keys"
-        );
-        let int = |x: u32| i32::try_from(x).expect("fits in i32");
-        let items: Vec<i32> = s
-            .segments
-            .iter()
-            .flat_map(|g| {
-                let slot = s.slot_of(g).map_or(-1, int);
-                [int(g.request), int(g.tile_begin), int(g.tile_end), slot]
-            })
-            .collect();
-        let cuts = s.cut_requests();
-        let cut_ints: Vec<i32> = cuts
-            .iter()
-            .flat_map(|&(r, f, n)| [r, f, n].map(int))
-            .collect();
-        let part_items: Vec<i32> = s.part_starts.iter().map(|&x| int(x)).collect();
+        let (part_items, items, cuts) = schedule_ints(s);
         // A zero-length buffer cannot be allocated: pad the empty lists (never read).
         let padded = |v: Vec<i32>| if v.is_empty() { vec![0] } else { v };
         Ok(Self {
             parts: s.parts(),
             part_items: Buf::from_host(dev, &part_items, "balanced part items")?,
+            num_cuts: cuts.len() / 3,
             items: Buf::from_host(dev, &padded(items), "balanced work items")?,
-            cuts: Buf::from_host(dev, &padded(cut_ints), "balanced cut requests")?,
-            num_cuts: cuts.len(),
+            cuts: Buf::from_host(dev, &padded(cuts), "balanced cut requests")?,
             partial_slots: s.partial_slots,
             requests: s.num_splits.len(),
         })
     }
+
+    /// Bytes [`Self::with_capacity`] allocates.
+    pub fn capacity_bytes(requests: usize, max_splits: usize) -> u64 {
+        let (parts, items, cuts) = Self::capacity(requests, max_splits);
+        ((parts + items + cuts) * 4) as u64
+    }
+
+    /// i32 elements of each buffer of [`Self::with_capacity`].
+    fn capacity(requests: usize, max_splits: usize) -> (usize, usize, usize) {
+        let pieces = requests.max(1) * max_splits.max(1);
+        (MAX_PARTS + 1, pieces * 4, requests.max(1) * 3)
+    }
+
+    /// Buffers for schedules of up to `requests` requests of up to `max_splits` pieces
+    /// each on up to [`MAX_PARTS`] parts, written by [`Self::rewrite`] (an engine's
+    /// workspace holds one, counted with its memory); empty until then.
+    pub fn with_capacity(
+        dev: &GpuDevice,
+        requests: usize,
+        max_splits: usize,
+    ) -> Result<Self, GpuError> {
+        let (parts, items, cuts) = Self::capacity(requests, max_splits);
+        Ok(Self {
+            parts: 0,
+            part_items: Buf::uninit(dev, parts, "balanced part items")?,
+            items: Buf::uninit(dev, items, "balanced work items")?,
+            cuts: Buf::uninit(dev, cuts, "balanced cut requests")?,
+            num_cuts: 0,
+            partial_slots: 0,
+            requests: 0,
+        })
+    }
+
+    /// Writes `s` into these buffers, allocating nothing; `false` (nothing written) where
+    /// it does not fit them.
+    pub fn rewrite(&mut self, dev: &GpuDevice, s: &BalancedSchedule) -> Result<bool, GpuError> {
+        let (part_items, items, cuts) = schedule_ints(s);
+        let fits = part_items.len() <= self.part_items.len()
+            && items.len() <= self.items.len()
+            && cuts.len() <= self.cuts.len();
+        if !fits {
+            return Ok(false);
+        }
+        self.part_items.write(dev, &part_items)?;
+        self.items.write(dev, &items)?;
+        self.cuts.write(dev, &cuts)?;
+        self.parts = s.parts();
+        self.num_cuts = cuts.len() / 3;
+        self.partial_slots = s.partial_slots;
+        self.requests = s.num_splits.len();
+        Ok(true)
+    }
+}
+
+/// The most parts a schedule written into buffers sized ahead may have
+/// ([`BalancedWork::with_capacity`]; a part per multiprocessor at most).
+pub const MAX_PARTS: usize = 1024;
+
+/// `s` as the kernel reads it: `[parts + 1]` part starts, `[segments][4]` (request, first
+/// tile, end tile, partial slot or -1) and `[cuts][3]` (request, first slot, splits).
+/// Tiles must be the kernel's 64 keys (a caller bug otherwise, and panics).
+fn schedule_ints(s: &BalancedSchedule) -> (Vec<i32>, Vec<i32>, Vec<i32>) {
+    assert_eq!(
+        s.policy.tile_keys, 64,
+        "the balanced kernel runs tiles of 64 keys"
+    );
+    let int = |x: u32| i32::try_from(x).expect("fits in i32");
+    let items: Vec<i32> = s
+        .segments
+        .iter()
+        .flat_map(|g| {
+            let slot = s.slot_of(g).map_or(-1, int);
+            [int(g.request), int(g.tile_begin), int(g.tile_end), slot]
+        })
+        .collect();
+    let cuts: Vec<i32> = s
+        .cut_requests()
+        .iter()
+        .flat_map(|&(r, f, n)| [r, f, n].map(int))
+        .collect();
+    let part_items = s.part_starts.iter().map(|&x| int(x)).collect();
+    (part_items, items, cuts)
 }
 
 impl FlashKernels {
