@@ -9,19 +9,20 @@
 //!
 //! The rule comes from the H100 (run 205, `gpu-bench`: both launches on the same splits at
 //! 45 shapes, one process; with runs 207 and 208 it is this module's test):
-//! - no request cut, one row block a request: the grid of one split a request (a grid of
-//!   the policy's cap would hold empty splits). Two or more row blocks: the persistent
-//!   kernel on the balanced schedule of whole requests, which at such batches measured
-//!   0.956-1.009 of the one-split grid's time (runs 205, 206, 210, 214: 0.956-0.976 at the
-//!   part-full 128-head q 2 B 40 and q 4 B 36; at q 1 L 2k B 64 1.005-1.008, where the
-//!   cap's grid took 132.5 µs against 73.2), and 0.929-1.006 at 11 shapes it had not
-//!   seen (run 215; at q 1 L 2k against the cap's grid). At one row block the persistent
-//!   kernel took 1.09x (run 207, 16 heads q 1 B 64 L 1k). There the one-split grid took
-//!   1.011x and 1.040x the cap's grid (16 heads L 1k, q 1 B 64 and q 4 B 100, runs 207 and
-//!   215), whose empty split CTAs it spares; why the cap's clusters ran faster was not
-//!   traced.
+//! - no request cut: the grid of one split a request (the host then takes the persistent
+//!   one-split kernel wherever a request has two or more row blocks). A grid of the
+//!   policy's cap would hold empty splits: at 128 heads, q 1, B 64, L 2k it took 132.5 µs
+//!   against 73.2. The balanced persistent schedule of whole requests measured
+//!   0.965-1.009 of the one-split kernel's time in `gpu-bench` (runs 205-215; 0.965-0.984
+//!   at the part-full 128-head q 2 B 40 and q 4 B 36), but taken by the engine's eager
+//!   steps it made their steps with prefill rows slower (run 215, q 4: attention 1.04 →
+//!   1.67 ms in the mixed step, 5.6 → 7.3 ms in steps with context chunks; run 216 the
+//!   same at q 1), not traced, so whole requests keep the one-split kernel. At one row
+//!   block the one-split grid took 1.011x and 1.040x the cap's grid (16 heads L 1k, q 1 B
+//!   64 and q 4 B 100, runs 207 and 215), whose empty split CTAs it spares; why the
+//!   cap's clusters ran faster was not traced.
 //! - requests of two or more row blocks cut into splits of [`PERSISTENT_SPLIT_KEYS`] keys or
-//!   more: the persistent kernel, 0.940-1.001 of the grid's time at 12 shapes (128 heads,
+//!   more: the persistent kernel, 0.940-1.001 of the grid's time at 10 shapes (128 heads,
 //!   q 1, L 8k and 16k, B 16-128). Its copy warpgroup and its L2 prefetch among a request's
 //!   row blocks make a key cheaper, and long pieces pay for the partials and the combine.
 //! - otherwise, at two or more row blocks, the persistent kernel where the grid's last wave
@@ -82,19 +83,19 @@ pub fn invariant_launch(
     sms: usize,
     resident: &dyn Fn(usize) -> usize,
 ) -> InvariantLaunch {
-    let largest = splits.iter().map(|&(_, n)| n as usize).max().unwrap_or(1);
+    // A count of 0 (no plan makes one) is a request's one split.
+    let largest = splits
+        .iter()
+        .map(|&(_, n)| n.max(1) as usize)
+        .max()
+        .unwrap_or(1);
     let grid = InvariantLaunch::Grid {
         max_splits: largest,
     };
     let policy = BalancedPolicy::for_device(sms, row_blocks);
-    // No request, parts whose CTAs could not all be resident, or whole requests of one
-    // row block: the grid; whole requests of more: the persistent kernel.
-    let one_block = row_blocks < 2;
-    if splits.is_empty() || policy.parts * row_blocks.max(1) > sms || (largest == 1 && one_block) {
+    // No request cut, no row, or parts whose CTAs could not all be resident: the grid.
+    if largest == 1 || row_blocks == 0 || policy.parts * row_blocks > sms {
         return grid;
-    }
-    if largest == 1 {
-        return InvariantLaunch::Persistent(policy);
     }
     let shortest_cut = splits
         .iter()
@@ -183,21 +184,17 @@ mod tests {
                 "H {h} q {q} B {b} L {l}: persistent {p}, measured {ratio}"
             );
         }
-        // Whole requests: the persistent kernel from two row blocks (128 heads q 1 at L
-        // 2k, q 2 and q 4), the one-split grid at one (16 heads at L 1k).
-        for (h, q, b, l, rb) in [
-            (128, 1, 64, 2048, 2),
-            (128, 1, 112, 2048, 2),
-            (128, 2, 40, 4096, 4),
-            (128, 4, 36, 4096, 8),
+        // Whole requests: the one-split grid (the persistent one-split kernel from two row
+        // blocks: 128 heads q 1 at L 2k, q 2 and q 4; `_2wg` at 16 heads L 1k).
+        for (h, q, b, l) in [
+            (128, 1, 64, 2048),
+            (128, 1, 112, 2048),
+            (128, 2, 40, 4096),
+            (128, 4, 36, 4096),
+            (16, 1, 64, 1024),
         ] {
-            let p = InvariantLaunch::Persistent(BalancedPolicy::for_device(132, rb));
-            assert_eq!(launch(h, q, b, l), p);
+            assert_eq!(launch(h, q, b, l), InvariantLaunch::Grid { max_splits: 1 });
         }
-        assert_eq!(
-            launch(16, 1, 64, 1024),
-            InvariantLaunch::Grid { max_splits: 1 }
-        );
     }
 
     /// The grid is as wide as the batch's most split request needs, not the cap.
@@ -244,7 +241,8 @@ mod tests {
         assert_eq!(one, InvariantLaunch::Grid { max_splits: 2 });
     }
 
-    /// An empty batch and parts that could not be resident keep the grid.
+    /// An empty batch, parts that could not be resident and launches without rows keep
+    /// the grid.
     #[test]
     fn degenerate_batches_keep_the_grid() {
         let split = invariant_split_plan(128, 64);
@@ -257,5 +255,11 @@ mod tests {
             &h100_resident_groups,
         );
         assert_eq!(wide, InvariantLaunch::Grid { max_splits: 2 });
+        let rowless =
+            invariant_launch(&splits_of(&[8192; 4], split), 0, 132, &h100_resident_groups);
+        assert_eq!(rowless, InvariantLaunch::Grid { max_splits: 2 });
+        // A count of 0 (no plan makes one) reads as one split.
+        let zero = invariant_launch(&[(2048, 0), (2048, 1)], 2, 132, &h100_resident_groups);
+        assert_eq!(zero, InvariantLaunch::Grid { max_splits: 1 });
     }
 }

@@ -111,7 +111,8 @@ impl GpuBackend {
             split_lens: ws.split_lens.ptr(),
             num_splits: ws.num_splits.ptr(),
             mapped_kv: ws.mapped_kv.ptr(),
-            // Drafter passes replay as graphs: the cap's grid.
+            // The cap's grid, which a graph of the pass freezes; an eager pass runs the
+            // same launch.
             splits: SplitForm::Cap,
         };
         k.fill(dev, attn, 0.0, rows * hv)?;

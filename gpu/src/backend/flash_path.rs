@@ -212,13 +212,19 @@ impl GpuBackend {
             .copied()
             .zip(d.split.num_splits[..rows].iter().copied())
             .collect();
-        let largest = splits.iter().map(|&(_, n)| n as usize).max().unwrap_or(1);
+        let largest = splits
+            .iter()
+            .map(|&(_, n)| n.max(1) as usize)
+            .max()
+            .unwrap_or(1);
         let query_rows = q_len * self.md.heads;
         let page = self.cfg.scheduler.page_size;
         let seesaw = fp.fk.wide == WideKernel::Seesaw
             && fp.fk.decode_function(query_rows, page, WideKernel::Seesaw)
                 == WideKernel::Seesaw.function();
-        if !seesaw {
+        // Whole requests (invariant_launch keeps their one-split grid) ask the driver
+        // nothing.
+        if !seesaw || largest == 1 {
             return Ok(SplitForm::Grid(largest));
         }
         // invariant_launch reads the resident groups at the batch's largest count alone.
@@ -229,14 +235,12 @@ impl GpuBackend {
             InvariantLaunch::Persistent(policy) => {
                 let sched = balanced_schedule_of_splits(&d.plan_seq_lens[..rows], &splits, policy);
                 let fs = ws.flash.as_mut().expect("a flash backend's workspaces");
-                if !fs.decode_work.rewrite(dev, &sched)? {
-                    return Err(GpuBackendError::BadPlan(format!(
-                        "a balanced schedule of {} pieces on {} parts past the workspace's",
-                        sched.segments.len(),
-                        sched.parts()
-                    )));
+                // A schedule past the workspace's buffers (more parts than MAX_PARTS) runs
+                // on the grid, which gives the same bits.
+                match fs.decode_work.rewrite(dev, &sched)? {
+                    true => Ok(SplitForm::Persistent),
+                    false => Ok(SplitForm::Grid(largest)),
                 }
-                Ok(SplitForm::Persistent)
             }
         }
     }

@@ -104,8 +104,9 @@ impl WideKernel {
     /// The CUDA function and threads a CTA for a launch of requests of `row_blocks` 64-row
     /// blocks each and a grid of `max_splits` splits a request (the launch's
     /// `FlashShape::max_splits`: the engine's graphs size it by the policy's cap, by
-    /// default at least 2, so they take `_2wg`; its eager launches by the batch's largest
-    /// split count, core's `invariant_launch`). The seesaw family has a persistent kernel with a copy
+    /// default at least 2, so they take `_2wg`; its eager uniform target launches by
+    /// core's `invariant_launch`, its other eager launches by their largest split count).
+    /// The seesaw family has a persistent kernel with a copy
     /// warpgroup (384 threads) and one whose product warpgroups issue their own copies, a
     /// CTA a row block ([`SEESAW_2WG`], 256); both give the same bits. On the H100 the copy
     /// warpgroup was 2-5% faster at one split and four or more row blocks (q 2 and 4 at 128
