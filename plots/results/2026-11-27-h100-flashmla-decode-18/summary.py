@@ -2,7 +2,7 @@ import csv,collections,math,sys
 def pick(H,q,B,L):
     rb=math.ceil(H*q/64); u,c=((1024,2) if rb<=1 else (2048,max(4//rb,1)))
     per=math.ceil(L/c); ln=math.ceil(per/u)*u; n=math.ceil(L/ln)
-    if n==1: return 'persistent (whole requests)' if rb>=2 else 'grid, 1 split'
+    if n==1: return "grid, 1 split"
     if rb>=2 and ln>=4096: return 'persistent (long splits)'
     g=B*rb; pw=66; w=math.ceil(g/pw); last=g-(w-1)*pw
     if rb>=2: return 'persistent (last wave %d/66)'%last if last*6<=pw*5 else 'grid (last wave %d/66)'%last
