@@ -45,6 +45,16 @@ use serde::{Deserialize, Serialize};
 use crate::balanced::BalancedPolicy;
 use crate::split::SplitPolicy;
 
+/// The largest of a launch's split counts, a count of 0 (no plan makes one) read as one
+/// split: the grid's splits a request.
+pub fn largest_split_count(counts: impl IntoIterator<Item = u32>) -> usize {
+    counts
+        .into_iter()
+        .map(|n| n.max(1) as usize)
+        .max()
+        .unwrap_or(1)
+}
+
 /// Each request's `(split_len_tokens, num_splits)` under `split`: what
 /// [`invariant_launch`] reads, for callers that hold lengths and a policy.
 pub fn splits_of(kv_lens: &[u32], split: SplitPolicy) -> Vec<(u32, u32)> {
@@ -83,12 +93,7 @@ pub fn invariant_launch(
     sms: usize,
     resident: &dyn Fn(usize) -> usize,
 ) -> InvariantLaunch {
-    // A count of 0 (no plan makes one) is a request's one split.
-    let largest = splits
-        .iter()
-        .map(|&(_, n)| n.max(1) as usize)
-        .max()
-        .unwrap_or(1);
+    let largest = largest_split_count(splits.iter().map(|&(_, n)| n));
     let grid = InvariantLaunch::Grid {
         max_splits: largest,
     };
@@ -259,6 +264,8 @@ mod tests {
             invariant_launch(&splits_of(&[8192; 4], split), 0, 132, &h100_resident_groups);
         assert_eq!(rowless, InvariantLaunch::Grid { max_splits: 2 });
         // A count of 0 (no plan makes one) reads as one split.
+        assert_eq!(largest_split_count([]), 1);
+        assert_eq!(largest_split_count([0, 3, 2]), 3);
         let zero = invariant_launch(&[(2048, 0), (2048, 1)], 2, 132, &h100_resident_groups);
         assert_eq!(zero, InvariantLaunch::Grid { max_splits: 1 });
     }

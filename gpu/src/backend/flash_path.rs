@@ -15,7 +15,7 @@ use specmla_core::memory::Allocation;
 use specmla_core::split::SplitPolicy;
 
 use specmla_core::balanced::balanced_schedule_of_splits;
-use specmla_core::invariant_launch::{invariant_launch, InvariantLaunch};
+use specmla_core::invariant_launch::{invariant_launch, largest_split_count, InvariantLaunch};
 use specmla_core::metadata::MlaDecodeMetadata;
 
 use super::{CacheOf, DecodeLaunch, GpuBackend, GpuBackendError, Result, SplitForm};
@@ -212,11 +212,7 @@ impl GpuBackend {
             .copied()
             .zip(d.split.num_splits[..rows].iter().copied())
             .collect();
-        let largest = splits
-            .iter()
-            .map(|&(_, n)| n.max(1) as usize)
-            .max()
-            .unwrap_or(1);
+        let largest = largest_split_count(splits.iter().map(|&(_, n)| n));
         let query_rows = q_len * self.md.heads;
         let page = self.cfg.scheduler.page_size;
         let seesaw = fp.fk.wide == WideKernel::Seesaw

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use specmla_core::backend::{TargetOutput, TargetTensors};
 use specmla_core::block_pool::PAD_SLOT;
 use specmla_core::fault::Fault;
+use specmla_core::invariant_launch::largest_split_count;
 use specmla_core::plan::StepPlan;
 
 use super::{as_i32, AttendFn, CacheOf, DecodeLaunch, GpuBackend, Region, Result, SplitForm};
@@ -426,7 +427,7 @@ fn kernel_table_rows(plan: &StepPlan) -> usize {
 
 /// The grid of a run of decode rows whose split counts are `counts`: its largest count.
 fn run_grid(counts: &[u32]) -> SplitForm {
-    SplitForm::Grid(counts.iter().map(|&n| n as usize).max().unwrap_or(1).max(1))
+    SplitForm::Grid(largest_split_count(counts.iter().copied()))
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use specmla_core::balanced::{fast_decode_plan, BalancedPolicy, FastPlan};
-use specmla_core::invariant_launch::{invariant_launch, splits_of, InvariantLaunch};
+use specmla_core::invariant_launch::{
+    invariant_launch, largest_split_count, splits_of, InvariantLaunch,
+};
 use specmla_core::split::{equal_split_plan, fast_split_plan, invariant_split_plan};
 use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel, FLASH_ROWS};
 use specmla_gpu::{GpuDevice, GpuError};
@@ -443,22 +445,25 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             // persistent kernel on the same splits.
             let lens = vec![s.context as u32; s.batch];
             let policy = invariant_split_plan(s.q_len * s.heads, FLASH_ROWS);
-            let picked =
-                match invariant_launch(&splits_of(&lens, policy), row_blocks, sms, &resident) {
-                    InvariantLaunch::Persistent(p) if fk.wide == WideKernel::Seesaw => {
-                        FlashVariant {
-                            balanced: Some(p),
-                            invariant: true,
-                            ..v(fk.wide, policy.into(), "invariant")
-                        }
-                    }
-                    InvariantLaunch::Grid { max_splits } => FlashVariant {
-                        grid_splits: Some(max_splits),
-                        ..v(fk.wide, policy.into(), "invariant")
-                    },
-                    // Off the seesaw kernel there is no persistent launch.
-                    InvariantLaunch::Persistent(_) => v(fk.wide, policy.into(), "invariant"),
-                };
+            let splits = splits_of(&lens, policy);
+            let largest = largest_split_count(splits.iter().map(|&(_, n)| n));
+            let picked = match invariant_launch(&splits, row_blocks, sms, &resident) {
+                InvariantLaunch::Persistent(p) if fk.wide == WideKernel::Seesaw => FlashVariant {
+                    balanced: Some(p),
+                    invariant: true,
+                    ..v(fk.wide, policy.into(), "invariant")
+                },
+                InvariantLaunch::Grid { max_splits } => FlashVariant {
+                    grid_splits: Some(max_splits),
+                    ..v(fk.wide, policy.into(), "invariant")
+                },
+                // Off the seesaw kernel there is no persistent launch: the grid of the
+                // largest split count, as the engine's eager launches take it.
+                InvariantLaunch::Persistent(_) => FlashVariant {
+                    grid_splits: Some(largest),
+                    ..v(fk.wide, policy.into(), "invariant")
+                },
+            };
             variants.push(picked);
             variants.push(v(fk.wide, invariant(&s), "inv-graph"));
             if fk.wide == WideKernel::Seesaw {
