@@ -22,7 +22,7 @@
 // its right blocks and rope when warpgroup 1 has. A warpgroup takes a tile's blocks in the
 // order they free up.
 
-#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 23 * 8 + 16)
+#define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 19 * 8 + 16)
 // Two warpgroups of products and softmax, then one that issues the copies (the copy
 // warpgroup), with its registers handed to the other two.
 #define FS_THREADS 384
@@ -40,6 +40,9 @@ static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 
 #define FS_BAR_GROUP 5
 // Both product warpgroups (256 threads), where the copy warpgroup still runs: an item's end.
 #define FS_BAR_ALL 7
+// Blocks free to reload: reload event e's named barrier (FS_BAR_FREE + e, 160 threads), where
+// a product warpgroup's four warps arrive and copy warp e waits (see release).
+#define FS_BAR_FREE 8
 // How far (log2 units) a tile's maximum may pass the running one before it moves (raise_max).
 #define FS_MAX_SLACK 8.f
 
@@ -219,9 +222,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     float* max_b = max_a + 64;                                         // [64] m after tile B
     float* red = max_b + 64;                                           // [2][64] row sums
     const unsigned bars = smem_addr(red + 2 * 64);                     // [stage][block] mbarriers
-    const unsigned empties = bars + 18 * 8;                            // [4] blocks free to reload
-    const unsigned q_full = empties + 4 * 8;                           // a later item's Q in
-    int* last = (int*)(red + 2 * 64 + 2 * 23);
+    const unsigned q_full = bars + 18 * 8;                             // a later item's Q in
+    int* last = (int*)(red + 2 * 64 + 2 * 19);
     const unsigned qs_a = smem_addr(qs), ks_a = smem_addr(ks);
     // K-major operands (Q, K, the probabilities) and N-major V, at the start of the Q tile and
     // of stage 0; every product's descriptor is one of these moved by a byte offset.
@@ -391,23 +393,30 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     const unsigned long long order_a = 0x876543210ull, order_b = 0x832107654ull;
     const unsigned left = 0x00F, right_rope = 0x1F0, right = 0x0F0, left_rope = 0x10F;
     // The four reloads of a pair iteration, each the moment its blocks' last reader is done
-    // (empties[e] completes a phase per reload): stage 0's left blocks after warpgroup
+    // (event e, one named barrier each): stage 0's left blocks after warpgroup
     // 0's own P V, its right blocks and rope after warpgroup 1's P_A V_A, stage 1's right
     // blocks after warpgroup 1's own P V, its left blocks and rope after warpgroup 0's
     // P_B V_B. Stage 0 takes tiles 0, 2, 4, ... of each item, stage 1 tiles 1, 3, 5, ...
     auto reload_mask = [&](int e) { return e == 0 ? left : e == 1 ? right_rope : e == 2 ? right : left_rope; };
-    // A warpgroup's products are done with blocks: its first thread, past its own wait (a
-    // wgmma and its group are warpgroup-wide; CUTLASS's sm90 TMA pipelines free a stage's A
-    // and B on one thread's wait per warpgroup the same way, and FlashMLA's decode
-    // (9241ae3) its K tiles), arrives on empties[e] and the copy warpgroup reloads them.
-    // Without the copy warpgroup that thread issues the copies itself (the timeline: 500-650
-    // cycles a reload, its warpgroup's next product waiting).
+    // A warpgroup's products are done with blocks: each of its warps, past its own wait,
+    // arrives on event e's named barrier, where copy warp e sleeps until all four have
+    // (a barrier arrive orders memory; the wait says the products read no more). Without
+    // the copy warpgroup the warpgroup's first thread, past its own wait (a wgmma and its
+    // group are warpgroup-wide; CUTLASS's sm90 TMA pipelines free a stage's A and B on one
+    // thread's wait per warpgroup the same way, and FlashMLA's decode (9241ae3) its K
+    // tiles), issues the copies itself (the timeline: 500-650 cycles a reload, its
+    // warpgroup's next product waiting).
+    // The copy warps waited on mbarriers before (run 219, H100): each polled with a
+    // try_wait and a branch about every 23 cycles, a third of the launch's issued warp
+    // instructions at q 4 (run 167); sleeping at a named barrier instead made the steady
+    // pair iteration about 20 cycles shorter (5504 against 5525 at q 4 B 64 L 8k) and the
+    // launches at 128 heads 0.986-0.997x (16 heads 0.998-1.001x).
     auto release = [&](int e, int t, int entry) {
-        if (tid % 128 != 0) return;
-        if constexpr (kCopyGroup)
-            asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(empties + e * 8) : "memory");
-        else
-            issue(cur, t, reload_mask(e), entry);
+        if constexpr (kCopyGroup) {
+            fs_arrive(FS_BAR_FREE + e, 160);
+        } else {
+            if (tid % 128 == 0) issue(cur, t, reload_mask(e), entry);
+        }
     };
     // The consumer side's block-table reads, where it issues the copies itself.
     auto entry_ahead = [&](int t) {
@@ -444,10 +453,11 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         if (!advance(walk, s) || !advance(walk, s)) return;  // none after the first
         FsWalk now = walk;
         int entry = entry_of(now.c, now.t);
-        for (int k = 0;; ++k) {
+        for (;;) {
             const bool more = advance(walk, s);
             const int entry_next = more ? entry_of(walk.c, walk.t) : -1;  // a wait ahead of its copy
-            fw_bar_wait(empties + w * 8, k & 1);
+            // Not aligned: lane 0 alone (the others have exited) counts for the warp.
+            asm volatile("barrier.sync %0, 160;\n" ::"r"(FS_BAR_FREE + w) : "memory");
             issue(now.c, now.t, reload_mask(w), entry);
             if (w % 2 == 0) prefetch_l2(now.c, now.t + 2, prefetch_entry(now.c, now.t + 2));
             if (!more) return;
@@ -456,7 +466,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         }
     };
     if (tid == 0) {
-        for (int i = 0; i < 23; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
+        for (int i = 0; i < 19; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bars + i * 8) : "memory");
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();
@@ -738,6 +748,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 reload_max(max_a, m_a);
                 FS_MARK(it, 3);
                 exponentiate(m_a, sum);
+                FS_MARK(it, 11);  // out of order: the exponentials' end (mark 11 is free here)
 #pragma unroll
                 for (int i = 0; i < 2; ++i) {
                     a_a[i] = factor(m[i], m_a[i]);

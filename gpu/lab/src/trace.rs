@@ -50,7 +50,8 @@ pub const EPILOGUE_STEPS: [&str; EPILOGUE_MARKS + 1] = [
 ];
 
 /// What warpgroup 0 does between its marks i and i + 1; the last phase runs from its last
-/// mark (10) to the next iteration's first.
+/// mark (10) to the next iteration's first. Its mark 11, out of order, ends its
+/// exponentials inside phase 3 (only the offsets line shows it).
 pub const WG0_PHASES: [&str; 11] = [
     "tile A's blocks in, scores issued",
     "scores drain",
