@@ -407,7 +407,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // tiles), issues the copies itself (the timeline: 500-650 cycles a reload, its
     // warpgroup's next product waiting).
     // The copy warps waited on mbarriers before (run 219, H100): each polled with a
-    // try_wait and a branch about every 23 cycles, a third of the launch's issued warp
+    // try_wait and a branch about every 23 cycles, a quarter of the launch's executed warp
     // instructions at q 4 (run 167); sleeping at a named barrier instead made the steady
     // pair iteration about 20 cycles shorter (5504 against 5525 at q 4 B 64 L 8k) and the
     // launches at 128 heads 0.986-0.997x (16 heads 0.998-1.001x).
