@@ -410,7 +410,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // try_wait and a branch about every 23 cycles, a quarter of the launch's executed warp
     // instructions at q 4 (run 167); sleeping at a named barrier instead made the steady
     // pair iteration about 20 cycles shorter (5504 against 5525 at q 4 B 64 L 8k) and the
-    // launches at 128 heads 0.986-0.997x (16 heads 0.998-1.001x).
+    // fast launches at 128 heads 0.990-0.997x (every mode 0.986-1.001x; 16 heads
+    // 0.998-1.001x).
     auto release = [&](int e, int t, int entry) {
         if constexpr (kCopyGroup) {
             fs_arrive(FS_BAR_FREE + e, 160);
@@ -484,7 +485,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     if constexpr (kCopyGroup) {
         // The copy warpgroup exits after its last copy. The barriers over the whole CTA
         // after this point then wait for the product warpgroups alone: an exited thread
-        // holds up no barrier (PTX `exit`); the items' own barriers are named, over 256.
+        // holds up no barrier (PTX `exit`); the items' own barriers are named, over 256
+        // (the reloads' FS_BAR_FREE barriers, over 160, count a copy warp until its last copy).
         if (wg == 2) {
             copy_warpgroup();
             return;
