@@ -241,8 +241,8 @@ impl FlashConfig {
 /// two products (each gives wrong outputs: they time what is left); `FW_QK2` splits the
 /// scores into two accumulator chains. On the seesaw kernel `FW_NO_LOAD` does the same,
 /// `FS_GROUP_BARRIERS` puts back a warpgroup barrier before each release of blocks the
-/// warpgroup's products read (the releasing warps' own waits are the default; the 2-warpgroup kernel's issuing
-/// thread's own wait),
+/// warpgroup's products read (by default the releasing warps' own waits, or on the
+/// 2-warpgroup kernel the issuing thread's own wait),
 /// `FS_BT_INPLACE` reads each block-table entry right at its copy instead of ahead of it,
 /// and `FS_TRACE` has one CTA write its timeline over the split partials (`gpu-bench
 /// --timeline`).
