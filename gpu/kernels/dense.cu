@@ -294,3 +294,19 @@ extern "C" __global__ void copy_cols_bf16(const float* __restrict__ src, int ss,
     for (int c = threadIdx.x; c < width; c += THREADS)
         dst[(long long)r * sd + c] = bf16_bits(src[(long long)r * ss + c]);
 }
+
+// The SM clock one thread sees: out = {clock64 cycles, %globaltimer ns} over a spin of at
+// least `spin` cycles, so cycles / ns is the clock in GHz while it ran. gpu-bench reads it
+// right after each timed batch: a throttled device (power cap, thermal slowdown) shows
+// there, and its times are not comparable with a healthy one's.
+extern "C" __global__ void sm_clock(unsigned long long* __restrict__ out, long long spin) {
+    if (blockIdx.x != 0 || threadIdx.x != 0) return;
+    unsigned long long t0, t1;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
+    const long long c0 = clock64();
+    long long c1 = c0;
+    while (c1 - c0 < spin) c1 = clock64();
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t1));
+    out[0] = (unsigned long long)(c1 - c0);
+    out[1] = t1 - t0;
+}

@@ -127,6 +127,9 @@ pub struct GpuDevice {
     pub name: String,
     /// The device's multiprocessor count.
     pub sms: usize,
+    /// The SM clock the device reports as its maximum (CU_DEVICE_ATTRIBUTE_CLOCK_RATE), MHz:
+    /// what a measured clock is compared with.
+    pub boost_clock_mhz: u32,
     /// Bytes every `Buf` allocated on this device so far (never decreased): what a
     /// check compares a computed footprint against.
     pub allocated_bytes: std::sync::atomic::AtomicU64,
@@ -159,6 +162,10 @@ impl GpuDevice {
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
             )
             .map_err(GpuError::driver("reading the SM count"))? as usize;
+        let boost_clock_mhz =
+            ctx.attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+                .map_err(GpuError::driver("reading the SM clock rate"))? as u32
+                / 1000;
         // Hopper's arch-specific features (wgmma, TMA) need the "a" variant.
         let arch = if major == 9 {
             "sm_90a".to_string()
@@ -179,6 +186,7 @@ impl GpuDevice {
             arch,
             name,
             sms,
+            boost_clock_mhz,
             allocated_bytes: std::sync::atomic::AtomicU64::new(0),
         })
     }

@@ -23,6 +23,10 @@ pub const HEADER: [&str; 14] = [
     "pct_gemm",
 ];
 
+/// An optional last column: the SM clock (MHz) `gpu-bench` read right after the row's
+/// timed batch; empty where it was not read. Files written before it have no such column.
+pub const CLOCK_COLUMN: &str = "sm_mhz";
+
 /// Ceiling row: device-to-device copy; `gb_per_s` is read + write bandwidth.
 pub const COPY_KERNEL: &str = "copy";
 /// Ceiling row: bf16 GEMM; `tflop_per_s` is the measured rate.
@@ -87,6 +91,8 @@ pub struct Row {
     pub pct_copy: f64,
     /// Compute rate as a percentage of the GEMM ceiling.
     pub pct_gemm: f64,
+    /// The SM clock after the row's timed batch, MHz, where the file has it.
+    pub sm_mhz: Option<f64>,
 }
 
 impl Row {
@@ -171,7 +177,14 @@ impl Bench {
             }
             Some(r) => r.map_err(csv_error)?,
         };
-        if !header.iter().eq(HEADER.iter().copied()) {
+        let with_clock =
+            header.len() == HEADER.len() + 1 && header.get(HEADER.len()) == Some(CLOCK_COLUMN);
+        let columns = if with_clock {
+            HEADER.len() + 1
+        } else {
+            HEADER.len()
+        };
+        if !header.iter().take(HEADER.len()).eq(HEADER.iter().copied()) || header.len() != columns {
             return Err(PlotError::Header {
                 path: path.to_string(),
                 line: line_of(&header, text),
@@ -182,7 +195,7 @@ impl Bench {
         let mut rows = Vec::new();
         for record in records {
             let record = record.map_err(csv_error)?;
-            rows.push(parse_row(&record, line_of(&record, text), path)?);
+            rows.push(parse_row(&record, line_of(&record, text), path, columns)?);
         }
         if rows.is_empty() {
             return Err(PlotError::NoRows {
@@ -251,7 +264,7 @@ fn header_problem(found: &[&str]) -> String {
     let unknown: Vec<&str> = found
         .iter()
         .copied()
-        .filter(|c| !HEADER.contains(c))
+        .filter(|c| !HEADER.contains(c) && *c != CLOCK_COLUMN)
         .collect();
     let mut parts = Vec::new();
     if !missing.is_empty() {
@@ -262,20 +275,26 @@ fn header_problem(found: &[&str]) -> String {
     }
     if parts.is_empty() {
         parts.push(format!(
-            "columns out of order (expected `{}`)",
+            "columns out of order (expected `{}`, optionally then `{CLOCK_COLUMN}`)",
             HEADER.join(",")
         ));
     }
     parts.join("; ")
 }
 
-fn parse_row(record: &csv::StringRecord, line: u64, path: &str) -> Result<Row, PlotError> {
-    if record.len() != HEADER.len() {
+/// One data line of a file whose header has `columns` columns (with or without the clock).
+fn parse_row(
+    record: &csv::StringRecord,
+    line: u64,
+    path: &str,
+    columns: usize,
+) -> Result<Row, PlotError> {
+    if record.len() != columns {
         return Err(PlotError::FieldCount {
             path: path.to_string(),
             line,
             found: record.len(),
-            expected: HEADER.len(),
+            expected: columns,
         });
     }
     let field = |column: usize| Field {
@@ -304,6 +323,10 @@ fn parse_row(record: &csv::StringRecord, line: u64, path: &str) -> Result<Row, P
         tflop_per_s: field(11).float()?,
         pct_copy: field(12).float()?,
         pct_gemm: field(13).float()?,
+        sm_mhz: match record.get(HEADER.len()) {
+            None | Some("") => None,
+            Some(_) => Some(field(HEADER.len()).float()?),
+        },
     })
 }
 
@@ -322,7 +345,7 @@ impl Field<'_> {
             path: self.path.to_string(),
             line: self.line,
             column: self.column + 1,
-            name: HEADER[self.column],
+            name: HEADER.get(self.column).copied().unwrap_or(CLOCK_COLUMN),
             reason,
         }
     }
@@ -437,6 +460,38 @@ mod tests {
         assert_eq!(err.to_string(), "t.csv line 2: 11 fields, expected 14");
     }
 
+    /// `gpu-bench` now ends each row with the SM clock it read after the row's batch (empty
+    /// where unread); files without the column still parse, and the column is checked like
+    /// any other.
+    #[test]
+    fn clock_column_is_optional_and_read() {
+        let head = format!("{},sm_mhz\n", HEAD.trim_end());
+        let body = "gemm_bf16,ceiling,0,0,0,0,0,0,0,0,0,700,0,100,1848\n\
+                    decode,fast,128,4,64,8192,64,1,1,1,1,1,1,1,\n";
+        let b = Bench::parse(format!("{head}{body}").as_bytes(), "t.csv").unwrap();
+        assert_eq!(b.rows[0].sm_mhz, Some(1848.0));
+        assert_eq!(b.rows[1].sm_mhz, None);
+        assert_eq!(
+            parse("decode,fast,1,4,64,8192,64,1,1,1,1,1,1,1\n")
+                .unwrap()
+                .rows[0]
+                .sm_mhz,
+            None
+        );
+        let bad = format!("{head}decode,fast,1,4,64,8192,64,1,1,1,1,1,1,1,slow\n");
+        let err = Bench::parse(bad.as_bytes(), "t.csv").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "t.csv line 2, column 15 (sm_mhz): `slow` is not a number"
+        );
+        // A clock value under a header without the column is one field too many.
+        let err = parse("decode,fast,1,4,64,8192,64,1,1,1,1,1,1,1,1848\n").unwrap_err();
+        assert_eq!(err.to_string(), "t.csv line 2: 15 fields, expected 14");
+        // The clock column only last.
+        let err = Bench::parse(b"sm_mhz,kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm\n", "t.csv").unwrap_err();
+        assert!(err.to_string().contains("columns out of order"), "{err}");
+    }
+
     #[test]
     fn header_must_match_exactly() {
         let err = Bench::parse(b"kernel,mode,heads\ndecode,fast,1\n", "t.csv").unwrap_err();
@@ -461,7 +516,7 @@ mod tests {
             "t.csv has its header but no data rows: nothing to draw"
         );
         let err = Bench::parse(b"kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_gemm,pct_copy\n", "t.csv").unwrap_err();
-        assert!(err.to_string().ends_with("columns out of order (expected `kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm`)"), "{err}");
+        assert!(err.to_string().ends_with("columns out of order (expected `kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm`, optionally then `sm_mhz`)"), "{err}");
         let err = Bench::parse(b"kernel,mode\n", "t.csv").unwrap_err();
         assert!(
             err.to_string().contains("missing column(s) heads, q_len"),

@@ -24,7 +24,7 @@ use specmla_gpu::ops::{
 
 /// Header of the CSV `gpu-bench` writes (and `plots` reads).
 pub const CSV_HEADER: &str =
-    "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm";
+    "kernel,mode,heads,q_len,batch,context,page,time_us,bytes,flops,gb_per_s,tflop_per_s,pct_copy,pct_gemm,sm_mhz";
 
 /// One attention shape of the sweep.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,6 +58,8 @@ pub struct Measurement {
     pub time_us: f64,
     pub bytes: f64,
     pub flops: f64,
+    /// The SM clock right after this row's timed batch (`gpu-bench` stamps it), MHz.
+    pub sm_mhz: Option<f64>,
 }
 
 /// The measured ceilings of this run.
@@ -76,7 +78,7 @@ impl Measurement {
     pub fn tflop_per_s(&self) -> f64 {
         self.flops / self.time_us / 1e6
     }
-    /// The CSV row, with percentages of the ceilings.
+    /// The CSV row, with percentages of the ceilings and the clock (empty where unread).
     pub fn csv(&self, c: &Ceilings) -> String {
         let s = self.shape.unwrap_or(BenchShape {
             heads: 0,
@@ -87,7 +89,7 @@ impl Measurement {
         });
         let (gb, tf) = (self.gb_per_s(), self.tflop_per_s());
         format!(
-            "{},{},{},{},{},{},{},{:.3},{:.0},{:.0},{:.2},{:.3},{:.2},{:.2}",
+            "{},{},{},{},{},{},{},{:.3},{:.0},{:.0},{:.2},{:.3},{:.2},{:.2},{}",
             self.kernel,
             self.mode,
             s.heads,
@@ -101,7 +103,8 @@ impl Measurement {
             gb,
             tf,
             100.0 * gb / c.copy_gb_per_s,
-            100.0 * tf / c.gemm_tflop_per_s
+            100.0 * tf / c.gemm_tflop_per_s,
+            self.sm_mhz.map_or(String::new(), |m| format!("{m:.0}"))
         )
     }
 }
@@ -463,6 +466,7 @@ pub fn bench_flash(
             time_us: t,
             bytes: s.bytes(),
             flops: s.flops(),
+            sm_mhz: None,
         })
         .collect())
 }
@@ -526,6 +530,7 @@ pub fn bench_baseline_decode(
         time_us: t,
         bytes: s.bytes(),
         flops: s.flops(),
+        sm_mhz: None,
     })
 }
 
@@ -626,5 +631,6 @@ pub fn bench_prefill_path(
         time_us: t,
         bytes: s.bytes(),
         flops: s.flops(),
+        sm_mhz: None,
     })
 }

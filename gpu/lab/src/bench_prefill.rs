@@ -186,6 +186,7 @@ pub fn bench_flash_prefill(
             time_us: t,
             bytes: c.bytes(),
             flops: c.flops(),
+            sm_mhz: None,
         })
         .collect())
 }
@@ -293,5 +294,6 @@ pub fn bench_prefill_spec_step(
         time_us: t,
         bytes: s.bytes(),
         flops: case.flops() + 2.0 * (keys * 512 * h * 256) as f64,
+        sm_mhz: None,
     })
 }

@@ -1211,7 +1211,10 @@ pub fn run_all(dev: &GpuDevice) -> Result<Vec<CaseResult>, GpuError> {
             ..build.clone()
         },
     )?;
-    let mut results = vec![check_out_of_memory(dev)];
+    let mut results = vec![
+        check_out_of_memory(dev),
+        crate::clock::check_sm_clock(dev, &k)?,
+    ];
     results.extend(crate::checks_dense::run_dense(dev, &k)?);
     results.extend(crate::checks_weights::run_weights(dev, &k)?);
     for (i, (dim, tokens)) in [(40, 1), (40, 37), (576, 130)].into_iter().enumerate() {

@@ -13,6 +13,7 @@ pub mod checks_dense;
 pub mod checks_gemm;
 pub mod checks_prefill;
 pub mod checks_weights;
+pub mod clock;
 pub mod invariance;
 pub mod reference;
 pub mod trace;

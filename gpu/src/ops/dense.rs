@@ -505,6 +505,24 @@ impl Kernels {
     }
 
     /// Sets the first `n` values of `x` to `v`.
+    /// The SM clock in MHz now: one thread's `clock64` cycles over `%globaltimer`
+    /// nanoseconds while it spins for `spin_cycles` cycles (waits for the stream). Launched
+    /// right after a timed batch it reads the clock that batch ran at, which a power cap or
+    /// a thermal slowdown lowers.
+    pub fn sm_clock_mhz(&self, dev: &GpuDevice, spin_cycles: u32) -> Result<f64, GpuError> {
+        let out = crate::launch::Buf::<u64>::uninit(dev, 2, "SM clock probe")?;
+        let args = [out.ptr().into(), Arg::I64(i64::from(spin_cycles))];
+        // SAFETY: argument list matches sm_clock; its one working thread writes 2 values.
+        unsafe { self.go(dev, "sm_clock", (1, 1), &args)? };
+        let got = out.read(dev, 2)?;
+        if got[1] == 0 {
+            return Err(GpuError::NoDevice(
+                "the SM clock probe saw no global-timer tick".into(),
+            ));
+        }
+        Ok(got[0] as f64 * 1e3 / got[1] as f64)
+    }
+
     pub fn fill(&self, dev: &GpuDevice, x: DPtr<f32>, v: f32, n: usize) -> Result<(), GpuError> {
         x.need(n);
         let args = [x.into(), v.into(), n.into()];

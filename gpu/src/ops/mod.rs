@@ -39,7 +39,7 @@ pub const KERNEL_SRC: [&str; 3] = [
     include_str!("../../kernels/dense.cu"),
 ];
 
-const NAMES: [&str; 28] = [
+const NAMES: [&str; 29] = [
     "init_f32",
     "init_bf16_t",
     "init_kv_b",
@@ -68,6 +68,7 @@ const NAMES: [&str; 28] = [
     "fill",
     "gather_rows2",
     "row_digest",
+    "sm_clock",
 ];
 
 pub use specmla_core::config::MlaDims;

@@ -20,6 +20,7 @@ use specmla_gpu_lab::bench::{
 };
 use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, bench_prefill_spec_step, PrefillCase};
 use specmla_gpu_lab::bench_step::{bench_prefill_step, bench_verify_step};
+use specmla_gpu_lab::clock::ClockWatch;
 use specmla_gpu_lab::trace::seesaw_timeline;
 use specmla_sim::step_bench::VerifyBench;
 
@@ -337,6 +338,8 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     let k = Kernels::load(&dev)?;
     let fk = FlashKernels::load(&dev)?;
     let c = ceilings(&dev, cli.quick)?;
+    let mut clock = ClockWatch::new(&dev);
+    let ceiling_mhz = clock.stamp(&dev, &k, "the ceilings", &mut [])?;
     println!(
         "device: {} ({}, {sms} SMs); wide rows on {}, decode rows in {} (SPECMLA_FLASH_OUT); flash_decode {:?}",
         dev.name,
@@ -346,8 +349,8 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
         fk.flash
     );
     println!(
-        "ceilings: copy {:.0} GB/s (read + write), bf16 GEMM {:.1} TFLOP/s",
-        c.copy_gb_per_s, c.gemm_tflop_per_s
+        "ceilings: copy {:.0} GB/s (read + write), bf16 GEMM {:.1} TFLOP/s; SM clock after them {ceiling_mhz:.0} MHz (maximum {} MHz)",
+        c.copy_gb_per_s, c.gemm_tflop_per_s, dev.boost_clock_mhz
     );
     // Groups of n split CTAs resident at once, n = 0..=256 (index 0 unused); the driver
     // counts clusters, which must fit in a GPC.
@@ -389,7 +392,9 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
         for heads in or(&cli.heads, &[128, 16]) {
             let cases = PrefillCase::standard(heads).into_iter();
             for case in cases.chain(PrefillCase::sweep(heads)) {
-                for m in bench_flash_prefill(&dev, &k, &fk, case, reps, None)? {
+                let mut got = bench_flash_prefill(&dev, &k, &fk, case, reps, None)?;
+                clock.stamp(&dev, &k, &format!("prefill {case:?}"), &mut got)?;
+                for m in got {
                     print_row(&m, &c);
                     rows.push(m);
                 }
@@ -497,7 +502,10 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                 variants.push(v(WideKernel::Mma, invariant(&s), "invariant"));
             }
         }
-        for m in bench_flash(&dev, &fk, &inp, &variants, reps, &scrub)? {
+        let mut got = bench_flash(&dev, &fk, &inp, &variants, reps, &scrub)?;
+        let what = format!("H {} q {} B {} L {}", s.heads, s.q_len, s.batch, s.context);
+        clock.stamp(&dev, &k, &what, &mut got)?;
+        for m in got {
             print_row(&m, &c);
             rows.push(m);
         }
@@ -532,6 +540,8 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
                     println!("  f32 prefill path {:.1} us", p.time_us);
                     got.push(p);
                 }
+                let what = format!("the spec step B {batch} L {context} q {q_len}");
+                clock.stamp(&dev, &k, &what, &mut got)?;
                 for m in got {
                     print_row(&m, &c);
                     rows.push(m);
@@ -545,11 +555,14 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
             context: 4096,
             page: cli.page,
         };
-        let m = bench_baseline_decode(&dev, &k, s, 3)?;
+        let mut m = [bench_baseline_decode(&dev, &k, s, 3)?];
+        clock.stamp(&dev, &k, "the baseline decode", &mut m)?;
+        let [m] = m;
         print_row(&m, &c);
         rows.push(m);
     }
-    write_csv(&cli.csv, &c, &rows)
+    println!("{}", clock.summary());
+    write_csv(&cli.csv, (&c, ceiling_mhz), &rows)
         .map_err(|e| GpuError::NoDevice(format!("writing {}: {e}", cli.csv.display())))?;
     println!("wrote {}", cli.csv.display());
     Ok(())
@@ -604,17 +617,22 @@ fn timelines(
     Ok(())
 }
 
-fn write_csv(path: &std::path::Path, c: &Ceilings, rows: &[Measurement]) -> std::io::Result<()> {
+/// The CSV: the ceilings (with the clock read right after them), then `rows`.
+fn write_csv(
+    path: &std::path::Path,
+    (c, ceiling_mhz): (&Ceilings, f64),
+    rows: &[Measurement],
+) -> std::io::Result<()> {
     let mut f = std::io::BufWriter::new(std::fs::File::create(path)?);
     writeln!(f, "{CSV_HEADER}")?;
     writeln!(
         f,
-        "copy,ceiling,0,0,0,0,0,0,0,0,{:.2},0,100,0",
+        "copy,ceiling,0,0,0,0,0,0,0,0,{:.2},0,100,0,{ceiling_mhz:.0}",
         c.copy_gb_per_s
     )?;
     writeln!(
         f,
-        "gemm_bf16,ceiling,0,0,0,0,0,0,0,0,0,{:.3},0,100",
+        "gemm_bf16,ceiling,0,0,0,0,0,0,0,0,0,{:.3},0,100,{ceiling_mhz:.0}",
         c.gemm_tflop_per_s
     )?;
     for m in rows {

@@ -1,0 +1,131 @@
+//! The SM clock behind `gpu-bench`'s times: the probe kernel's reading right after each
+//! timed batch, kept with the batch's rows, and a warning where the device ran throttled.
+//! A healthy H100 read 94-102% of its reported maximum after the table's shapes (its power
+//! cap lowest on the long ones); one in thermal slowdown was seen at 17-49% (BENCHMARKS,
+//! twentieth section), with times up to 4.6x a healthy machine's. Times from such a run are not comparable with anything, so the clock
+//! goes into the CSV and a low one is said out loud.
+
+use specmla_gpu::device::{GpuDevice, GpuError};
+use specmla_gpu::ops::Kernels;
+
+use crate::bench::Measurement;
+use crate::checks::CaseResult;
+
+/// Cycles the probe spins for: about 0.2 ms, long against the global timer's tick.
+pub const PROBE_SPIN_CYCLES: u32 = 400_000;
+
+/// Below this share of the device's maximum clock a batch counts as throttled. A power
+/// cap alone kept the H100 at 88-102% in our calls (nvidia-smi and this probe); thermal
+/// slowdown went far lower.
+pub const THROTTLED_SHARE: f64 = 0.75;
+
+/// The warning for a batch that ran at `mhz` on a device whose maximum is `max_mhz`, or
+/// `None` when the clock was healthy (or the maximum is unknown).
+pub fn throttle_warning(mhz: f64, max_mhz: f64, what: &str) -> Option<String> {
+    (max_mhz > 0.0 && mhz < THROTTLED_SHARE * max_mhz).then(|| {
+        format!(
+            "warning: the SM clock was {mhz:.0} MHz after {what}, {:.0}% of the device's \
+             {max_mhz:.0} MHz: the GPU is throttled (thermal or power), and times from this \
+             run are not comparable with another's",
+            100.0 * mhz / max_mhz
+        )
+    })
+}
+
+/// The clock readings of one `gpu-bench` run.
+pub struct ClockWatch {
+    max_mhz: f64,
+    /// The lowest reading so far and what it followed.
+    lowest: Option<(f64, String)>,
+}
+
+impl ClockWatch {
+    pub fn new(dev: &GpuDevice) -> Self {
+        Self {
+            max_mhz: f64::from(dev.boost_clock_mhz),
+            lowest: None,
+        }
+    }
+
+    /// Reads the clock now (after `what`), stamps it on `rows`, warns on stderr where it is
+    /// throttled, and returns it.
+    pub fn stamp(
+        &mut self,
+        dev: &GpuDevice,
+        k: &Kernels,
+        what: &str,
+        rows: &mut [Measurement],
+    ) -> Result<f64, GpuError> {
+        let mhz = k.sm_clock_mhz(dev, PROBE_SPIN_CYCLES)?;
+        for r in rows.iter_mut() {
+            r.sm_mhz = Some(mhz);
+        }
+        if let Some(w) = throttle_warning(mhz, self.max_mhz, what) {
+            eprintln!("{w}");
+        }
+        if self.lowest.as_ref().is_none_or(|(m, _)| mhz < *m) {
+            self.lowest = Some((mhz, what.to_string()));
+        }
+        Ok(mhz)
+    }
+
+    /// One line on the run's clock: its lowest reading against the maximum.
+    pub fn summary(&self) -> String {
+        match &self.lowest {
+            None => "SM clock: not read".into(),
+            Some((mhz, what)) => format!(
+                "SM clock: lowest {mhz:.0} MHz ({:.0}% of the device's {:.0} MHz), after {what}{}",
+                100.0 * mhz / self.max_mhz.max(1.0),
+                self.max_mhz,
+                if throttle_warning(*mhz, self.max_mhz, what).is_some() {
+                    ": THROTTLED"
+                } else {
+                    ""
+                }
+            ),
+        }
+    }
+}
+
+/// `gpu-test`'s check of the probe: two readings (spins of 0.2 and 0.8 M cycles) must lie
+/// between 50 MHz and 5% over the device's maximum and within 10% of each other (the clock
+/// may move between them, not by more on an idle device). A unit slip (kHz for MHz, a
+/// timer read in the wrong order) lands far outside.
+pub fn check_sm_clock(dev: &GpuDevice, k: &Kernels) -> Result<CaseResult, GpuError> {
+    let short = k.sm_clock_mhz(dev, PROBE_SPIN_CYCLES / 2)?;
+    let long = k.sm_clock_mhz(dev, PROBE_SPIN_CYCLES * 2)?;
+    let max = f64::from(dev.boost_clock_mhz);
+    let plausible = |m: f64| (50.0..=1.05 * max).contains(&m);
+    let spread = (short - long).abs() / long.max(1.0);
+    Ok(CaseResult {
+        kernel: "sm_clock",
+        case: format!("{short:.0} and {long:.0} MHz, maximum {max:.0} MHz"),
+        max_rel_err: spread,
+        passed: plausible(short) && plausible(long) && spread <= 0.10,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The readings of our calls: a power cap (1835-1848 of 1980 MHz, run 227) is no
+    /// warning; the thermal slowdown of run 228 (345-970 MHz) is.
+    #[test]
+    fn power_cap_passes_and_thermal_slowdown_warns() {
+        for mhz in [1835.0, 1848.0, 1980.0, 1500.0] {
+            assert_eq!(throttle_warning(mhz, 1980.0, "x"), None, "{mhz}");
+        }
+        for mhz in [345.0, 970.0, 1480.0] {
+            let w = throttle_warning(mhz, 1980.0, "H 128 q 4 B 64 L 4096").expect("throttled");
+            assert!(w.contains("after H 128 q 4 B 64 L 4096"), "{w}");
+            assert!(w.starts_with("warning: the SM clock was"), "{w}");
+        }
+    }
+
+    /// A device that reports no maximum gives no warning rather than a false one.
+    #[test]
+    fn unknown_maximum_never_warns() {
+        assert_eq!(throttle_warning(100.0, 0.0, "x"), None);
+    }
+}
