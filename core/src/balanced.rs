@@ -60,7 +60,9 @@ pub enum FastPlan {
 /// of 64 keys): the cheaper, by the cost model, of the split plan and FlashMLA's balanced
 /// schedule. The split plan costs its waves times a CTA's tiles and overhead; the balanced
 /// one its parts' share of the tiles, `one_split_tiles` a request, rounded up, plus
-/// `overhead.balanced_tiles` (its cut pieces' partials and their combine). Ties take the
+/// `overhead.balanced_tiles` (its cut pieces' partials and their combine), or
+/// `overhead.balanced_one_wave_tiles` against a split plan of several splits that fits one
+/// wave (a small batch: fewer requests cut, against splits that merge too). Ties take the
 /// split plan. The balanced schedule wins where a last wave would run part full (at 128
 /// heads q 2, B 40: 160 row blocks on 132 multiprocessors) and loses where the waves are
 /// whole or nearly so (its partials then cost more than the idle multiprocessors).
@@ -78,7 +80,13 @@ pub fn fast_decode_plan(
         return FastPlan::Split(split);
     }
     let tiles = context.div_ceil(policy.tile_keys).max(1) + overhead.one_split_tiles;
-    let balanced_cost = (batch * tiles).div_ceil(policy.parts) + overhead.balanced_tiles;
+    let split_one_wave = split.max_splits > 1 && groups <= resident(split.max_splits);
+    let fixed = if split_one_wave {
+        overhead.balanced_one_wave_tiles
+    } else {
+        overhead.balanced_tiles
+    };
+    let balanced_cost = (batch * tiles).div_ceil(policy.parts) + fixed;
     if balanced_cost < split_cost {
         FastPlan::Balanced(policy)
     } else {
@@ -466,6 +474,60 @@ mod tests {
         ] {
             let plan = fast_decode_plan((b, (q * h).div_ceil(64), l), 132, &h100, overhead);
             assert!(matches!(plan, FastPlan::Split(_)), "{h} {q} {b} {l}");
+        }
+    }
+
+    /// Small verify batches, where the split plan fits one wave with several splits: run 230
+    /// on the H100 (`gpu-bench --sweep-splits`), the balanced schedule (piece cost 5)
+    /// against the plan's split count, as (heads, q_len, batch, context, balanced faster).
+    /// 12 tiles is the only balanced overhead that tells the faster at all 11.
+    #[test]
+    fn the_fast_plan_at_small_verify_batches() {
+        use crate::split::{h100_resident_groups as h100, H100_OVERHEAD};
+        let balanced = |(h, q, b, l): (usize, usize, usize, usize), o| {
+            let plan = fast_decode_plan((b, (q * h).div_ceil(64), l), 132, &h100, o);
+            matches!(plan, FastPlan::Balanced(_))
+        };
+        let fit = [
+            ((128, 1, 4, 4096), false),  // 33.6 against 8 splits' 31.6 us
+            ((128, 1, 8, 4096), false),  // 40.8 / 6 splits' 38.1
+            ((128, 1, 16, 4096), true),  // 55.1 / 3 splits' 57.0
+            ((128, 2, 4, 4096), false),  // 37.4 / 6 splits' 37.1
+            ((128, 2, 8, 4096), true),   // 50.0 / 3 splits' 55.1
+            ((128, 2, 16, 4096), false), // 78.1 / 2 splits' 75.6
+            ((128, 4, 4, 4096), true),   // 52.2 / 3 splits' 54.8
+            ((128, 4, 8, 4096), false),  // 80.3 / 2 splits' 73.6
+            ((128, 4, 16, 4096), false), // 116.8 / 1 split's 116.4
+            ((128, 2, 8, 16384), true),  // 128.2 / 3 splits' 165.5
+            ((128, 4, 4, 16384), true),  // 129.2 / 3 splits' 165.7
+        ];
+        for (shape, faster) in fit {
+            assert_eq!(balanced(shape, H100_OVERHEAD), faster, "{shape:?}");
+        }
+        for other in [11, 13] {
+            let o = CtaOverhead {
+                balanced_one_wave_tiles: other,
+                ..H100_OVERHEAD
+            };
+            assert!(fit.iter().any(|&(sh, f)| balanced(sh, o) != f), "{other}");
+        }
+        // Shapes it was not fitted on (run 231): right at 9 of 11; at 16 heads q 4 B 8 it
+        // takes the balanced schedule (51.2 against 8 splits' 50.0 us) and at 16 heads q 1
+        // B 16 the split plan (6 splits' 45.5 against 44.4).
+        for (shape, faster) in [
+            ((128, 1, 2, 4096), true),   // 30.4 / 8 splits' 31.9
+            ((128, 1, 6, 4096), false),  // 37.8 / 8 splits' 34.8
+            ((128, 1, 12, 4096), false), // 47.5 / 4 splits' 45.0
+            ((128, 2, 6, 4096), false),  // 42.8 / 4 splits' 42.2
+            ((128, 2, 12, 8192), true),  // 104.3 / 2 splits' 126.8
+            ((128, 4, 2, 4096), false),  // 37.2 / 6 splits' 36.9
+            ((128, 4, 6, 4096), true),   // 64.6 / 2 splits' 71.2
+            ((16, 1, 4, 8192), true),    // 36.3 / 8 splits' 44.0
+            ((128, 1, 4, 16384), true),  // 54.3 / 8 splits' 69.7
+            ((16, 4, 8, 8192), true),    // the miss: 51.2 / 50.0
+            ((16, 1, 16, 4096), false),  // the miss: 44.4 / 45.5
+        ] {
+            assert_eq!(balanced(shape, H100_OVERHEAD), faster, "{shape:?}");
         }
     }
 

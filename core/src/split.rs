@@ -148,19 +148,23 @@ pub struct CtaOverhead {
     /// A CTA of a launch of 2 to `priced_splits` splits a request.
     pub split_tiles: usize,
     /// The most splits `split_tiles` prices: more merge another way (through L2, at a
-    /// cost it does not hold), and past one wave the plan does not take them.
+    /// cost it does not hold), and the plan never takes them, in one wave or past it.
     pub priced_splits: usize,
     /// A balanced launch (`balanced::fast_decode_plan`), beyond its parts' tiles and a
     /// `one_split_tiles` a piece: its cut pieces' partial stores and their combine.
     pub balanced_tiles: usize,
+    /// The same against a split plan of several splits that fits one wave.
+    pub balanced_one_wave_tiles: usize,
 }
 
 /// The fast plan, which may look at the batch, at most one split per 256 keys. `groups` is
 /// the launch's CTA groups (requests x blocks of query rows); `resident(n)` is how many
 /// groups of n split CTAs the device runs at once (SMs / n, or fewer where clusters of n
 /// must fit in a GPC).
-/// - Where some count fits one wave: the most splits that do (what `gpu-bench
-///   --sweep-splits` found best at every such shape).
+/// - Where some count up to `overhead.priced_splits` fits one wave: the most splits that
+///   do (what `gpu-bench --sweep-splits` found best at every such shape). More would fit
+///   a tiny batch's wave too, but past what a cluster merges the splits merge through L2:
+///   at 128 heads q 1 B 4 L 4k the 16 splits that fit took 56.0 µs, 8 took 31.6 (run 230).
 /// - Past one wave, where a last, part-full wave costs a whole one: the count up to
 ///   `overhead.priced_splits` with the least `ceil(groups / resident(n))` waves times a
 ///   split's tiles plus a CTA's overhead, ties to fewer splits. A few splits can pay for
@@ -197,8 +201,8 @@ pub fn fast_split_choice(
         };
         waves * (tiles + fixed)
     };
-    let one_wave = (1..=most).filter(|&n| groups <= resident(n)).max();
     let priced = most.min(overhead.priced_splits.max(1));
+    let one_wave = (1..=priced).filter(|&n| groups <= resident(n)).max();
     let splits =
         one_wave.unwrap_or_else(|| (1..=priced).min_by_key(|&n| (cost(n), n)).unwrap_or(1));
     (equal_split_plan(context, splits, tile_keys), cost(splits))
@@ -212,6 +216,7 @@ pub(crate) const H100_OVERHEAD: CtaOverhead = CtaOverhead {
     split_tiles: 8,
     priced_splits: 8,
     balanced_tiles: 20,
+    balanced_one_wave_tiles: 12,
 };
 
 /// Groups of n split CTAs resident at once on the H100, as `gpu-bench` measured them (the
@@ -339,6 +344,34 @@ mod tests {
                 l.div_ceil(split) <= l.div_ceil(256),
                 "{l} in splits of {split}"
             );
+        }
+    }
+
+    /// Small verify batches in one wave: the split count `gpu-bench --sweep-splits` found
+    /// fastest at each (run 230, H100, among the equal split counts; the balanced schedule
+    /// is `balanced::fast_decode_plan`'s choice). q 1 B 4 was the bug: 16 splits fit one
+    /// wave and merged through L2 (56.0 µs against 31.6 for 8).
+    #[test]
+    fn the_fast_plan_at_small_verify_batches() {
+        let h100 = h100_resident_groups;
+        for (shape, best) in [
+            ((128, 1, 4, 4096), 8),
+            ((128, 1, 8, 4096), 6),
+            ((128, 1, 16, 4096), 3),
+            ((128, 2, 4, 4096), 6),
+            ((128, 2, 8, 4096), 3),
+            ((128, 2, 16, 4096), 2),
+            ((128, 4, 4, 4096), 3),
+            ((128, 4, 8, 4096), 2),
+            ((128, 4, 16, 4096), 1),
+            ((128, 2, 8, 16384), 3),
+            ((128, 4, 4, 16384), 3),
+        ] {
+            assert_eq!(fast(shape, &h100).1, best, "{shape:?}");
+        }
+        // However few the groups, no more splits than a cluster merges.
+        for b in 1..=8 {
+            assert!(fast((16, 1, b, 65536), &h100).1 <= 8, "B {b}");
         }
     }
 

@@ -295,18 +295,29 @@ extern "C" __global__ void copy_cols_bf16(const float* __restrict__ src, int ss,
         dst[(long long)r * sd + c] = bf16_bits(src[(long long)r * ss + c]);
 }
 
-// The SM clock one thread sees: out = {clock64 cycles, %globaltimer ns} over a spin of at
-// least `spin` cycles, so cycles / ns is the clock in GHz while it ran. gpu-bench reads it
-// right after each timed batch: a throttled device (power cap, thermal slowdown) shows
-// there, and its times are not comparable with a healthy one's.
+// The SM clock one thread sees: out = {clock64 cycles, %globaltimer ns} between two ticks
+// of the global timer at least `spin` cycles apart, so cycles / ns is the clock in GHz while
+// it ran. Both ends wait for the timer to step, so neither reads a value that has stood
+// for a while: read anywhere, the readings ran up to 6% over the device's maximum (runs
+// 229-231); at its steps, up to 3.5% right after a batch and 99.8% of it idle (run 232).
+// gpu-bench reads it right after each timed batch: a throttled device (power cap, thermal
+// slowdown) shows there, and its times are not comparable with a healthy one's.
+__device__ __forceinline__ unsigned long long sm_clock_tick(long long& cycles) {
+    unsigned long long t0, t;
+    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
+    do {
+        asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
+    } while (t == t0);
+    cycles = clock64();
+    return t;
+}
 extern "C" __global__ void sm_clock(unsigned long long* __restrict__ out, long long spin) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
-    unsigned long long t0, t1;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
-    const long long c0 = clock64();
-    long long c1 = c0;
-    while (c1 - c0 < spin) c1 = clock64();
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t1));
+    long long c0, c1;
+    const unsigned long long t0 = sm_clock_tick(c0);
+    while (clock64() - c0 < spin) {
+    }
+    const unsigned long long t1 = sm_clock_tick(c1);
     out[0] = (unsigned long long)(c1 - c0);
     out[1] = t1 - t0;
 }

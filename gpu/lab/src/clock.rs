@@ -1,8 +1,9 @@
 //! The SM clock behind `gpu-bench`'s times: the probe kernel's reading right after each
 //! timed batch, kept with the batch's rows, and a warning where the device ran throttled.
-//! A healthy H100 read 94-102% of its reported maximum after the table's shapes (its power
-//! cap lowest on the long ones); one in thermal slowdown was seen at 17-49% (BENCHMARKS,
-//! twentieth section), with times up to 4.6x a healthy machine's. Times from such a run are not comparable with anything, so the clock
+//! A healthy H100 read 96-104% of its reported maximum after the shapes of run 232 (its
+//! power cap lowest on the long ones; above the maximum right after a batch, unexplained,
+//! 99.8% idle); one in thermal slowdown was seen at 17-49% (BENCHMARKS, twentieth
+//! section), with times up to 4.6x a healthy machine's. Times from such a run are not comparable with anything, so the clock
 //! goes into the CSV and a low one is said out loud.
 
 use specmla_gpu::device::{GpuDevice, GpuError};
@@ -11,11 +12,12 @@ use specmla_gpu::ops::Kernels;
 use crate::bench::Measurement;
 use crate::checks::CaseResult;
 
-/// Cycles the probe spins for: about 0.2 ms, long against the global timer's tick.
-pub const PROBE_SPIN_CYCLES: u32 = 400_000;
+/// Cycles the probe spins for: about 2 ms between two ticks of the global timer (the
+/// kernel's comment says why).
+pub const PROBE_SPIN_CYCLES: u32 = 4_000_000;
 
 /// Below this share of the device's maximum clock a batch counts as throttled. A power
-/// cap alone kept the H100 at 88-102% in our calls (nvidia-smi and this probe); thermal
+/// cap alone kept the H100 at 88-104% in our calls (nvidia-smi and this probe); thermal
 /// slowdown went far lower.
 pub const THROTTLED_SHARE: f64 = 0.75;
 
@@ -87,7 +89,7 @@ impl ClockWatch {
     }
 }
 
-/// `gpu-test`'s check of the probe: two readings (spins of 0.2 and 0.8 M cycles) must lie
+/// `gpu-test`'s check of the probe: two readings (spins of 2 and 8 M cycles) must lie
 /// between 50 MHz and 5% over the device's maximum and within 10% of each other (the clock
 /// may move between them, not by more on an idle device). A unit slip (kHz for MHz, a
 /// timer read in the wrong order) lands far outside.

@@ -780,12 +780,16 @@ impl FlashKernels {
     /// A balanced launch costs 20 tiles beyond its parts' share: fitted to run 134 (20
     /// shapes whose last wave is part full, the balanced schedule against the split counts),
     /// where it tells the faster of the two at every shape; run 135 put 2-17 µs of it in the
-    /// cut pieces' partial stores and 11-16 µs (128 heads) in the combine.
+    /// cut pieces' partial stores and 11-16 µs (128 heads) in the combine. Against a split
+    /// plan of several splits in one wave (small batches) it costs 12: the only count that
+    /// tells the faster launch at the 11 shapes of run 230 (q 1-4, B 4-16), which then picked
+    /// it at 9 of 11 shapes it had not seen (run 231) and lost 2.4% at the other two.
     pub const CTA_OVERHEAD: CtaOverhead = CtaOverhead {
         one_split_tiles: 1,
         split_tiles: 8,
         priced_splits: MAX_CLUSTER_SPLITS,
         balanced_tiles: 20,
+        balanced_one_wave_tiles: 12,
     };
 
     /// Compiles the flash family for `dev` as the lab's environment asks
@@ -1279,9 +1283,10 @@ mod tests {
                 o.one_split_tiles,
                 o.split_tiles,
                 o.priced_splits,
-                o.balanced_tiles
+                o.balanced_tiles,
+                o.balanced_one_wave_tiles
             ),
-            (1, 8, 8, 20)
+            (1, 8, 8, 20, 12)
         );
     }
 
