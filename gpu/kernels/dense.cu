@@ -302,12 +302,15 @@ extern "C" __global__ void copy_cols_bf16(const float* __restrict__ src, int ss,
 // 229-231); at its steps, up to 3.5% right after a batch and 99.8% of it idle (run 232).
 // gpu-bench reads it right after each timed batch: a throttled device (power cap, thermal
 // slowdown) shows there, and its times are not comparable with a healthy one's.
+// (A timer that never steps gives up after 2^26 cycles, about 34 ms: the host then sees
+// no time pass and says so, where an endless wait would hang the bench.)
 __device__ __forceinline__ unsigned long long sm_clock_tick(long long& cycles) {
     unsigned long long t0, t;
     asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t0));
+    const long long give_up = clock64() + (1LL << 26);
     do {
         asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
-    } while (t == t0);
+    } while (t == t0 && clock64() < give_up);
     cycles = clock64();
     return t;
 }
