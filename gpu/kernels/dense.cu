@@ -296,7 +296,7 @@ extern "C" __global__ void copy_cols_bf16(const float* __restrict__ src, int ss,
 }
 
 // The SM clock one thread sees: out = {clock64 cycles, %globaltimer ns} between two ticks
-// of the global timer at least `spin` cycles apart, so cycles / ns is the clock in GHz while
+// of the global timer at least `spin_cycles` cycles apart, so cycles / ns is the clock in GHz while
 // it ran. Both ends wait for the timer to step, so neither reads a value that has stood
 // for a while: read anywhere, the readings ran up to 6% over the device's maximum (runs
 // 229-231); at its steps, up to 3.5% right after a batch and 99.8% of it idle (run 232).
@@ -314,11 +314,11 @@ __device__ __forceinline__ unsigned long long sm_clock_tick(long long& cycles) {
     cycles = clock64();
     return t;
 }
-extern "C" __global__ void sm_clock(unsigned long long* __restrict__ out, long long spin) {
+extern "C" __global__ void sm_clock(unsigned long long* __restrict__ out, long long spin_cycles) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     long long c0, c1;
     const unsigned long long t0 = sm_clock_tick(c0);
-    while (clock64() - c0 < spin) {
+    while (clock64() - c0 < spin_cycles) {
     }
     const unsigned long long t1 = sm_clock_tick(c1);
     out[0] = (unsigned long long)(c1 - c0);

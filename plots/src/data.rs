@@ -5,7 +5,8 @@ use std::path::Path;
 
 use crate::error::PlotError;
 
-/// The header line, field by field, exactly as `gpu-bench` writes it.
+/// The header line, field by field, as `gpu-bench` writes it before its last, optional
+/// column ([`CLOCK_COLUMN`]).
 pub const HEADER: [&str; 14] = [
     "kernel",
     "mode",
@@ -23,8 +24,10 @@ pub const HEADER: [&str; 14] = [
     "pct_gemm",
 ];
 
-/// An optional last column: the SM clock (MHz) `gpu-bench` read right after the row's
-/// timed batch; empty where it was not read. Files written before it have no such column.
+/// An optional last column: the SM clock (MHz) `gpu-bench` read right after the timed
+/// rounds of the row's shape; empty where it was not read. Files written before it have no
+/// such column, and rows appended from a peer's file in the older format (a `flashmla` or
+/// SDPA row, 14 fields) may omit it under a header that has it.
 pub const CLOCK_COLUMN: &str = "sm_mhz";
 
 /// Ceiling row: device-to-device copy; `gb_per_s` is read + write bandwidth.
@@ -282,14 +285,15 @@ fn header_problem(found: &[&str]) -> String {
     parts.join("; ")
 }
 
-/// One data line of a file whose header has `columns` columns (with or without the clock).
+/// One data line of a file whose header has `columns` columns (with or without the clock;
+/// under a header with it, a row may still end before it).
 fn parse_row(
     record: &csv::StringRecord,
     line: u64,
     path: &str,
     columns: usize,
 ) -> Result<Row, PlotError> {
-    if record.len() != columns {
+    if record.len() != columns && record.len() != HEADER.len() {
         return Err(PlotError::FieldCount {
             path: path.to_string(),
             line,
@@ -478,6 +482,12 @@ mod tests {
                 .sm_mhz,
             None
         );
+        // A peer's row appended in the older format: no clock.
+        let mixed = format!("{head}{body}flashmla,splitkv,128,4,64,8192,64,1,1,1,1,1,1,1\n");
+        let b = Bench::parse(mixed.as_bytes(), "t.csv").unwrap();
+        assert_eq!((b.rows.len(), b.rows[2].sm_mhz), (3, None));
+        let err = Bench::parse(format!("{head}decode,fast,1,4\n").as_bytes(), "t.csv").unwrap_err();
+        assert_eq!(err.to_string(), "t.csv line 2: 4 fields, expected 15");
         let bad = format!("{head}decode,fast,1,4,64,8192,64,1,1,1,1,1,1,1,slow\n");
         let err = Bench::parse(bad.as_bytes(), "t.csv").unwrap_err();
         assert_eq!(

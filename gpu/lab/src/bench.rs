@@ -58,7 +58,8 @@ pub struct Measurement {
     pub time_us: f64,
     pub bytes: f64,
     pub flops: f64,
-    /// The SM clock right after this row's timed batch (`gpu-bench` stamps it), MHz.
+    /// The SM clock right after the timed rounds of this row's shape (all its variants;
+    /// `gpu-bench` stamps it), MHz.
     pub sm_mhz: Option<f64>,
 }
 

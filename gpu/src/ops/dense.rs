@@ -504,7 +504,6 @@ impl Kernels {
         unsafe { self.go(dev, "scrub_l2", (1024, 1), &args) }
     }
 
-    /// Sets the first `n` values of `x` to `v`.
     /// The SM clock in MHz now: one thread's `clock64` cycles over `%globaltimer`
     /// nanoseconds while it spins for `spin_cycles` cycles (waits for the stream). Launched
     /// right after a timed batch it reads the clock that batch ran at, which a power cap or
@@ -523,6 +522,7 @@ impl Kernels {
         Ok(got[0] as f64 * 1e3 / got[1] as f64)
     }
 
+    /// Sets the first `n` values of `x` to `v`.
     pub fn fill(&self, dev: &GpuDevice, x: DPtr<f32>, v: f32, n: usize) -> Result<(), GpuError> {
         x.need(n);
         let args = [x.into(), v.into(), n.into()];

@@ -783,7 +783,7 @@ impl FlashKernels {
     /// cut pieces' partial stores and 11-16 µs (128 heads) in the combine. Against a split
     /// plan of several splits in one wave (small batches) it costs 12: the only count that
     /// tells the faster launch at the 11 shapes of run 230 (q 1-4, B 4-16), which then picked
-    /// it at 9 of 11 shapes it had not seen (run 231) and lost 2.4% at the other two.
+    /// it at 9 of 11 shapes it had not seen (run 231) and lost 2.4-2.5% at the other two.
     pub const CTA_OVERHEAD: CtaOverhead = CtaOverhead {
         one_split_tiles: 1,
         split_tiles: 8,
