@@ -22,10 +22,16 @@ pub const PROBE_SPIN_CYCLES: u32 = 4_000_000;
 /// 20-ms samples dipped to 81% (run 229); thermal slowdown went far lower.
 pub const THROTTLED_SHARE: f64 = 0.75;
 
+/// Whether a batch at `mhz` ran throttled on a device whose maximum is `max_mhz` (never
+/// where the maximum is unknown, 0).
+pub fn throttled(mhz: f64, max_mhz: f64) -> bool {
+    mhz < THROTTLED_SHARE * max_mhz
+}
+
 /// The warning for a batch that ran at `mhz` on a device whose maximum is `max_mhz`, or
-/// `None` when the clock was healthy (or the maximum is unknown, 0).
+/// `None` when it was not [`throttled`].
 pub fn throttle_warning(mhz: f64, max_mhz: f64, what: &str) -> Option<String> {
-    (mhz < THROTTLED_SHARE * max_mhz).then(|| {
+    throttled(mhz, max_mhz).then(|| {
         format!(
             "warning: the SM clock was {mhz:.0} MHz after {what}, {:.0}% of the device's \
              {max_mhz:.0} MHz: the GPU is throttled (thermal or power), and times from this \
@@ -88,7 +94,7 @@ impl ClockWatch {
                 "SM clock: lowest {mhz:.0} MHz ({:.0}% of the device's {:.0} MHz), after {what}{}",
                 100.0 * mhz / self.max_mhz.max(1.0),
                 self.max_mhz,
-                if throttle_warning(*mhz, self.max_mhz, what).is_some() {
+                if throttled(*mhz, self.max_mhz) {
                     ": THROTTLED"
                 } else {
                     ""
