@@ -21,6 +21,15 @@
 // done: a stage's left blocks (V columns 0..255) free up when warpgroup 0 has used them,
 // its right blocks and rope when warpgroup 1 has. A warpgroup takes a tile's blocks in the
 // order they free up.
+//
+// Both warpgroups' scores run side by side, and the tensor pipe idles through warpgroup
+// 0's softmax (about 950 cycles of a 5500-cycle pair iteration on the H100). Every order
+// that moved a softmax under the other warpgroup's scores was slower (BENCHMARKS.md,
+// fifteenth, nineteenth and twenty-first sessions): beside score products the maxima's
+// hand-over through shared memory waits long, and with it gone (each warpgroup's own
+// maximum, FS_STAGGER_OWN in run 237) the staggered scores wait instead for the stage
+// that frees last, whose blocks come back about 3200 cycles after their release. Here
+// each warpgroup's scores start on blocks freed mid-iteration.
 
 #define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 19 * 8 + 16)
 // Two warpgroups of products and softmax, then one that issues the copies (the copy
