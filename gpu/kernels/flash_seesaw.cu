@@ -28,8 +28,8 @@
 // fifteenth, nineteenth and twenty-first sessions): beside score products the maxima's
 // hand-over through shared memory waits long, and with it gone (each warpgroup's own
 // maximum, FS_STAGGER_OWN in run 237) the staggered scores wait instead for the stage
-// that frees last, whose blocks come back about 3200 cycles after their release. Here
-// each warpgroup's scores start on blocks freed mid-iteration.
+// that frees last: tile B's last score issue came about 3200 cycles after the product
+// that frees its blocks. Here each warpgroup's scores start on blocks freed mid-iteration.
 
 #define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 19 * 8 + 16)
 // Two warpgroups of products and softmax, then one that issues the copies (the copy
