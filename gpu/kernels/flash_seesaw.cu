@@ -30,6 +30,9 @@
 // maximum, FS_STAGGER_OWN in run 237) the staggered scores wait instead for the stage
 // that frees last: tile B's last score issue came about 3200 cycles after the product
 // that frees its blocks. Here each warpgroup's scores start on blocks freed mid-iteration.
+// Reordering the work inside that idle was slower too: each P V k-step issued as soon as
+// its probabilities were packed (ptxas held to that order), or the probabilities for the
+// other warpgroup stored before a warpgroup's own P V (twenty-second session, runs 238-239).
 
 #define FS_SMEM_BYTES (1024 + 3 * FW_TILE_BYTES + 4 * 64 * 4 + 19 * 8 + 16)
 // Two warpgroups of products and softmax, then one that issues the copies (the copy
