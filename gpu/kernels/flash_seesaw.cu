@@ -57,6 +57,14 @@ static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 
 #define FS_BAR_FREE 8
 // How far (log2 units) a tile's maximum may pass the running one before it moves (raise_max).
 #define FS_MAX_SLACK 8.f
+// FS_LOADS_ONLY (diagnostic): the loads alone (see the pair loop); with FS_LOADS_HALF only
+// blocks 2, 3, 6 and 7 of each tile load (4 of 9: the bytes a CTA of a two-CTA multicast
+// would take from L2).
+#ifdef FS_LOADS_HALF
+#define FS_LOADS_MASK 0x0CCu
+#else
+#define FS_LOADS_MASK 0x1FFu
+#endif
 
 // FS_TRACE (diagnostic): the CTA of block (0, 0, 0) writes its timeline over o_part, as
 // clock64 readings by each warpgroup's first thread: FS_TRACE_EVENTS per warpgroup and pair
@@ -346,6 +354,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // entry_of: pages are whole) that is one box a block at its slot; with -1 each box's
     // entry is read here.
     auto issue = [&](const FsItem& c, int t, unsigned mask, int entry) {
+#ifdef FS_LOADS_ONLY
+        mask &= FS_LOADS_MASK;
+#endif
         const int stage = t % 2, t0 = c.kv_start + t * 64;
         const int boxes = (min(c.kv_end - t0, 64) + box_rows - 1) / box_rows;
         const unsigned dst = ks_a + stage * FW_TILE_BYTES, bar0 = bars + stage * 9 * 8;
@@ -746,6 +757,23 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
         for (int it = 0; it < pairs; ++it) {
             const int ta = 2 * it, tb = ta + 1;
             const bool has_b = tb < tiles;
+#ifdef FS_LOADS_ONLY
+            // Diagnostic (wrong outputs): no products and no softmax. Both warpgroups wait
+            // for the pair's blocks (FS_LOADS_MASK of each tile), meet, and release them as
+            // the products would: the loads alone, in the kernel's order and stages.
+            {
+                const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
+                for (int c = 0; c < 9; ++c)
+                    if (FS_LOADS_MASK >> c & 1) fw_bar_wait(bars + c * 8, (uses_a + it) & 1);
+                for (int c = 0; c < 9; ++c)
+                    if (has_b && (FS_LOADS_MASK >> c & 1)) fw_bar_wait(bars + (9 + c) * 8, (uses_b + it) & 1);
+                fs_sync(FS_BAR_MAX_A, 256);
+                const int ev0 = wg == 0 ? 0 : 1, ev1 = wg == 0 ? 3 : 2;
+                if (ta + 2 < more || next_a) release(ev0, ta + 2, entry_a);
+                if (has_b && (tb + 2 < more || next_b)) release(ev1, tb + 2, entry_b);
+                continue;
+            }
+#endif
             if (wg == 0) {
                 FS_MARK(it, 0);
                 const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);

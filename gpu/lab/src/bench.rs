@@ -121,28 +121,47 @@ pub fn time_us(
     Ok(time_interleaved_us(dev, warmup, reps, None, &mut one)?[0])
 }
 
-/// A 128 MiB buffer (over twice the H100's 50 MiB of L2) and the kernel that reads it:
-/// run before every timed launch of a comparison, so each starts from the same cold, clean
-/// cache, with no other launch's inputs or dirty lines in it.
+/// How [`L2Scrub`] clears the L2 before a timed launch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ScrubKind {
+    /// Read the buffer: the L2 then holds clean lines of it only.
+    Read,
+    /// Overwrite the buffer (FlashMLA's harness clears its L2 with a 256 MB memset): the
+    /// L2 then holds dirty lines of it, which the timed launch's misses write back.
+    Write,
+}
+
+/// A 128 MiB buffer (over twice the H100's 50 MiB of L2) and the kernel that reads (or
+/// overwrites) it: run before every timed launch of a comparison, so each starts from the
+/// same cold cache, with no other launch's inputs in it.
 pub struct L2Scrub<'a> {
     k: &'a Kernels,
     buf: Buf<f32>,
     sink: Buf<f32>,
+    kind: ScrubKind,
 }
 
 impl<'a> L2Scrub<'a> {
     const FLOATS: usize = 2 * 64 * (1 << 20) / 4;
 
     pub fn new(dev: &GpuDevice, k: &'a Kernels) -> Result<Self, GpuError> {
+        Self::with_kind(dev, k, ScrubKind::Read)
+    }
+
+    pub fn with_kind(dev: &GpuDevice, k: &'a Kernels, kind: ScrubKind) -> Result<Self, GpuError> {
         let buf = Buf::uninit(dev, Self::FLOATS, "L2 scrub buffer")?;
         k.fill(dev, buf.ptr(), 0.0, Self::FLOATS)?;
         let sink = Buf::uninit(dev, 1, "L2 scrub sink")?;
-        Ok(Self { k, buf, sink })
+        Ok(Self { k, buf, sink, kind })
     }
 
     fn run(&self, dev: &GpuDevice) -> Result<(), GpuError> {
-        self.k
-            .scrub_l2(dev, self.buf.ptr(), Self::FLOATS, self.sink.ptr())
+        match self.kind {
+            ScrubKind::Read => self
+                .k
+                .scrub_l2(dev, self.buf.ptr(), Self::FLOATS, self.sink.ptr()),
+            ScrubKind::Write => self.k.fill(dev, self.buf.ptr(), 0.0, Self::FLOATS),
+        }
     }
 }
 

@@ -262,7 +262,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 21] = [
+const DIAGNOSTIC_DEFINES: [&str; 23] = [
     "FW_NO_LOAD",
     "FS_QUAD_MAX",
     "FW_DIRECT_STORE",
@@ -284,6 +284,8 @@ const DIAGNOSTIC_DEFINES: [&str; 21] = [
     "FS_NO_L2_PREFETCH",
     "FS_SKIP_POISONED_ROWS",
     "FW_EVICT_FIRST",
+    "FS_LOADS_ONLY",
+    "FS_LOADS_HALF",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {

@@ -16,7 +16,7 @@ use specmla_gpu::ops::{FlashKernels, Kernels, WideKernel, FLASH_ROWS};
 use specmla_gpu::{GpuDevice, GpuError};
 use specmla_gpu_lab::bench::{
     bench_baseline_decode, bench_flash, bench_prefill_path, ceilings, BenchShape, Ceilings,
-    DecodeInputs, FlashVariant, L2Scrub, Measurement, CSV_HEADER,
+    DecodeInputs, FlashVariant, L2Scrub, Measurement, ScrubKind, CSV_HEADER,
 };
 use specmla_gpu_lab::bench_prefill::{bench_flash_prefill, bench_prefill_spec_step, PrefillCase};
 use specmla_gpu_lab::bench_step::{bench_prefill_step, bench_verify_step};
@@ -110,6 +110,11 @@ struct Cli {
     /// The commit this binary was built from, recorded in the calibration file.
     #[arg(long, value_name = "SHA", requires = "calibrate")]
     commit: Option<String>,
+    /// How the L2 is cleared before each timed launch: `read` (a 128 MiB buffer read, the
+    /// L2 left holding clean lines) or `write` (the buffer overwritten, dirty lines left, as
+    /// FlashMLA's harness clears it with a memset).
+    #[arg(long, value_enum, default_value_t = ScrubKind::Read)]
+    scrub: ScrubKind,
     /// Write the CSV here.
     #[arg(long, default_value = "gpu-bench.csv")]
     csv: std::path::PathBuf,
@@ -376,7 +381,7 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     if let Some(dir) = &cli.timeline {
         return timelines(&dev, (&k, &fk), &decode_shapes, &fast_plan, dir);
     }
-    let scrub = L2Scrub::new(&dev, &k)?;
+    let scrub = L2Scrub::with_kind(&dev, &k, cli.scrub)?;
     let mut rows: Vec<Measurement> = Vec::new();
     println!(
         "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10} {:>8} {:>8} {:>6} {:>6}",
