@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Compiles the flash kernels as the GPU backend does (NVRTC, sm_90a, C++17), then runs
 ptxas -v on the PTX: compile errors, registers and spills per kernel, and ptxas's wgmma
-notes C7520 and C7515 (wgmmas serialized: a performance bug), all without a GPU. Exits 1
-on an error, a C7520 or a C7515. With --sass KERNEL it also disassembles that kernel and
+notes C7520 and C7515 (wgmmas serialized: a performance bug), all without a GPU, for both
+builds the backend makes (f32 rows, and bf16 rows with FD_OUT_BF16; -DFD_OUT_BF16 checks
+that one alone). Exits 1 on an error, a C7520 or a C7515 in either. With --sass KERNEL it also disassembles that kernel and
 prints the shape of its main loop (the instructions from its first tensor-core product to
 its last, and the synchronization among them); --sass-out FILE keeps the whole listing,
 --ptx-out FILE the PTX (ptxas's notes name PTX line numbers).
@@ -91,29 +92,38 @@ def main() -> int:
 
     sass, keep, keep_ptx = value("--sass"), value("--sass-out"), value("--ptx-out")
     kernels = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
-    src = "".join(f"#define {d} 1\n" for d in defines)
-    src += "\n".join(open(os.path.join(kernels, f)).read() for f in SOURCES)
-    with tempfile.TemporaryDirectory() as tmp:
-        ptx = os.path.join(tmp, "flash.ptx")
-        open(ptx, "wb").write(nvrtc_ptx(src))
-        if keep_ptx:
-            open(keep_ptx, "wb").write(open(ptx, "rb").read())
-        out = subprocess.run(
-            [os.path.join(ROOT, "bin", "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "f.cubin")],
-            capture_output=True, text=True)
-        if sass and not out.returncode:
-            sass_summary(os.path.join(tmp, "f.cubin"), sass, keep)
+    body = "\n".join(open(os.path.join(kernels, f)).read() for f in SOURCES)
+    # Both builds the backend makes: f32 rows (gpu-test's f64 checks) and bf16 rows
+    # (FD_OUT_BF16: the engine's and gpu-bench's). Code behind `sizeof(fd_out)` differs
+    # between them, so a wgmma serialized in one alone shows in that one alone. The
+    # listing (--sass, --ptx-out) is the bf16 build's.
+    builds = [defines] if "FD_OUT_BF16" in defines else [defines, defines + ["FD_OUT_BF16"]]
     bad = 0
-    for line in (out.stdout + out.stderr).splitlines():
-        # C7519 (a fence ptxas adds before a wgmma) is routine. C7520 and C7515 serialize
-        # every wgmma of the kernel (C7515: other instructions write a wgmma's accumulators
-        # while products are in flight); C7517 (a wait ptxas injects where it cannot tell
-        # that accumulators are done) usually comes with C7515.
-        if "C7519" in line or not re.search(r"Compiling entry|registers|spill|error|C75(15|17|20)", line):
-            continue
-        print(line)
-        bad += bool(re.search(r"error|C7520|C7515", line))
-    return 1 if out.returncode or bad else 0
+    for build in builds:
+        print(f"== build: {' '.join('-D' + d for d in build) or '(no defines)'}")
+        src = "".join(f"#define {d} 1\n" for d in build) + body
+        last = build is builds[-1]
+        with tempfile.TemporaryDirectory() as tmp:
+            ptx = os.path.join(tmp, "flash.ptx")
+            open(ptx, "wb").write(nvrtc_ptx(src))
+            if keep_ptx and last:
+                open(keep_ptx, "wb").write(open(ptx, "rb").read())
+            out = subprocess.run(
+                [os.path.join(ROOT, "bin", "ptxas"), "-arch=sm_90a", "-v", ptx, "-o", os.path.join(tmp, "f.cubin")],
+                capture_output=True, text=True)
+            if sass and last and not out.returncode:
+                sass_summary(os.path.join(tmp, "f.cubin"), sass, keep)
+        for line in (out.stdout + out.stderr).splitlines():
+            # C7519 (a fence ptxas adds before a wgmma) is routine. C7520 and C7515 serialize
+            # every wgmma of the kernel (C7515: other instructions write a wgmma's accumulators
+            # while products are in flight); C7517 (a wait ptxas injects where it cannot tell
+            # that accumulators are done) usually comes with C7515.
+            if "C7519" in line or not re.search(r"Compiling entry|registers|spill|error|C75(15|17|20)", line):
+                continue
+            print(line)
+            bad += bool(re.search(r"error|C7520|C7515", line))
+        bad += bool(out.returncode)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
