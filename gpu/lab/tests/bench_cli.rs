@@ -76,3 +76,31 @@ fn the_twin_is_refused_where_no_fast_launch_is_timed() {
         );
     }
 }
+
+#[test]
+fn the_scrub_takes_read_or_write_and_nothing_else() {
+    let (code, err) = bench(&["--scrub", "memset"]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("--scrub") && err.contains("read") && err.contains("write"),
+        "{err}"
+    );
+    // Accepted: without a GPU the run then stops at the device, in one line.
+    let csv = std::env::temp_dir().join(format!("specmla-scrub-{}.csv", std::process::id()));
+    let (code, err) = bench(&[
+        "--quick",
+        "--decode-only",
+        "--scrub",
+        "write",
+        "--csv",
+        csv.to_str().unwrap(),
+    ]);
+    if code != Some(0) {
+        assert_eq!(code, Some(2), "{err}");
+        assert!(
+            !err.contains("--scrub"),
+            "the flag itself was refused: {err}"
+        );
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+    }
+}
