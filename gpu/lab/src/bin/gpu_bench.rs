@@ -382,6 +382,12 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
         return timelines(&dev, (&k, &fk), &decode_shapes, &fast_plan, dir);
     }
     let scrub = L2Scrub::with_kind(&dev, &k, cli.scrub)?;
+    // The CSV does not carry it: a peer's times compare only with rows of the same scrub.
+    let scrub_name = match cli.scrub {
+        ScrubKind::Read => "read",
+        ScrubKind::Write => "write",
+    };
+    println!("L2 scrub before each timed launch: {scrub_name}");
     let mut rows: Vec<Measurement> = Vec::new();
     println!(
         "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10} {:>8} {:>8} {:>6} {:>6}",
