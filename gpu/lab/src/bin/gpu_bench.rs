@@ -6,7 +6,7 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use specmla_core::balanced::{fast_decode_plan, BalancedPolicy, FastPlan};
 use specmla_core::invariant_launch::{
     invariant_launch, largest_split_count, splits_of, InvariantLaunch,
@@ -383,11 +383,14 @@ fn run(cli: &Cli, decode_shapes: Vec<BenchShape>) -> Result<(), GpuError> {
     }
     let scrub = L2Scrub::with_kind(&dev, &k, cli.scrub)?;
     // The CSV does not carry it: a peer's times compare only with rows of the same scrub.
-    let scrub_name = match cli.scrub {
-        ScrubKind::Read => "read",
-        ScrubKind::Write => "write",
-    };
-    println!("L2 scrub before each timed launch: {scrub_name}");
+    let scrub_name = cli
+        .scrub
+        .to_possible_value()
+        .expect("every scrub kind has a name");
+    println!(
+        "L2 scrub before each timed launch: {}",
+        scrub_name.get_name()
+    );
     let mut rows: Vec<Measurement> = Vec::new();
     println!(
         "{:<20} {:<9} {:>4} {:>2} {:>4} {:>6} {:>10} {:>8} {:>8} {:>6} {:>6}",
