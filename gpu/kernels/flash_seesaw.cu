@@ -377,7 +377,11 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #ifdef FS_NO_L2_PREFETCH
         return -1 + 0 * t;
 #else
+#ifdef FS_PREFETCH_ONE_BLOCK  // diagnostic: the prefetch at one row block a request too (below)
+        return t % row_blocks == c.row0 / 64 && t < c.tiles ? entry_of(c, t) : -1;
+#else
         return row_blocks > 1 && t % row_blocks == c.row0 / 64 && t < c.tiles ? entry_of(c, t) : -1;
+#endif
 #endif
     };
     // Tile t of item c (its entry e) pulled from memory into L2 by one of the request's
@@ -396,7 +400,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // one row block a request (16 heads), where no other CTA reads the tile, it made the
     // launches 1.19-1.23x slower (one-split launches on this kernel, run 158: 1.19x;
     // balanced launches, run 162: q 1 B 140 and 200, q 4 B 140 at L 8k 0.81-0.84x without
-    // it), so a request of one row block takes none. FS_NO_L2_PREFETCH (diagnostic) leaves it out.
+    // it), so a request of one row block takes none; on the H200 too (FS_PREFETCH_ONE_BLOCK,
+    // run 259: 1.17-1.18x at 16 heads, q 1 and 4 at B 128 and q 1 B 140, L 8k).
+    // FS_NO_L2_PREFETCH (diagnostic) leaves it out.
     auto prefetch_l2 = [&](const FsItem& c, int t, int e) {
         if (e < 0) return;
         const int t0 = c.kv_start + t * 64;

@@ -250,7 +250,8 @@ impl FlashConfig {
 /// writes a one-split request's output straight from registers instead of through shared
 /// memory and bulk copies. On a balanced launch `FS_NO_PARTIAL` drops the cut pieces'
 /// partial stores and `FS_NO_COMBINE` the combine's work (its launch stays).
-/// `FS_NO_L2_PREFETCH` leaves out the seesaw kernels' L2 prefetch of later key tiles, and
+/// `FS_NO_L2_PREFETCH` leaves out the seesaw kernels' L2 prefetch of later key tiles,
+/// `FS_PREFETCH_ONE_BLOCK` takes it at one row block a request too, and
 /// `FS_SKIP_POISONED_ROWS` plants a fault for `gpu-test` to catch: the persistent seesaw
 /// kernel leaves the rows that read a missing block unwritten.
 fn diagnostic_defines() -> Result<String, GpuError> {
@@ -262,7 +263,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 23] = [
+const DIAGNOSTIC_DEFINES: [&str; 24] = [
     "FW_NO_LOAD",
     "FS_QUAD_MAX",
     "FW_DIRECT_STORE",
@@ -286,6 +287,7 @@ const DIAGNOSTIC_DEFINES: [&str; 23] = [
     "FW_EVICT_FIRST",
     "FS_LOADS_ONLY",
     "FS_LOADS_HALF",
+    "FS_PREFETCH_ONE_BLOCK",
 ];
 
 fn parse_defines(v: &str) -> Result<String, String> {
