@@ -401,7 +401,10 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // launches 1.19-1.23x slower (one-split launches on this kernel, run 158: 1.19x;
     // balanced launches, run 162: q 1 B 140 and 200, q 4 B 140 at L 8k 0.81-0.84x without
     // it), so a request of one row block takes none; on the H200 too (FS_PREFETCH_ONE_BLOCK,
-    // run 259: 1.17-1.18x at 16 heads, q 1 and 4 at B 128 and q 1 B 140, L 8k).
+    // run 259: 1.17-1.18x at 16 heads, q 1 and 4 at B 128 and q 1 B 140, L 8k), and there
+    // plain line prefetches (prefetch.global.L2) of the next pair's tiles by the product
+    // warpgroups of the kernel without a copy warpgroup made its launches 1.47-1.56x slower
+    // (run 260, BENCHMARKS.md's twenty-fourth section).
     // FS_NO_L2_PREFETCH (diagnostic) leaves it out.
     auto prefetch_l2 = [&](const FsItem& c, int t, int e) {
         if (e < 0) return;
