@@ -393,7 +393,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // product warpgroups' first thread, where there is no copy warpgroup, made those
     // launches up to 17% slower (run 148, 16 heads). Against none (runs 147-149, every
     // prefetch from row block 0): q 1 at 128 heads 0.96-0.97x, part-full batches
-    // 0.96-0.99x, q 2 and q 4 B 64 0.99-1.00x, q 4 L 16k 1.003-1.008x. The row blocks
+    // 0.96-0.99x, q 2 and q 4 B 64 0.99-1.00x, q 4 L 16k 1.003-1.008x (on the H200, run
+    // 261, none took 1.004-1.022x the time at q 1, 2 and 4 B 64 and q 1 L 16k). The row blocks
     // taking the tiles in turn instead: q 1 L 16k 0.6-1.2% faster in two calls (runs 160
     // and 166, medians of 3 rounds, each call's order of variants the other's reverse),
     // q 4 L 16k 0.979x in the first and 1.001x in the second, the rest within 0.7%. At
