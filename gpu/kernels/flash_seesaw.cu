@@ -377,11 +377,12 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
 #ifdef FS_NO_L2_PREFETCH
         return -1 + 0 * t;
 #else
-#ifdef FS_PREFETCH_ONE_BLOCK  // diagnostic: the prefetch at one row block a request too (below)
-        return t % row_blocks == c.row0 / 64 && t < c.tiles ? entry_of(c, t) : -1;
+#ifdef FS_PREFETCH_ONE_BLOCK
+        constexpr bool one_block = true;  // diagnostic: at one row block a request too (below)
 #else
-        return row_blocks > 1 && t % row_blocks == c.row0 / 64 && t < c.tiles ? entry_of(c, t) : -1;
+        constexpr bool one_block = false;
 #endif
+        return (row_blocks > 1 || one_block) && t % row_blocks == c.row0 / 64 && t < c.tiles ? entry_of(c, t) : -1;
 #endif
     };
     // Tile t of item c (its entry e) pulled from memory into L2 by one of the request's
@@ -395,19 +396,18 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // prefetch from row block 0): q 1 at 128 heads 0.96-0.97x, part-full batches
     // 0.96-0.99x, q 2 and q 4 B 64 0.99-1.00x, q 4 L 16k 1.003-1.008x (on the H200, run
     // 261, the fast launches took 1.004-1.022x the time without it at q 1, 2 and 4 B 64 and
-    // q 1 L 16k). The row blocks
-    // taking the tiles in turn instead: q 1 L 16k 0.6-1.2% faster in two calls (runs 160
-    // and 166, medians of 3 rounds, each call's order of variants the other's reverse),
-    // q 4 L 16k 0.979x in the first and 1.001x in the second, the rest within 0.7%. At
+    // q 1 L 16k). The row blocks taking the tiles in turn instead: q 1 L 16k 0.6-1.2%
+    // faster in two calls (runs 160 and 166, medians of 3 rounds, each call's order of
+    // variants the other's reverse), q 4 L 16k 0.979x in the first and 1.001x in the
+    // second, the rest within 0.7%. At
     // one row block a request (16 heads), where no other CTA reads the tile, it made the
     // launches 1.19-1.23x slower (one-split launches on this kernel, run 158: 1.19x;
     // balanced launches, run 162: q 1 B 140 and 200, q 4 B 140 at L 8k 0.81-0.84x without
-    // it), so a request of one row block takes none; on the H200 too (FS_PREFETCH_ONE_BLOCK,
+    // it), so a request of one row block takes none. On the H200 too (FS_PREFETCH_ONE_BLOCK,
     // run 259: the persistent and balanced launches at 16 heads, q 1 and 4 at B 128 and q 1
-    // B 140, L 8k, 1.07-1.25x), and there
-    // plain line prefetches (prefetch.global.L2) of the next pair's tiles by the product
-    // warpgroups of the kernel without a copy warpgroup made its launches 1.47-1.56x slower
-    // (run 260, BENCHMARKS.md's twenty-fourth section).
+    // B 140, L 8k, 1.07-1.25x); there plain line prefetches (prefetch.global.L2) of the next
+    // pair's tiles by the product warpgroups of the kernel without a copy warpgroup made its
+    // launches 1.47-1.56x slower (run 260, BENCHMARKS.md's twenty-fourth section).
     // FS_NO_L2_PREFETCH (diagnostic) leaves it out.
     auto prefetch_l2 = [&](const FsItem& c, int t, int e) {
         if (e < 0) return;
