@@ -57,7 +57,8 @@ static_assert(128 * FS_COPY_REGS + 256 * FS_MATH_REGS <= 65536 / FS_THREADS / 8 
 #define FS_BAR_FREE 8
 // How far (log2 units) a tile's maximum may pass the running one before it moves (raise_max).
 #define FS_MAX_SLACK 8.f
-// FS_LOADS_ONLY (diagnostic): the loads alone (see the pair loop); with FS_LOADS_HALF only
+// FS_LOADS_ONLY (diagnostic): the loads alone (see the pair loop; with FS_LOADS_FREE each
+// block reloaded as soon as it lands, no pair waited for); with FS_LOADS_HALF only
 // blocks 2, 3, 6 and 7 of each tile load (4 of 9: the bytes a CTA of a two-CTA multicast
 // would take from L2).
 #ifdef FS_LOADS_HALF
@@ -775,12 +776,29 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
             // the products would: the loads alone, in the kernel's order and stages.
             {
                 const int entry_a = entry_ahead(ta + 2), entry_b = entry_ahead(tb + 2);
+                const int ev0 = wg == 0 ? 0 : 1, ev1 = wg == 0 ? 3 : 2;
+#ifdef FS_LOADS_FREE
+                // Each block reloaded as soon as it lands: a warpgroup waits for the blocks
+                // of its own events alone and releases them at once (no pair to wait for),
+                // the two stages streaming on their own. The warpgroup meets before each
+                // release: where its first thread issues the reload (no copy warpgroup), a
+                // warp still short of the wait could otherwise see the stage's next phase too.
+                const unsigned own_a = reload_mask(ev0) & FS_LOADS_MASK, own_b = reload_mask(ev1) & FS_LOADS_MASK;
+                for (int c = 0; c < 9; ++c)
+                    if (own_a >> c & 1) fw_bar_wait(bars + c * 8, (uses_a + it) & 1);
+                group_done();
+                if (ta + 2 < more || next_a) release(ev0, ta + 2, entry_a);
+                for (int c = 0; c < 9; ++c)
+                    if (has_b && (own_b >> c & 1)) fw_bar_wait(bars + (9 + c) * 8, (uses_b + it) & 1);
+                group_done();
+                if (has_b && (tb + 2 < more || next_b)) release(ev1, tb + 2, entry_b);
+                continue;
+#endif
                 for (int c = 0; c < 9; ++c)
                     if (FS_LOADS_MASK >> c & 1) fw_bar_wait(bars + c * 8, (uses_a + it) & 1);
                 for (int c = 0; c < 9; ++c)
                     if (has_b && (FS_LOADS_MASK >> c & 1)) fw_bar_wait(bars + (9 + c) * 8, (uses_b + it) & 1);
                 fs_sync(FS_BAR_MAX_A, 256);
-                const int ev0 = wg == 0 ? 0 : 1, ev1 = wg == 0 ? 3 : 2;
                 if (ta + 2 < more || next_a) release(ev0, ta + 2, entry_a);
                 if (has_b && (tb + 2 < more || next_b)) release(ev1, tb + 2, entry_b);
                 continue;

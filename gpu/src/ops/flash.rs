@@ -263,7 +263,7 @@ fn diagnostic_defines() -> Result<String, GpuError> {
 
 /// The diagnostic switches the kernels know; anything else (a layout macro such as
 /// `FD_KEYS`, which the host sizes shared memory from) is refused.
-const DIAGNOSTIC_DEFINES: [&str; 24] = [
+const DIAGNOSTIC_DEFINES: [&str; 25] = [
     "FW_NO_LOAD",
     "FS_QUAD_MAX",
     "FW_DIRECT_STORE",
@@ -287,6 +287,7 @@ const DIAGNOSTIC_DEFINES: [&str; 24] = [
     "FW_EVICT_FIRST",
     "FS_LOADS_ONLY",
     "FS_LOADS_HALF",
+    "FS_LOADS_FREE",
     "FS_PREFETCH_ONE_BLOCK",
 ];
 
