@@ -406,7 +406,8 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // balanced launches, run 162: q 1 B 140 and 200, q 4 B 140 at L 8k 0.81-0.84x without
     // it), so a request of one row block takes none. On the H200 too (FS_PREFETCH_ONE_BLOCK,
     // run 259: the persistent and balanced launches at 16 heads, q 1 and 4 at B 128 and q 1
-    // B 140, L 8k, 1.07-1.25x); there plain line prefetches (prefetch.global.L2) of the next
+    // B 140, L 8k, 1.07-1.25x; with the maps' L2 promotion at 128 bytes 1.06-1.20x, run
+    // 269); there plain line prefetches (prefetch.global.L2) of the next
     // pair's tiles by the product warpgroups of the kernel without a copy warpgroup made its
     // launches 1.47-1.56x slower (run 260, BENCHMARKS.md's twenty-fourth section).
     // FS_NO_L2_PREFETCH (diagnostic) leaves it out.
