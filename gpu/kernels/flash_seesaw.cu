@@ -406,7 +406,7 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
     // balanced launches, run 162: q 1 B 140 and 200, q 4 B 140 at L 8k 0.81-0.84x without
     // it), so a request of one row block takes none. On the H200 too (FS_PREFETCH_ONE_BLOCK,
     // run 259: the persistent and balanced launches at 16 heads, q 1 and 4 at B 128 and q 1
-    // B 140, L 8k, 1.07-1.25x; with the maps' L2 promotion at 128 bytes 1.06-1.20x, run
+    // B 140, L 8k, 1.07-1.25x; with the maps' L2 promotion at 128 bytes 1.06-1.23x, run
     // 269); there plain line prefetches (prefetch.global.L2) of the next
     // pair's tiles by the product warpgroups of the kernel without a copy warpgroup made its
     // launches 1.47-1.56x slower (run 260, BENCHMARKS.md's twenty-fourth section).
@@ -783,7 +783,9 @@ __device__ __forceinline__ void fs_decode(FS_BODY_PARAMS) {
                 // of its own events alone and releases them at once (no pair to wait for),
                 // the two stages streaming on their own. The warpgroup meets before each
                 // release: where its first thread issues the reload (no copy warpgroup), a
-                // warp still short of the wait could otherwise see the stage's next phase too.
+                // warp still short of the wait could otherwise see the stage's next phase
+                // too (the build without the meeting hung in run 263; this reason is
+                // inferred, not traced).
                 const unsigned own_a = reload_mask(ev0) & FS_LOADS_MASK, own_b = reload_mask(ev1) & FS_LOADS_MASK;
                 for (int c = 0; c < 9; ++c)
                     if (own_a >> c & 1) fw_bar_wait(bars + c * 8, (uses_a + it) & 1);

@@ -177,8 +177,9 @@ __device__ __forceinline__ void fw_issue_box(unsigned dst, const FwTensorMap* ma
     // Diagnostic: the boxes read with an L2 evict-first policy, as FlashMLA reads its keys.
     // On the H100 (run 155), beside the L2 prefetch: up to 22% slower at 128 heads (q 1
     // B 64 and 16 heads unchanged); without it -1.7% to +2.6%, no better everywhere. On the
-    // H200: 16 heads 0.999-1.008x, 128 heads beside the prefetch 1.02-1.12x (run 262);
-    // without it 0.990-1.011x of the default, so no better than the prefetch (run 267).
+    // H200: 16 heads 0.990-1.020x, 128 heads beside the prefetch fast 1.02-1.12x, every mode
+    // 0.978-1.123x (run 262); without it 0.978-1.016x of the default, so no better than the
+    // prefetch (run 267).
     unsigned long long first;
     asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(first));
 #endif

@@ -237,7 +237,7 @@ impl TensorMap {
         // memory-bound decode ran slower (why was not traced). On the H200 (run 265, `gpu-bench`, 2
         // rounds in one call), against 256 bytes: 16 heads q 1 and 4 B 128 L 8k 0.959-0.963x
         // (fast), 0.963-0.984x (the invariant launches); 128 heads 0.986-1.011x; no promotion
-        // at all gave the same within 1.2%. The prefill launches at 128 heads moved
+        // at all gave the seesaw decode the same within 1.2%. The prefill launches at 128 heads moved
         // 0.974-1.009x (run 266; the TMA prefill 0.974-1.004x).
         // SAFETY: every pointer is to a live local of the length the call reads (rank 2:
         // two dims, one stride, two box sizes, two element strides); the global address
