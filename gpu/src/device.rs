@@ -220,7 +220,7 @@ impl GpuDevice {
     /// `--ptxas-options` takes them) and the module loads from that. On the H200 (CUDA 13.0,
     /// driver 580, run 270) NVRTC's own assembly timed as the driver's (0.990-1.004x);
     /// `--register-usage-level=10`, FlashMLA's build setting, made the q 2 and q 4 launches
-    /// at 128 heads 1.036-1.045x slower (one process), and level 2 0.987-1.014x.
+    /// at 128 heads, B 64, 1.036-1.045x slower (one process), and level 2 0.987-1.014x.
     pub fn compile(&self, name: &str, src: &str) -> Result<Arc<CudaModule>, GpuError> {
         let src = format!("{COMMON_SRC}\n{src}");
         let mut options = vec![
