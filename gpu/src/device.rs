@@ -221,6 +221,8 @@ impl GpuDevice {
     /// driver 580, run 270) NVRTC's own assembly timed as the driver's (0.990-1.004x);
     /// `--register-usage-level=10`, FlashMLA's build setting, made the q 2 and q 4 launches
     /// at 128 heads, B 64, 1.036-1.045x slower (one process), and level 2 0.987-1.014x.
+    /// The switch reaches every module the process compiles, the engine's too: it is for
+    /// timing runs, as the README's list of environment variables says.
     pub fn compile(&self, name: &str, src: &str) -> Result<Arc<CudaModule>, GpuError> {
         let src = format!("{COMMON_SRC}\n{src}");
         let mut options = vec![
