@@ -214,7 +214,7 @@ impl GpuDevice {
     }
 
     /// Compiles CUDA C `src` (after the shared `common.cuh`) for this device and loads it.
-    /// NVRTC's PTX goes to the driver, which assembles it (and caches the result). With
+    /// NVRTC's PTX goes to the driver, which assembles it. With
     /// `SPECMLA_PTXAS_OPTIONS` set (a tuning switch, possibly empty), NVRTC assembles the
     /// machine code itself with those `ptxas` options (comma-separated, as nvcc's
     /// `--ptxas-options` takes them) and the module loads from that. On the H200 (CUDA 13.0,

@@ -233,12 +233,13 @@ impl TensorMap {
         let mut map = sys::CUtensorMap { opaque: [0; 16] };
         // L2 promotion to 128 bytes, CUTLASS's default for its TMA maps (cute's
         // copy_traits_sm90_tma.hpp), which FlashMLA's decode (9241ae3) takes. A box row of
-        // the decode's cache maps is 128 bytes of a 1152-byte row; promoted to 256 bytes, the
-        // memory-bound decode ran slower (why was not traced). On the H200 (run 265, `gpu-bench`, 2
-        // rounds in one call), against 256 bytes: 16 heads q 1 and 4 B 128 L 8k 0.959-0.963x
-        // (fast), 0.963-0.984x (the invariant launches); 128 heads 0.986-1.011x; no promotion
-        // at all gave the seesaw decode the same within 1.2%. The prefill launches at 128 heads moved
-        // 0.974-1.009x (run 266; the TMA prefill 0.974-1.004x).
+        // the decode's cache maps is 128 bytes of a 1152-byte row; promoted to 256 bytes,
+        // the memory-bound decode ran slower (why was not traced). On the H200 (run 265,
+        // `gpu-bench`, 2 rounds in one call), against 256 bytes: 16 heads q 1 and 4 B 128
+        // L 8k 0.959-0.963x (fast), 0.963-0.984x (the invariant launches); 128 heads
+        // 0.986-1.011x; no promotion at all gave the seesaw decode the same within 1.2%.
+        // The prefill launches at 128 heads moved 0.974-1.009x (run 266; the TMA prefill
+        // 0.974-1.004x).
         // SAFETY: every pointer is to a live local of the length the call reads (rank 2:
         // two dims, one stride, two box sizes, two element strides); the global address
         // is device memory checked above.
